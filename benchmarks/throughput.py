@@ -1,0 +1,218 @@
+"""Images/s of vitkit, timm and Hugging Face in one run, with ratios and MFU.
+
+Each library runs in its own worker process (so one library's process settings never leak
+into another's), all with the same thread count. The parent measures this machine's fp32
+matmul peak, then asks the workers for one timed repetition at a time, in rotating order,
+so slow phases of a noisy machine hit every library alike; medians are reported.
+
+Tasks:
+  infer  ViT-B/16 inference at 224, batch 8 (1000 classes)
+  train  CIFAR-sized training step: patch 4, width 192, depth 6, 3 heads, MLP 768,
+         32x32 images, batch 128, cross-entropy, AdamW (each library's usual optimizer)
+
+vitkit runs as its training and evaluation commands run it (`vitkit.runtime.configure_cpu`:
+freed activation memory stays in the process). The row "timm + vitkit runtime" gives timm the
+same process setting, to show how much of the difference that setting accounts for.
+
+    python benchmarks/throughput.py [--reps 7] [--threads 2] [--tasks infer,train]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+LIBRARIES = ("vitkit", "timm", "hf", "timm+runtime")
+LABELS = {"vitkit": "vitkit", "timm": "timm", "hf": "Hugging Face",
+          "timm+runtime": "timm + vitkit runtime"}
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    title: str
+    batch: int
+    iters: int  # timed iterations per repetition
+    train: bool
+    img: int
+    patch: int
+    width: int
+    depth: int
+    heads: int
+    classes: int
+
+
+TASKS = {
+    "infer": Task("infer", "ViT-B/16 inference, 224px, batch 8", 8, 2, False, 224, 16, 768, 12,
+                  12, 1000),
+    "train": Task("train", "CIFAR-sized training step (P4, D192, L6, 3 heads), batch 128", 128, 2,
+                  True, 32, 4, 192, 6, 3, 10),
+}
+
+
+def task_flops(task: Task) -> float:
+    """Matmul FLOPs of one batch (training = forward + backward = 3x forward)."""
+    from vitkit.config import ViTConfig
+    from vitkit.summary import forward_flops
+
+    config = ViTConfig(img_size=task.img, patch_size=task.patch, width=task.width,
+                       depth=task.depth, num_heads=task.heads, mlp_dim=4 * task.width,
+                       num_classes=task.classes)
+    return forward_flops(config) * task.batch * (3 if task.train else 1)
+
+
+def build(library: str, task: Task):
+    """A zero-argument callable that runs one batch of `task` with `library`."""
+    torch.manual_seed(0)
+    kind = "timm" if library.startswith("timm") else library
+    if kind == "vitkit":
+        from vitkit import create_model
+        from vitkit.train.optim import build_adamw
+
+        model = create_model(f"Ti/{task.patch}", img_size=task.img, patch_size=task.patch,
+                             width=task.width, depth=task.depth, num_heads=task.heads,
+                             mlp_dim=4 * task.width, num_classes=task.classes)
+        make_opt = lambda m: build_adamw(m, lr=1e-3, weight_decay=0.05)  # noqa: E731
+        forward = model
+    elif kind == "timm":
+        from timm.models.vision_transformer import VisionTransformer
+        from timm.optim import create_optimizer_v2
+
+        model = VisionTransformer(img_size=task.img, patch_size=task.patch,
+                                  embed_dim=task.width, depth=task.depth, num_heads=task.heads,
+                                  num_classes=task.classes)
+        make_opt = lambda m: create_optimizer_v2(m, "adamw", lr=1e-3,  # noqa: E731
+                                                 weight_decay=0.05)
+        forward = model
+    else:
+        from transformers import ViTConfig, ViTForImageClassification
+
+        config = ViTConfig(image_size=task.img, patch_size=task.patch, hidden_size=task.width,
+                           num_hidden_layers=task.depth, num_attention_heads=task.heads,
+                           intermediate_size=4 * task.width, num_labels=task.classes)
+        model = ViTForImageClassification(config)
+        make_opt = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3,  # noqa: E731
+                                               weight_decay=0.05)
+        forward = lambda x: model(pixel_values=x).logits  # noqa: E731
+
+    images = torch.randn(task.batch, 3, task.img, task.img)
+    labels = torch.randint(0, task.classes, (task.batch,))
+    if not task.train:
+        model.eval()
+
+        def infer() -> None:
+            with torch.inference_mode():
+                forward(images)
+        return infer
+
+    model.train()
+    optimizer = make_opt(model)
+
+    def train_step() -> None:
+        loss = torch.nn.functional.cross_entropy(forward(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return train_step
+
+
+def worker(library: str, threads: int, conn) -> None:
+    """Serve ('setup', task) / ('time', None) / ('stop', None) requests from the parent."""
+    torch.set_num_threads(threads)
+    if library in ("vitkit", "timm+runtime"):
+        from vitkit.runtime import configure_cpu
+        configure_cpu(threads)
+    run, task = None, None
+    while True:
+        command, arg = conn.recv()
+        if command == "setup":
+            task = TASKS[arg]
+            run = build(library, task)
+            for _ in range(2):
+                run()
+            conn.send("ready")
+        elif command == "time":
+            start = time.perf_counter()
+            for _ in range(task.iters):
+                run()
+            conn.send((time.perf_counter() - start) / task.iters)
+        else:
+            conn.send("bye")
+            return
+
+
+def matmul_peak(threads: int, size: int = 2048, reps: int = 10) -> float:
+    """Best fp32 GFLOP/s of a square matmul on `threads` threads."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(reps))
+    return 2 * size**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_task(task: Task, pipes: dict, reps: int, peak: float) -> list[str]:
+    for conn in pipes.values():
+        conn.send(("setup", task.name))
+    for conn in pipes.values():
+        conn.recv()
+    times: dict[str, list[float]] = {lib: [] for lib in pipes}
+    order = list(pipes)
+    for rep in range(reps):
+        for lib in order[rep % len(order):] + order[:rep % len(order)]:
+            pipes[lib].send(("time", None))
+            times[lib].append(pipes[lib].recv())
+    flops = task_flops(task)
+    base = statistics.median(times["timm"]) if "timm" in times else None
+    lines = [f"{task.title} -- median of {reps} interleaved repetitions",
+             f"{'library':<24}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}{'MFU':>7}"]
+    for lib, samples in times.items():
+        med = statistics.median(samples)
+        ratio = f"{base / med:.2f}x" if base else "-"
+        mfu = flops / med / 1e9 / peak
+        lines.append(f"{LABELS[lib]:<24}{med * 1e3:>10.1f}{task.batch / med:>10.1f}{ratio:>9}"
+                     f"{mfu:>7.0%}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--tasks", default="infer,train")
+    parser.add_argument("--libraries", default=",".join(LIBRARIES))
+    args = parser.parse_args()
+
+    peak = matmul_peak(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
+          f"{peak:.0f} GFLOP/s (2048x2048, best of 10); MFU = matmul FLOPs / time / peak\n")
+    ctx = mp.get_context("spawn")
+    pipes, procs = {}, []
+    for lib in args.libraries.split(","):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=worker, args=(lib, args.threads, child), daemon=True)
+        proc.start()
+        pipes[lib], procs = parent, [*procs, proc]
+    try:
+        for name in args.tasks.split(","):
+            print("\n".join(run_task(TASKS[name], pipes, args.reps, peak)), "\n", flush=True)
+    finally:
+        for conn in pipes.values():
+            conn.send(("stop", None))
+        for proc in procs:
+            proc.join(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

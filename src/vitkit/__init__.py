@@ -1,0 +1,19 @@
+"""vitkit: the Vision Transformer of "An Image Is Worth 16x16 Words", faithful and fast."""
+
+from vitkit.config import ViTConfig, list_model_names, variant_config
+from vitkit.errors import ConfigError, InputError, VitkitError
+from vitkit.model import VisionTransformer, count_parameters, create_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "InputError",
+    "ViTConfig",
+    "VisionTransformer",
+    "VitkitError",
+    "count_parameters",
+    "create_model",
+    "list_model_names",
+    "variant_config",
+]

@@ -1,0 +1,284 @@
+"""`ViTConfig`: every option of the model as plain data, and variant names parsed into configs.
+
+Variants are parsed, not enumerated: "B/16" is width, depth, MLP size and heads of ViT-Base
+(paper Table 1) with 16x16 patches; any size letter combines with any patch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitkit.errors import ConfigError
+
+POOLS = ("class_token", "mean_patches", "mean_all_tokens")
+FINAL_NORMS = ("tokens", "pooled", "none")
+POS_EMBEDS = ("learned", "sincos1d", "sincos2d", "none")
+ACTIVATIONS = ("gelu", "gelu_tanh")
+INIT_SCHEMES = ("jax", "trunc_normal")
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """One row of the paper's Table 1 (Ti and S are the widely used smaller widths)."""
+
+    name: str
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+
+
+SIZES: dict[str, SizeSpec] = {
+    "Ti": SizeSpec("Tiny", 192, 12, 768, 3),
+    "S": SizeSpec("Small", 384, 12, 1536, 6),
+    "B": SizeSpec("Base", 768, 12, 3072, 12),
+    "L": SizeSpec("Large", 1024, 24, 4096, 16),
+    "H": SizeSpec("Huge", 1280, 32, 5120, 16),
+}
+_SIZE_ALIASES = {"ti": "Ti", "tiny": "Ti", "s": "S", "small": "S", "b": "B", "base": "B",
+                 "l": "L", "large": "L", "h": "H", "huge": "H"}
+HEADS_BY_WIDTH = {spec.width: spec.num_heads for spec in SIZES.values()}
+
+# Names listed by `vitkit models`; any other size/patch combination parses too.
+COMMON_VARIANTS = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/14", "L/16", "L/32", "H/14")
+
+
+def _image_hw(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    hw = tuple(int(v) for v in value)
+    if len(hw) != 2:
+        raise ConfigError(f"img_size must be an int or (height, width), got {value!r}")
+    return hw  # type: ignore[return-value]
+
+
+@dataclass
+class ViTConfig:
+    """Everything that defines a Vision Transformer; round-trips through JSON.
+
+    Field names follow the paper: `width` is the hidden size D, `mlp_dim` the MLP size,
+    `depth` the number of layers L. `num_classes=0` builds a features-only model.
+    """
+
+    img_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    width: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    qkv_bias: bool = True
+    class_token: bool = True
+    pool: str = "class_token"
+    final_norm: str = "tokens"
+    pos_embed: str = "learned"
+    pre_logits_dim: int = 0
+    act: str = "gelu"
+    norm_eps: float = 1e-6
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0
+    init: str = "jax"
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        self.img_size = _image_hw(self.img_size)
+        self._validate()
+
+    # -- derived sizes -------------------------------------------------------------------
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Patches along height and width."""
+        return (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.class_token else 0
+
+    @property
+    def seq_len(self) -> int:
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    # -- checks ----------------------------------------------------------------------------
+    def _validate(self) -> None:
+        for key, allowed in (("pool", POOLS), ("final_norm", FINAL_NORMS),
+                             ("pos_embed", POS_EMBEDS), ("act", ACTIVATIONS),
+                             ("init", INIT_SCHEMES)):
+            value = getattr(self, key)
+            if value not in allowed:
+                raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}"
+                                  + _did_you_mean(str(value), allowed))
+        for key in ("patch_size", "in_chans", "width", "depth", "num_heads", "mlp_dim"):
+            if int(getattr(self, key)) < 1:
+                raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)}")
+        if self.num_classes < 0 or self.pre_logits_dim < 0:
+            raise ConfigError("num_classes and pre_logits_dim must be >= 0 (0 means none)")
+        if self.width % self.num_heads:
+            divisors = [h for h in range(1, self.width + 1) if self.width % h == 0]
+            near = sorted(sorted(divisors, key=lambda h: abs(h - self.num_heads))[:4])
+            raise ConfigError(
+                f"width {self.width} is not divisible by num_heads {self.num_heads}: each head "
+                f"gets width / num_heads channels. Use num_heads in {near} or change width.")
+        height, width = self.img_size
+        patch = self.patch_size
+        if height % patch or width % patch:
+            near = f"{_nearest_multiple(height, patch)}x{_nearest_multiple(width, patch)}"
+            raise ConfigError(
+                f"image size {height}x{width} is not divisible by patch size {patch}: use an "
+                f"image size that is a multiple of {patch} (e.g. {near}) or a patch size that "
+                "divides both sides.")
+        if self.pool == "class_token" and not self.class_token:
+            raise ConfigError("pool='class_token' needs class_token=True; without a class token "
+                              "use pool='mean_patches'.")
+        if self.pos_embed == "sincos2d" and self.width % 4:
+            raise ConfigError(f"pos_embed='sincos2d' needs width divisible by 4, got {self.width}")
+        if self.pos_embed == "sincos1d" and self.width % 2:
+            raise ConfigError(f"pos_embed='sincos1d' needs an even width, got {self.width}")
+        for key in ("dropout", "attn_dropout", "drop_path"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{key} must be in [0, 1), got {getattr(self, key)}")
+
+    # -- (de)serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["img_size"] = list(self.img_size)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
+        """Build a config from a dict, refusing keys that are not config fields."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            hints = "".join(_did_you_mean(key, known) for key in unknown)
+            raise ConfigError(f"unknown config key(s) {', '.join(unknown)}.{hints} "
+                              f"Valid keys: {', '.join(sorted(known))}.")
+        return cls(**data)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, path_or_text: str | Path) -> ViTConfig:
+        """Read a config from a JSON file path or a JSON string."""
+        text = str(path_or_text)
+        if not text.lstrip().startswith("{"):
+            path = Path(path_or_text)
+            if not path.is_file():
+                raise ConfigError(f"config file {path} does not exist")
+            text = path.read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ConfigError("a config file must hold a JSON object of config keys")
+        return cls.from_dict(data)
+
+    def replace(self, **overrides: Any) -> ViTConfig:
+        """A copy with some fields changed; unknown field names are refused with a hint."""
+        return ViTConfig.from_dict({**self.to_dict(), **overrides})
+
+
+# -- names ------------------------------------------------------------------------------------
+_VARIANT_RE = re.compile(r"^(?:vit[-_ ]?)?(ti|tiny|s|small|b|base|l|large|h|huge)[/_-]?(\d+)$",
+                         re.IGNORECASE)
+_TIMM_RE = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(\d+)_(\d+)$", re.IGNORECASE)
+
+
+def _einops_tutorial() -> dict[str, Any]:
+    """The "Implementing ViT in PyTorch" (einops) tutorial model at 224/16/768/1000 classes.
+
+    8 heads, PyTorch default LayerNorm eps and exact GELU; head = mean over all tokens ->
+    LayerNorm -> Linear. Attention scales logits by 1/sqrt(D_h) as the paper does (the
+    tutorial divides the softmax output by sqrt(emb_size), a bug we do not copy).
+    """
+    return dict(img_size=224, patch_size=16, width=768, depth=12, num_heads=8, mlp_dim=3072,
+                pool="mean_all_tokens", final_norm="pooled", norm_eps=1e-5, init="trunc_normal",
+                name="einops-tutorial")
+
+
+def _cifar10_tutorial() -> dict[str, Any]:
+    """The "ViT from scratch on CIFAR-10" tutorial model: 119,098 parameters.
+
+    Image 32, patch 4, width 48, 4 layers, 4 heads, MLP 192, qkv bias, no dropout,
+    trunc-normal(0.02) init; the head reads the class token with no final LayerNorm.
+    """
+    return dict(img_size=32, patch_size=4, num_classes=10, width=48, depth=4, num_heads=4,
+                mlp_dim=192, final_norm="none", act="gelu_tanh", norm_eps=1e-5,
+                init="trunc_normal", name="cifar10-tutorial")
+
+
+TUTORIAL_MODELS = {
+    "einops-tutorial": _einops_tutorial,
+    "cifar10-tutorial": _cifar10_tutorial,
+}
+
+
+def variant_config(name: str, **overrides: Any) -> ViTConfig:
+    """Parse a model name ("B/16", "ViT-L_32", "vit_base_patch16_224", "cifar10-tutorial").
+
+    Keyword overrides replace any field before the config is checked, so
+    `variant_config("B/16", img_size=384)` and `variant_config("S/20", img_size=(60, 100))`
+    are both valid.
+    """
+    fields = _variant_fields(name)
+    if "patch_size" in overrides and re.match(r"^(Ti|S|B|L|H)/\d+$", fields["name"]):
+        fields["name"] = f"{fields['name'].split('/')[0]}/{overrides['patch_size']}"
+    return ViTConfig.from_dict({**fields, **overrides})
+
+
+def _variant_fields(name: str) -> dict[str, Any]:
+    key = name.strip()
+    if key.lower() in TUTORIAL_MODELS:
+        return TUTORIAL_MODELS[key.lower()]()
+    img_size = 224
+    match = _VARIANT_RE.match(key)
+    if match is None:
+        timm_match = _TIMM_RE.match(key)
+        if timm_match is None:
+            raise ConfigError(f"unknown model {name!r}." + _did_you_mean(name, list_model_names())
+                              + " Names are a size Ti/S/B/L/H and a patch size, like 'B/16', or "
+                              f"one of {', '.join(TUTORIAL_MODELS)}; `vitkit models` lists them.")
+        match, img_size = timm_match, int(timm_match.group(3))
+    size = _SIZE_ALIASES[match.group(1).lower()]
+    spec = SIZES[size]
+    patch = int(match.group(2))
+    return dict(img_size=img_size, patch_size=patch, width=spec.width, depth=spec.depth,
+                num_heads=spec.num_heads, mlp_dim=spec.mlp_dim, name=f"{size}/{patch}")
+
+
+def list_model_names() -> list[str]:
+    """The names `vitkit models` shows: the common variants and the tutorial models."""
+    return list(COMMON_VARIANTS) + list(TUTORIAL_MODELS)
+
+
+def _did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
+    if not close:
+        close = difflib.get_close_matches(word.upper(), [str(c).upper() for c in choices], n=3,
+                                          cutoff=0.5)
+        close = [c for c in choices if str(c).upper() in close]
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _nearest_multiple(value: int, step: int) -> int:
+    return max(step, round(value / step) * step)

@@ -1,0 +1,108 @@
+"""The building blocks of eq. 2-3: patch embedding, multi-head self-attention, MLP, block."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PatchEmbed(nn.Module):
+    """Split into P x P patches and project each to `width`: a Conv2d with kernel = stride = P."""
+
+    def __init__(self, patch_size: int, in_chans: int, width: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, width, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.proj(images).flatten(2).transpose(1, 2)  # (B, N, D)
+
+
+class Attention(nn.Module):
+    """MSA: [q, k, v] = z U_qkv; softmax(q k^T / sqrt(D_h)) v per head; heads projected.
+
+    The normal path runs `scaled_dot_product_attention` (fused kernels); when attention
+    weights are requested an explicit path computes them and gives the same output.
+    """
+
+    def __init__(self, width: int, num_heads: int, qkv_bias: bool = True,
+                 attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = width // num_heads
+        self.scale = self.head_dim**-0.5
+        self.attn_dropout = attn_dropout
+        self.qkv = nn.Linear(width, 3 * width, bias=qkv_bias)
+        self.proj = nn.Linear(width, width)
+        self.attn_drop = nn.Dropout(attn_dropout)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, tokens, width = x.shape
+        qkv = self.qkv(x).view(batch, tokens, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, D_h)
+        weights = None
+        if return_attention:
+            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            out = self.attn_drop(weights) @ v
+        else:
+            dropout = self.attn_dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        out = out.transpose(1, 2).reshape(batch, tokens, width)
+        return self.proj_drop(self.proj(out)), weights
+
+
+class Mlp(nn.Module):
+    """Two linear layers with GELU between them (exact or tanh-approximated)."""
+
+    def __init__(self, width: int, hidden: int, approximate: str = "none",
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.act = nn.GELU(approximate=approximate)
+        self.fc2 = nn.Linear(hidden, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a residual branch per sample while training, identity in eval."""
+
+    def __init__(self, prob: float = 0.0) -> None:
+        super().__init__()
+        self.prob = prob
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prob == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.prob
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"prob={self.prob}"
+
+
+class Block(nn.Module):
+    """One pre-norm encoder layer: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z' (eq. 2-3)."""
+
+    def __init__(self, width: int, num_heads: int, mlp_dim: int, qkv_bias: bool = True,
+                 dropout: float = 0.0, attn_dropout: float = 0.0, drop_path: float = 0.0,
+                 approximate: str = "none", norm_eps: float = 1e-6) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width, eps=norm_eps)
+        self.attn = Attention(width, num_heads, qkv_bias, attn_dropout, dropout)
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(width, eps=norm_eps)
+        self.mlp = Mlp(width, mlp_dim, approximate, dropout)
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attended, weights = self.attn(self.norm1(x), return_attention)
+        x = x + self.drop_path1(attended)
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return x, weights

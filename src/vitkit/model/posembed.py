@@ -1,0 +1,53 @@
+"""Position embeddings: fixed sin-cos tables (1-D and 2-D) and resampling to a new grid."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def sincos_1d(num_positions: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Transformer sinusoids: row p holds sin/cos of p / temperature^(2i/width), interleaved."""
+    position = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    inv_freq = temperature ** (-torch.arange(0, width, 2, dtype=torch.float64) / width)
+    angles = position * inv_freq[None]
+    table = torch.zeros(num_positions, width, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
+    return table.float()
+
+
+def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10000.0) -> torch.Tensor:
+    """2-D sin-cos table as in big_vision: [sin(x), cos(x), sin(y), cos(y)], width/4 each.
+
+    Rows follow the patches in raster order (row-major over the grid).
+    """
+    grid_h, grid_w = grid_hw
+    y, x = torch.meshgrid(torch.arange(grid_h, dtype=torch.float64),
+                          torch.arange(grid_w, dtype=torch.float64), indexing="ij")
+    quarter = width // 4
+    omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
+    omega = 1.0 / temperature**omega
+    x_angles = x.flatten()[:, None] * omega[None]
+    y_angles = y.flatten()[:, None] * omega[None]
+    table = torch.cat([x_angles.sin(), x_angles.cos(), y_angles.sin(), y_angles.cos()], dim=1)
+    return table.float()
+
+
+def resample_grid_embed(pos_embed: torch.Tensor, old_grid: tuple[int, int],
+                        new_grid: tuple[int, int], num_prefix_tokens: int = 1,
+                        mode: str = "bilinear") -> torch.Tensor:
+    """Resize (1, prefix + old_h*old_w, D) position embeddings to a new patch grid.
+
+    The prefix (class token) rows are kept as they are; the grid is interpolated in 2-D
+    with `mode` ("bilinear" as the official code, or "bicubic"), align_corners=False.
+    """
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    width = pos_embed.shape[-1]
+    grid = grid.reshape(1, old_grid[0], old_grid[1], width).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False,
+                         antialias=False)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], width)
+    return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)

@@ -1,0 +1,176 @@
+"""The Vision Transformer, written to read like eq. 1-4 of the paper."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitkit.config import ViTConfig
+from vitkit.errors import InputError
+from vitkit.model.init import init_weights_
+from vitkit.model.layers import Block, PatchEmbed
+from vitkit.model.posembed import sincos_1d, sincos_2d
+
+
+class PreLogits(nn.Module):
+    """The paper's pre-training head hidden layer: Linear followed by tanh."""
+
+    def __init__(self, width: int, dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+class VisionTransformer(nn.Module):
+    """ViT: patches -> tokens (+ class token, + positions) -> L encoder blocks -> head.
+
+    `forward_features` returns the final token states (B, T, D); `forward_head` pools them
+    (class token or a mean), applies the optional pre-logits layer and the classifier.
+    Pass `return_attention=True` to get each layer's attention weights (B, heads, T, T)
+    from the explicit attention path; the default path is the fused SDPA kernel.
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        width = config.width
+        self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, width)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, width)) if config.class_token else None
+        self.pos_embed = self._make_pos_embed(config)
+        self.pos_drop = nn.Dropout(config.dropout)
+        drop_path = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
+        approximate = "tanh" if config.act == "gelu_tanh" else "none"
+        self.blocks = nn.ModuleList(
+            Block(width, config.num_heads, config.mlp_dim, config.qkv_bias, config.dropout,
+                  config.attn_dropout, rate, approximate, config.norm_eps)
+            for rate in drop_path)
+        use_norm = config.final_norm != "none"
+        self.norm = nn.LayerNorm(width, eps=config.norm_eps) if use_norm and \
+            config.final_norm == "tokens" else nn.Identity()
+        self.fc_norm = nn.LayerNorm(width, eps=config.norm_eps) if use_norm and \
+            config.final_norm == "pooled" else nn.Identity()
+        self.pre_logits = PreLogits(width, config.pre_logits_dim) if config.pre_logits_dim \
+            else nn.Identity()
+        self.head = self._make_head(config.pre_logits_dim or width, config.num_classes)
+        init_weights_(self, config.init)
+
+    @staticmethod
+    def _make_pos_embed(config: ViTConfig) -> torch.Tensor | None:
+        shape = (config.seq_len, config.width)
+        if config.pos_embed == "learned":
+            return nn.Parameter(torch.zeros(1, *shape))
+        if config.pos_embed == "sincos1d":
+            table = sincos_1d(config.seq_len, config.width)
+        elif config.pos_embed == "sincos2d":
+            table = sincos_2d(config.grid_size, config.width)
+            prefix = torch.zeros(config.num_prefix_tokens, config.width)  # class token: no position
+            table = torch.cat([prefix, table])
+        else:
+            return None
+        return nn.Buffer(table[None], persistent=False)
+
+    @staticmethod
+    def _make_head(in_features: int, num_classes: int) -> nn.Module:
+        return nn.Linear(in_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    # -- eq. 1 ------------------------------------------------------------------------------
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """z0 = [x_class; x_p E] + E_pos."""
+        self.check_input(images)
+        tokens = self.patch_embed(images)
+        if self.cls_token is not None:
+            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        if self.pos_embed is not None:
+            tokens = tokens + self.pos_embed
+        return self.pos_drop(tokens)
+
+    # -- eq. 2-3 and the final LayerNorm of eq. 4 ----------------------------------------------
+    def forward_features(self, images: torch.Tensor, return_attention: bool = False
+                         ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Token states after the encoder (and its final LayerNorm when it acts on tokens)."""
+        x = self.embed(images)
+        attentions = []
+        for block in self.blocks:
+            x, weights = block(x, return_attention)
+            if return_attention:
+                attentions.append(weights)
+        x = self.norm(x)
+        return (x, attentions) if return_attention else x
+
+    # -- eq. 4 and the head -------------------------------------------------------------------
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The image representation: the class token, or a mean over tokens."""
+        pool = self.config.pool
+        if pool == "class_token":
+            return tokens[:, 0]
+        if pool == "mean_patches":
+            return tokens[:, self.config.num_prefix_tokens:].mean(dim=1)
+        return tokens.mean(dim=1)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool, normalise (if the norm acts after pooling), pre-logits layer, classifier."""
+        x = self.pre_logits(self.fc_norm(self.pool(tokens)))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, images: torch.Tensor, return_attention: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits (B, num_classes); with `return_attention`, also the per-layer attentions."""
+        if return_attention:
+            tokens, attentions = self.forward_features(images, return_attention=True)
+            return self.forward_head(tokens), attentions
+        return self.forward_head(self.forward_features(images))
+
+    # -- utilities ------------------------------------------------------------------------------
+    def reset_classifier(self, num_classes: int, drop_pre_logits: bool = True) -> None:
+        """Replace the head with a new one of `num_classes` outputs (0: features only).
+
+        As in the paper's fine-tuning, the pre-logits layer is dropped by default and the new
+        head starts at zero (official scheme) or trunc-normal(0.02).
+        """
+        device = next(self.parameters()).device
+        if drop_pre_logits and self.config.pre_logits_dim:
+            self.pre_logits = nn.Identity()
+            self.config = self.config.replace(pre_logits_dim=0)
+        self.config = self.config.replace(num_classes=num_classes)
+        self.head = self._make_head(self.config.pre_logits_dim or self.config.width,
+                                    num_classes).to(device)
+        if isinstance(self.head, nn.Linear):
+            with torch.no_grad():
+                if self.config.init == "jax":
+                    nn.init.zeros_(self.head.weight)
+                else:
+                    nn.init.trunc_normal_(self.head.weight, std=0.02, a=-0.04, b=0.04)
+                nn.init.zeros_(self.head.bias)
+
+    def check_input(self, images: torch.Tensor) -> None:
+        """Refuse a tensor whose rank, channels or size do not fit, saying how to fix it."""
+        cfg = self.config
+        if images.dim() != 4:
+            hint = " Add a batch dimension with images.unsqueeze(0)." if images.dim() == 3 else ""
+            raise InputError(f"expected images shaped (batch, channels, height, width), got a "
+                             f"tensor of rank {images.dim()} with shape {tuple(images.shape)}."
+                             + hint)
+        channels, height, width = images.shape[1:]
+        if channels != cfg.in_chans:
+            raise InputError(
+                f"the model expects {cfg.in_chans} input channel(s) but got {channels} (shape "
+                f"{tuple(images.shape)}). Convert the images (e.g. to RGB) or build the model "
+                f"with in_chans={channels}. Channels come before height and width (NCHW).")
+        if (height, width) != cfg.img_size:
+            patch = cfg.patch_size
+            if height % patch or width % patch:
+                problem = (f"image size {height}x{width} is not divisible by patch size {patch}")
+            else:
+                problem = f"image size {height}x{width} differs from the model's"
+            raise InputError(
+                f"{problem}: the model was built for {cfg.img_size[0]}x{cfg.img_size[1]} images. "
+                f"Resize the images to {cfg.img_size[0]}x{cfg.img_size[1]}, or create the model "
+                f"with img_size=({height - height % patch or patch}, "
+                f"{width - width % patch or patch}) (position embeddings of pretrained weights "
+                "are resampled on load).")
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that weight decay should skip (tokens and positions)."""
+        return {"cls_token", "pos_embed"}

@@ -1,0 +1,1 @@
+"""Training: optimizers and schedules (the loop arrives with the training issue)."""

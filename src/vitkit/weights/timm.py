@@ -1,0 +1,91 @@
+"""timm `VisionTransformer` state dicts: vitkit uses the same parameter names, so conversion
+is a check of what is supported and an inference of the config from the tensor shapes."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+
+from vitkit.config import HEADS_BY_WIDTH, ViTConfig
+from vitkit.errors import ConfigError
+
+_UNSUPPORTED = {
+    "reg_token": "register tokens",
+    ".ls1.": "LayerScale",
+    ".q_norm.": "query/key normalisation",
+    "attn_pool.": "attention pooling (MAP head)",
+    "norm_pre.": "a pre-encoder LayerNorm",
+}
+
+
+def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = None,
+                 img_size: int | tuple[int, int] | None = None, global_pool: str | None = None,
+                 **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """Config and vitkit state dict from a timm ViT state dict.
+
+    Shapes give width, depth, MLP size, patch size, channels, classes, class token, qkv bias
+    and which final norm is used. Heads are taken from the width when it is a standard one
+    (else pass `num_heads`); a non-square image size must be passed as `img_size`.
+    `global_pool` is timm's ("token" or "avg"), inferred when not given.
+    """
+    for marker, what in _UNSUPPORTED.items():
+        if any(marker in key for key in state_dict):
+            raise ConfigError(f"this timm checkpoint uses {what}, which vitkit's ViT does not have")
+    unknown = sorted(k for k in state_dict if k not in _KEEP and not _BLOCK_KEY.match(k))
+    if unknown:
+        raise ConfigError(f"not a plain timm ViT state dict: unknown keys {', '.join(unknown[:6])}")
+    sd = dict(state_dict)
+    try:
+        proj = sd["patch_embed.proj.weight"]
+        pos = sd.get("pos_embed")
+        fc1 = sd["blocks.0.mlp.fc1.weight"]
+    except KeyError as exc:
+        raise ConfigError(f"not a timm ViT state dict: {exc.args[0]} is missing") from exc
+    width, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[2]
+    class_token = "cls_token" in sd
+    if img_size is None:
+        if pos is None:
+            raise ConfigError("no position embeddings in the checkpoint: pass img_size=")
+        side = math.isqrt(pos.shape[1] - int(class_token))
+        if side * side != pos.shape[1] - int(class_token):
+            raise ConfigError(f"{pos.shape[1]} position embeddings are not a square grid: pass "
+                              "img_size=(height, width)")
+        img_size = side * patch
+    if num_heads is None:
+        if width not in HEADS_BY_WIDTH:
+            raise ConfigError(f"width {width} is not a standard ViT width, so the number of "
+                              "heads cannot be inferred: pass num_heads=")
+        num_heads = HEADS_BY_WIDTH[width]
+    pooled_norm = "fc_norm.weight" in sd
+    if global_pool is None:
+        global_pool = "avg" if pooled_norm or not class_token else "token"
+    pool = {"token": "class_token", "avg": "mean_patches"}.get(global_pool)
+    if pool is None:
+        raise ConfigError(f"global_pool={global_pool!r} is not supported; use 'token' or 'avg'")
+    config = ViTConfig(
+        img_size=img_size, patch_size=patch, in_chans=in_chans,
+        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        width=width, depth=1 + max(int(_BLOCK_KEY.match(k).group(1)) for k in sd
+                                   if _BLOCK_KEY.match(k)),
+        num_heads=num_heads, mlp_dim=fc1.shape[0], qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        class_token=class_token, pool=pool,
+        final_norm="pooled" if pooled_norm else ("tokens" if "norm.weight" in sd else "none"),
+        pos_embed="learned" if pos is not None else "none", init="trunc_normal",
+    )
+    return (config.replace(**overrides) if overrides else config), sd
+
+
+_KEEP = {"cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias",
+         "norm.weight", "norm.bias", "fc_norm.weight", "fc_norm.bias", "head.weight", "head.bias"}
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)"
+                        r"\.(weight|bias)$")
+
+
+def config_from_timm_model(model: torch.nn.Module) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """Config and state dict from a live timm `VisionTransformer` (reads heads and pooling)."""
+    return convert_timm(model.state_dict(), num_heads=model.blocks[0].attn.num_heads,
+                        img_size=tuple(model.patch_embed.img_size),
+                        global_pool=model.global_pool or "token")

@@ -1,0 +1,90 @@
+"""Configs round-trip through JSON; variant names parse; bad configs say how to fix them."""
+
+import json
+
+import pytest
+
+from vitkit import ConfigError, ViTConfig, create_model, variant_config
+from vitkit.config import list_model_names
+
+
+def test_json_round_trip_through_file_and_string(tmp_path):
+    config = ViTConfig(img_size=(60, 100), patch_size=20, in_chans=1, num_classes=1,
+                       pos_embed="sincos1d", pool="mean_all_tokens", act="gelu_tanh",
+                       pre_logits_dim=32, width=64, num_heads=4, mlp_dim=128, depth=2)
+    path = tmp_path / "config.json"
+    config.to_json(path)
+    assert ViTConfig.from_json(path) == config
+    assert ViTConfig.from_json(config.to_json()) == config
+    assert json.loads(path.read_text())["img_size"] == [60, 100]
+
+
+def test_model_built_from_json_config_file(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"img_size": 32, "patch_size": 4, "width": 48, "depth": 1,
+                                "num_heads": 4, "mlp_dim": 96, "num_classes": 3}))
+    model = create_model(path)
+    assert model.config.width == 48 and model.config.num_classes == 3
+
+
+@pytest.mark.parametrize(("name", "width", "depth", "heads", "patch"), [
+    ("Ti/16", 192, 12, 3, 16), ("S/32", 384, 12, 6, 32), ("B/16", 768, 12, 12, 16),
+    ("L/16", 1024, 24, 16, 16), ("H/14", 1280, 32, 16, 14), ("B/8", 768, 12, 12, 8),
+    ("ViT-B_16", 768, 12, 12, 16), ("vit-l/32", 1024, 24, 16, 32), ("Ti/4", 192, 12, 3, 4),
+    ("vit_small_patch16_224", 384, 12, 6, 16),
+])
+def test_variant_names_parse(name, width, depth, heads, patch):
+    config = variant_config(name)
+    assert (config.width, config.depth, config.num_heads, config.patch_size) == \
+        (width, depth, heads, patch)
+    assert config.mlp_dim == 4 * width
+
+
+def test_keyword_overrides():
+    model = create_model("B/16", num_classes=10, img_size=384, device="meta")
+    assert model.config.img_size == (384, 384) and model.config.num_classes == 10
+    assert model.pos_embed.shape == (1, 577, 768)
+
+
+def test_every_listed_name_builds():
+    for name in list_model_names():
+        assert variant_config(name).depth > 0
+
+
+def test_unknown_variant_suggests_close_names():
+    with pytest.raises(ConfigError, match=r"unknown model 'B/16x'.*Did you mean .*'B/16'"):
+        variant_config("B/16x")
+    with pytest.raises(ConfigError, match=r"unknown model 'Q/16'.*Did you mean .*'B/16'"):
+        variant_config("Q/16")
+    with pytest.raises(ConfigError, match="cifar10-tutorial"):
+        variant_config("cifar-tutorial")
+
+
+def test_width_not_divisible_by_heads_names_valid_head_counts():
+    with pytest.raises(ConfigError, match=r"width 768 is not divisible by num_heads 7.*\[.*8"):
+        ViTConfig(num_heads=7)
+
+
+def test_image_not_divisible_by_patch_suggests_a_size():
+    with pytest.raises(ConfigError, match=r"225x225 is not divisible by patch size 16.*224x224"):
+        ViTConfig(img_size=225)
+
+
+def test_unknown_config_keys_are_refused_with_a_hint(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"widht": 64, "depth": 2}))
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) widht.*Did you mean 'width'"):
+        ViTConfig.from_json(path)
+    with pytest.raises(ConfigError, match="unknown config key"):
+        create_model("B/16", embed_dim=64)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"pool": "gap"}, "pool='gap' is not one of"),
+    ({"class_token": False}, "needs class_token=True"),
+    ({"pos_embed": "sincos2d", "width": 66, "num_heads": 3}, "divisible by 4"),
+    ({"dropout": 1.5}, r"dropout must be in \[0, 1\)"),
+])
+def test_inconsistent_options_are_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        ViTConfig(**kwargs)
