@@ -1,0 +1,52 @@
+"""`ImageDataset`: decoded images held in memory as one uint8 tensor, with their labels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vitkit.errors import VitkitError
+
+
+class DataError(VitkitError, ValueError):
+    """A dataset that is missing, malformed, or does not fit the model."""
+
+
+@dataclass
+class ImageDataset:
+    """`images` uint8 (N, C, H, W); `labels` int64 (N,); `classes[i]` names label i.
+
+    `skipped` counts files that could not be read when the dataset was built.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list[str]
+    name: str = ""
+    skipped: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != torch.uint8 or self.images.dim() != 4:
+            raise DataError(f"images must be uint8 (N, C, H, W), got {self.images.dtype} "
+                            f"{tuple(self.images.shape)}")
+        if len(self.images) != len(self.labels):
+            raise DataError(f"{len(self.images)} images but {len(self.labels)} labels")
+        self.labels = self.labels.long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return (self.images.shape[2], self.images.shape[3])
+
+    @property
+    def channels(self) -> int:
+        return self.images.shape[1]
+
+    def subset(self, indices: torch.Tensor | slice) -> ImageDataset:
+        """The images at `indices` (a slice or an index tensor), same classes."""
+        return ImageDataset(self.images[indices], self.labels[indices], self.classes,
+                            self.name, self.skipped, list(self.notes))
