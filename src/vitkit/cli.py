@@ -79,6 +79,39 @@ def cmd_summary(args: argparse.Namespace) -> None:
     print(summarize(config, max_depth=args.max_depth).format())
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    import logging
+
+    from vitkit.train.config import load_train_config
+    from vitkit.train.loop import train
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    overrides = list(args.overrides)
+    for flag, key in ((args.time_budget, "time_budget"), (args.out, "out_dir"),
+                      (args.data_dir, "data_dir")):
+        if flag is not None:
+            overrides.append(f"{key}={json.dumps(flag)}")
+    cfg = load_train_config(args.recipe, overrides)
+    result = train(cfg, resume=args.resume)
+    if not result.is_main:
+        return
+    final = result.final
+    if final:
+        print(f"done: epoch {final['epoch']:.2f}, step {final['step']}, test top-1 "
+              f"{100 * final['top1']:.2f}%, top-5 {100 * final['top5']:.2f}%, "
+              f"{final['minutes']:.1f} min" + (f" ({result.stopped_early})"
+                                                 if result.stopped_early else ""))
+    print(f"checkpoints, metrics and learning_curve.png in {result.out_dir}")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from vitkit.evaluate import evaluate_checkpoint
+
+    report = evaluate_checkpoint(args.checkpoint, args.data, args.data_dir, args.split,
+                                 args.out, args.limit, args.batch_size)
+    print(report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -91,6 +124,29 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--max-depth", type=int, default=1,
                          help="1: blocks; 2: their layers; 3: every Linear")
     summary.set_defaults(run=cmd_summary)
+
+    train = verbs.add_parser("train", help="train from scratch (default: the embedded digits)")
+    train.add_argument("recipe", nargs="?", default="digits",
+                       help="recipe JSON file or shipped recipe name (digits, cifar10, ...)")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="recipe overrides, e.g. epochs=5 model.depth=4 augment.flip=false")
+    train.add_argument("--resume", help="continue exactly from a last.pt checkpoint")
+    train.add_argument("--time-budget", type=float, metavar="SECONDS",
+                       help="size the schedule to this much training time and stop cleanly")
+    train.add_argument("--out", help="output folder (default: the recipe's out_dir)")
+    train.add_argument("--data-dir", help="local dataset folder (CIFAR binary, image folders)")
+    train.set_defaults(run=cmd_train)
+
+    evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
+    evaluate.add_argument("checkpoint", help="a checkpoint written by `vitkit train`")
+    evaluate.add_argument("--data", default=None,
+                          help="digits, cifar10, cifar100 or folder (default: as trained)")
+    evaluate.add_argument("--data-dir", help="local dataset folder")
+    evaluate.add_argument("--split", default="test", choices=("train", "test"))
+    evaluate.add_argument("--limit", type=int, help="evaluate only the first N images")
+    evaluate.add_argument("--batch-size", type=int, default=500)
+    evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
+    evaluate.set_defaults(run=cmd_eval)
     return parser
 
 

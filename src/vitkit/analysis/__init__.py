@@ -1,0 +1,1 @@
+"""Analysis and figures: learning curves, confusion matrices (attention maps to come)."""

@@ -1,0 +1,61 @@
+"""matplotlib figures: learning curves and confusion matrices (Agg backend, no display)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+
+
+def plot_learning_curve(history: Sequence[dict[str, float]], path: str | Path,
+                        title: str = "") -> Path:
+    """Loss and test accuracy against epochs (top) and training minutes (bottom axis labels)."""
+    epochs = [row["epoch"] for row in history]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, [row["train_loss"] for row in history], label="train")
+    ax_loss.plot(epochs, [row["test_loss"] for row in history], label="test")
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax_loss.legend()
+    minutes = [row["minutes"] for row in history]
+    ax_acc.plot(minutes, [100 * row["top1"] for row in history], marker=".", label="top-1")
+    if any("ema_top1" in row for row in history):
+        ax_acc.plot(minutes, [100 * row.get("ema_top1", float("nan")) for row in history],
+                    label="top-1 (EMA weights)")
+    ax_acc.set(xlabel="training minutes", ylabel="test accuracy (%)", title="test accuracy")
+    ax_acc.grid(alpha=0.3)
+    ax_acc.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_confusion(confusion: torch.Tensor, classes: Sequence[str], path: str | Path,
+                   title: str = "") -> Path:
+    """Row-normalised confusion matrix (rows: true class, columns: prediction)."""
+    counts = confusion.double()
+    rates = counts / counts.sum(1, keepdim=True).clamp(min=1)
+    size = max(4.0, 0.45 * len(classes) + 2)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
+    ticks = range(len(classes))
+    ax.set_xticks(ticks, classes, rotation=90)
+    ax.set_yticks(ticks, classes)
+    ax.set(xlabel="predicted", ylabel="true", title=title or "confusion matrix")
+    if len(classes) <= 20:
+        for i in ticks:
+            for j in ticks:
+                value = rates[i, j].item()
+                ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
+                        color="white" if value > 0.5 else "black")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,225 @@
+"""Class-per-folder image datasets (`root/<class_name>/<image>`), decoded with Pillow.
+
+Files are decoded in worker processes and gathered into one uint8 (N, C, H, W) tensor.
+Classes are the sub-folder names, sorted; label i names `classes[i]`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vitkit.data.dataset import DataError, ImageDataset
+
+__all__ = ["IMAGE_EXTENSIONS", "load_image_folder"]
+
+logger = logging.getLogger("vitkit.data")
+
+IMAGE_EXTENSIONS = frozenset({
+    ".bmp", ".gif", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp",
+})
+# Below this many files (with `workers=None`) decoding in-process beats starting a pool.
+_POOL_MIN_FILES = 64
+_MAX_AUTO_WORKERS = 8
+
+# What a worker sends back: ("ok", CHW uint8 array), ("bad", reason) or ("size", (h, w)).
+_Result = tuple[str, object]
+
+
+def _size_hw(image_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    if image_size is None:
+        return None
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        raise DataError(f"image_size must be a positive int or (height, width), got "
+                        f"{image_size!r}")
+    return size[0], size[1]
+
+
+def _fmt(hw: tuple[int, int]) -> str:
+    return f"{hw[0]}x{hw[1]}"
+
+
+def _reason(err: Exception, path: str) -> str:
+    text = str(err).replace(repr(path), "").replace(path, "").strip().rstrip(":").strip()
+    return text or type(err).__name__
+
+
+def _decode(path: str, mode: str, size: tuple[int, int] | None, resize: bool) -> _Result:
+    """Decode one file to a CHW uint8 array (worker-process entry point)."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # palette-transparency notes and the like
+            with Image.open(path) as img:
+                img = img.convert(mode)  # decodes the whole file: truncation shows up here
+        if size is not None and (img.height, img.width) != size:
+            if not resize:
+                return "size", (img.height, img.width)
+            img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        arr = np.asarray(img, dtype=np.uint8)
+    except Exception as err:  # Pillow raises many types for corrupt files; all mean "skip it"
+        return "bad", _reason(err, path)
+    arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+    return "ok", np.ascontiguousarray(arr)
+
+
+def _list_files(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    if not root.exists():
+        raise DataError(f"image folder {root} does not exist; pass the folder that holds one "
+                        f"sub-folder per class (root/<class_name>/<image>.jpg)")
+    if not root.is_dir():
+        raise DataError(f"{root} is a file, not a folder; pass the folder that holds one "
+                        f"sub-folder per class (root/<class_name>/<image>.jpg)")
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not class_dirs:
+        loose = sum(1 for p in root.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+        hint = (f" ({loose} images lie directly in it: move them into one sub-folder per class)"
+                if loose else "")
+        raise DataError(f"{root} has no class folders{hint}; expected "
+                        f"{root}/<class_name>/<image>.jpg, one sub-folder per class")
+    files: list[tuple[Path, int]] = []
+    empty: list[str] = []
+    for label, class_dir in enumerate(class_dirs):
+        found = sorted(
+            p for p in class_dir.rglob("*")
+            if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(class_dir).parts)
+        )
+        if not found:
+            empty.append(class_dir.name)
+        files.extend((p, label) for p in found)
+    if empty:
+        raise DataError(f"class folder(s) with no images in {root}: {', '.join(empty[:5])}"
+                        f"{' ...' if len(empty) > 5 else ''}; add images "
+                        f"({', '.join(sorted(IMAGE_EXTENSIONS))}) or remove the folder(s)")
+    return [p.name for p in class_dirs], files
+
+
+def _worker_count(workers: int | None, n_files: int) -> int:
+    if workers is not None:
+        if workers < 0:
+            raise DataError(f"workers must be >= 0 (0 decodes in-process), got {workers}")
+        return min(workers, n_files)
+    if n_files < _POOL_MIN_FILES:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    count = min(cores or 1, _MAX_AUTO_WORKERS)
+    return 0 if count <= 1 else count
+
+
+def _results(fn: partial[_Result], paths: list[str], pool: ProcessPoolExecutor | None,
+             workers: int) -> Iterator[_Result]:
+    if pool is None:
+        return map(fn, paths)
+    chunksize = max(1, min(64, len(paths) // (workers * 4)))
+    return pool.map(fn, paths, chunksize=chunksize)
+
+
+def _examples(items: Iterable[str], limit: int = 3) -> str:
+    items = list(items)
+    return "; ".join(items[:limit]) + ("; ..." if len(items) > limit else "")
+
+
+def load_image_folder(
+    root: str | Path,
+    image_size: int | tuple[int, int] | None = None,
+    channels: int = 3,
+    workers: int | None = None,
+    resize: bool = True,
+) -> ImageDataset:
+    """Decode every image under `root/<class_name>/` into an in-memory `ImageDataset`.
+
+    `image_size` (int or (height, width)): images of another size are resized (bilinear) when
+    `resize`, else rejected. Without it all images must share one size. `channels`: 3 (RGB) or
+    1 (grayscale). `workers`: decoding processes; None picks by CPU count (in-process for
+    small folders), 0 decodes in-process. Unreadable files are skipped, counted in `skipped`
+    and described in `notes`.
+    """
+    try:
+        import PIL  # noqa: F401
+    except ImportError as err:
+        raise DataError("loading image folders needs Pillow; install it with "
+                        "`pip install pillow`") from err
+    if channels not in (1, 3):
+        raise DataError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
+    size = _size_hw(image_size)
+    root = Path(root).expanduser()
+    classes, files = _list_files(root)
+    paths = [str(p) for p, _ in files]
+    n_workers = _worker_count(workers, len(paths))
+    fn = partial(_decode, mode="L" if channels == 1 else "RGB", size=size, resize=resize)
+
+    out: np.ndarray | None = None
+    labels: list[int] = []
+    skipped: list[str] = []
+    sizes: dict[tuple[int, int], list] = {}  # (h, w) -> [count, example file]
+    pool = ProcessPoolExecutor(max_workers=n_workers) if n_workers > 0 else None
+    try:
+        results = _results(fn, paths, pool, n_workers)
+        for (path, label), (status, value) in zip(files, results, strict=True):
+            rel = path.relative_to(root).as_posix()
+            if status == "bad":
+                skipped.append(f"{rel}: {value}")
+                continue
+            if status == "size":
+                raise DataError(
+                    f"{rel} is {_fmt(value)} (HxW) but image_size is {_fmt(size)}; pass "
+                    f"resize=True to resize such images, or resize the files to {_fmt(size)} "
+                    f"beforehand")
+            arr: np.ndarray = value
+            hw = (arr.shape[1], arr.shape[2])
+            entry = sizes.setdefault(hw, [0, rel])
+            entry[0] += 1
+            if out is None:
+                out = np.empty((len(files), *arr.shape), dtype=np.uint8)
+            if len(sizes) > 1:
+                continue  # mixed sizes: keep counting them for the error below
+            out[len(labels)] = arr
+            labels.append(label)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    if len(sizes) > 1:
+        common = sorted(sizes.items(), key=lambda kv: -kv[1][0])
+        listed = ", ".join(f"{_fmt(hw)} ({n} files, e.g. {ex})" for hw, (n, ex) in common[:3])
+        raise DataError(f"images in {root} have {len(sizes)} different sizes (HxW): {listed}"
+                        f"{', ...' if len(common) > 3 else ''}; pass image_size=(H, W) (or an "
+                        f"int) to resize them all to one size")
+    if out is None:
+        raise DataError(f"no readable images in {root}: all {len(files)} files were skipped "
+                        f"(e.g. {_examples(skipped)}); check the files are valid images")
+
+    notes: list[str] = []
+    if skipped:
+        what = "file" if len(skipped) == 1 else "files"
+        note = f"skipped {len(skipped)} unreadable {what} (e.g. {_examples(skipped, 2)})"
+        notes.append(note)
+        logger.warning("%s: %s", root, note)
+    kept = set(labels)
+    lost = [name for i, name in enumerate(classes) if i not in kept]
+    if lost:
+        note = f"class(es) with no readable images: {', '.join(lost)}"
+        notes.append(note)
+        logger.warning("%s: %s", root, note)
+
+    if len(labels) < len(out):
+        out = out[:len(labels)].copy()  # release the rows reserved for skipped files
+    return ImageDataset(
+        images=torch.from_numpy(out),
+        labels=torch.tensor(labels, dtype=torch.int64),
+        classes=classes,
+        name=root.name,
+        skipped=len(skipped),
+        notes=notes,
+    )

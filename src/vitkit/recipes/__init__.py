@@ -1,0 +1,1 @@
+"""Training recipes shipped with vitkit (JSON)."""

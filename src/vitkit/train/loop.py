@@ -1,0 +1,361 @@
+"""The training loop: AdamW, warmup + cosine, clipping, accumulation, EMA, evaluation every
+epoch, atomic checkpoints with exact resume, time budgets, DDP under torchrun."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from contextlib import nullcontext, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from vitkit.config import ViTConfig
+from vitkit.data.augment import AugmentConfig, BatchAugment, soft_cross_entropy
+from vitkit.data.dataset import DataError, ImageDataset
+from vitkit.data.loader import BatchOrder, shard
+from vitkit.data.sources import load_source
+from vitkit.model.vit import VisionTransformer
+from vitkit.runtime import configure_cpu
+from vitkit.train.checkpoint import CheckpointError, load_checkpoint, save_atomic
+from vitkit.train.config import TrainConfig
+from vitkit.train.distributed import (
+    DistInfo,
+    barrier,
+    broadcast_flag,
+    cleanup,
+    init_distributed,
+)
+from vitkit.train.metrics import evaluate
+from vitkit.train.optim import build_adamw
+from vitkit.train.recorder import MetricsRecorder
+from vitkit.train.schedule import SCHEDULES
+
+log = logging.getLogger("vitkit.train")
+CHECKPOINT_FORMAT = "vitkit-train-1"
+
+
+@dataclass
+class Position:
+    """Where training stands: the next batch to run is (epoch, batch); `step` counts updates."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    total_steps: int = 0
+    best_top1: float = -1.0
+    elapsed: float = 0.0  # training wall time before this process started
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    position: Position
+    final: dict[str, float]
+    stopped_early: str = ""
+    is_main: bool = True
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def check_data_fits(config: ViTConfig, train: ImageDataset) -> None:
+    """Refuse data the model cannot take, naming the fix."""
+    if train.channels != config.in_chans:
+        raise DataError(f"the data has {train.channels} channel(s) but the model takes "
+                        f"{config.in_chans}: set model.in_chans={train.channels}")
+    if train.image_size != config.img_size:
+        raise DataError(f"the images are {train.image_size[0]}x{train.image_size[1]} but the "
+                        f"model takes {config.img_size[0]}x{config.img_size[1]}: set "
+                        f"model.img_size={list(train.image_size)} (or resize the data)")
+    top = int(train.labels.max())
+    if top >= config.num_classes or int(train.labels.min()) < 0:
+        raise DataError(f"labels run from {int(train.labels.min())} to {top} but the head has "
+                        f"{config.num_classes} outputs: set model.num_classes={top + 1}")
+
+
+class Trainer:
+    """One training run; `run()` trains to the end, or until stopped, and returns results."""
+
+    def __init__(self, cfg: TrainConfig, resume: str | Path | None = None,
+                 train_data: ImageDataset | None = None,
+                 test_data: ImageDataset | None = None) -> None:
+        self.cfg = cfg
+        self.device = pick_device(cfg.device)
+        self.info: DistInfo = init_distributed(self.device)
+        if self.device.type == "cuda" and self.info.enabled:
+            self.device = torch.device("cuda", self.info.local_rank)
+        configure_cpu(cfg.threads)
+        self.model_config = cfg.model_config()
+        if train_data is None or test_data is None:
+            train_data, test_data = load_source(cfg.data, cfg.data_dir,
+                                                self.model_config.img_size,
+                                                self.model_config.in_chans, cfg.train_limit,
+                                                cfg.test_limit)
+        check_data_fits(self.model_config, train_data)
+        self.train_data, self.test_data = train_data, test_data
+        self.out_dir = Path(cfg.out_dir)
+        torch.manual_seed(cfg.seed)
+        self.model = VisionTransformer(self.model_config).to(self.device)
+        self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, cfg.betas)
+        self.ema = self._make_ema()
+        self.augment = BatchAugment(AugmentConfig(**cfg.augment), self.model_config.num_classes)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.order = BatchOrder(len(train_data), cfg.batch_size, cfg.seed)
+        if self.order.batches_per_epoch() == 0:
+            raise DataError(f"{len(train_data)} training images do not fill one batch of "
+                            f"{cfg.batch_size}: lower batch_size")
+        self.position = Position(total_steps=self._planned_steps(cfg.epochs))
+        if resume:
+            self._resume(resume)
+        self.train_model: torch.nn.Module = self.model
+        if self.info.enabled:
+            self.train_model = DistributedDataParallel(self.model)
+        self.amp_dtype = self._amp_dtype()
+        self._stop_reason = ""
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _make_ema(self) -> torch.optim.swa_utils.AveragedModel | None:
+        if not self.cfg.ema_decay:
+            return None
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        return AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(self.cfg.ema_decay),
+                             use_buffers=True)
+
+    def _amp_dtype(self) -> torch.dtype | None:
+        if self.cfg.amp == "bf16" or (self.cfg.amp == "auto" and self.device.type == "cuda"):
+            return torch.bfloat16
+        return None
+
+    def _planned_steps(self, epochs: float) -> int:
+        return max(1, math.ceil(epochs * self.order.batches_per_epoch()))
+
+    @property
+    def warmup_steps(self) -> int:
+        return round(self.cfg.warmup_epochs * self.order.batches_per_epoch())
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        pos = self.position
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": self.model_config.to_dict(),
+            "train_config": self.cfg.to_dict(),
+            "classes": list(self.train_data.classes),
+            "preprocess": {"img_size": list(self.model_config.img_size),
+                           "mean": list(self.cfg.mean), "std": list(self.cfg.std)},
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "optimizer": self.optimizer.state_dict(),
+            "position": {"epoch": pos.epoch, "batch": pos.batch, "step": pos.step,
+                         "total_steps": pos.total_steps, "best_top1": pos.best_top1,
+                         "elapsed": pos.elapsed + self._elapsed()},
+            "history": pos.history,
+            "rng": {"torch": torch.get_rng_state(), "augment": self.generator.get_state()},
+        }
+
+    def save(self, name: str) -> Path | None:
+        """Write `name`.pt atomically (main rank only)."""
+        if not self.info.is_main:
+            return None
+        return save_atomic(self.state(), self.out_dir / f"{name}.pt")
+
+    def _resume(self, path: str | Path) -> None:
+        state = load_checkpoint(path)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{path} is not a vitkit training checkpoint (format "
+                                  f"{state.get('format')!r})")
+        saved = ViTConfig.from_dict(state["model_config"])
+        if saved != self.model_config:
+            diffs = [f"{k}: checkpoint {v!r} vs config {getattr(self.model_config, k)!r}"
+                     for k, v in saved.to_dict().items()
+                     if k != "name" and v != self.model_config.to_dict()[k]]
+            raise CheckpointError(f"cannot resume from {path}: it was trained with another model "
+                                  f"config ({'; '.join(diffs)}). Resume with the same recipe.")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.load_state_dict(state["ema"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.generator.set_state(state["rng"]["augment"])
+        pos = state["position"]
+        self.position = Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
+                                 pos["best_top1"], pos["elapsed"], list(state["history"]))
+        log.info("resumed from %s at epoch %d, batch %d", path, pos["epoch"], pos["batch"])
+
+    # -- stopping -------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        previous = {}
+
+        def request_stop(signum: int, _frame: Any) -> None:
+            self._stop_reason = signal.Signals(signum).name
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with suppress(ValueError):  # signals can only be caught in the main thread
+                previous[signum] = signal.signal(signum, request_stop)
+        return previous
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._started if hasattr(self, "_started") else 0.0
+
+    def _time_used(self) -> float:
+        return self.position.elapsed + self._elapsed()
+
+    def _fit_schedule_to_budget(self, seconds_per_step: float, eval_seconds: float) -> None:
+        """Size the schedule so the remaining steps and evaluations end within the budget."""
+        remaining = self.cfg.time_budget - self._time_used()
+        per_epoch = self.order.batches_per_epoch()
+        epoch_cost = per_epoch * seconds_per_step + eval_seconds
+        steps_left = int(max(remaining - eval_seconds, 0) / epoch_cost * per_epoch)
+        self.position.total_steps = max(self.position.step + steps_left, self.position.step + 1)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg, pos = self.cfg, self.position
+        recorder = MetricsRecorder(self.out_dir, cfg.log) if self.info.is_main else None
+        previous_handlers = self._install_signal_handlers()
+        self._started = time.perf_counter()
+        schedule = SCHEDULES[cfg.schedule]
+        per_epoch = self.order.batches_per_epoch()
+        eval_seconds = 0.0
+        calibrate_at = pos.step + min(20, max(per_epoch // 4, 3))
+        calibrate_from = (pos.step + 2, time.perf_counter())
+        final: dict[str, float] = {}
+        try:
+            while pos.step < pos.total_steps and not self._stop_reason:
+                bar = self._progress(pos.epoch, per_epoch, pos.batch)
+                epoch_loss, epoch_images, epoch_start = 0.0, 0, time.perf_counter()
+                for batch_index, indices in self.order.iterate(pos.epoch, pos.batch):
+                    lr = cfg.lr * schedule(pos.step, pos.total_steps, self.warmup_steps,
+                                           cfg.min_lr_ratio)
+                    loss = self._train_step(indices, lr)
+                    pos.step += 1
+                    pos.batch = batch_index + 1
+                    epoch_loss += loss * len(indices)
+                    epoch_images += len(indices)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False)
+                    if pos.step == calibrate_from[0]:
+                        calibrate_from = (pos.step, time.perf_counter())
+                    if cfg.time_budget and pos.step == calibrate_at:
+                        step_time = (time.perf_counter() - calibrate_from[1]) / max(
+                            pos.step - calibrate_from[0], 1)
+                        self._fit_schedule_to_budget(step_time, eval_seconds)
+                    out_of_time = bool(cfg.time_budget) and self._time_used() >= cfg.time_budget
+                    if out_of_time and not self._stop_reason:
+                        self._stop_reason = "time budget"
+                    if broadcast_flag(bool(self._stop_reason), self.info):
+                        self._stop_reason = self._stop_reason or "stopped by another rank"
+                        break
+                    if pos.step >= pos.total_steps:
+                        break
+                if bar is not None:
+                    bar.close()
+                epoch_done = pos.batch >= per_epoch
+                interrupted = self._stop_reason in ("SIGINT", "SIGTERM")
+                if not interrupted and (epoch_done or pos.step >= pos.total_steps
+                                        or self._stop_reason):
+                    eval_start = time.perf_counter()
+                    final = self._evaluate_and_log(pos, epoch_loss, epoch_images,
+                                                   time.perf_counter() - epoch_start, recorder)
+                    eval_seconds = time.perf_counter() - eval_start
+                if epoch_done:
+                    pos.epoch, pos.batch = pos.epoch + 1, 0
+                    if cfg.time_budget and not self._stop_reason:
+                        epoch_time = (time.perf_counter() - epoch_start - eval_seconds) / per_epoch
+                        self._fit_schedule_to_budget(epoch_time, eval_seconds)
+                self.save("last")
+                if interrupted:
+                    log.warning("%s: saved %s; continue with --resume", self._stop_reason,
+                                self.out_dir / "last.pt")
+                    break
+        finally:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+            barrier(self.info)
+            if recorder is not None:
+                recorder.close()
+            cleanup(self.info)
+        return TrainResult(self.out_dir, pos, final, self._stop_reason, self.info.is_main)
+
+    def _progress(self, epoch: int, total: int, start: int):
+        if not (self.cfg.progress and self.info.is_main):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=start, desc=f"epoch {epoch + 1}", unit="batch",
+                    dynamic_ncols=True, leave=False)
+
+    def _train_step(self, indices: torch.Tensor, lr: float) -> float:
+        """One optimizer update on a global batch; returns the batch's mean loss."""
+        cfg = self.cfg
+        images, targets = self.augment(self.train_data.images[indices],
+                                       self.train_data.labels[indices], self.generator,
+                                       cfg.mean, cfg.std)
+        images = shard(images, self.info.rank, self.info.world_size).to(self.device)
+        targets = shard(targets, self.info.rank, self.info.world_size).to(self.device)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro_images = images.chunk(cfg.accum_steps)
+        micro_targets = targets.chunk(cfg.accum_steps)
+        total = 0.0
+        for i, (x, y) in enumerate(zip(micro_images, micro_targets, strict=True)):
+            last = i == len(micro_images) - 1
+            sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
+            with sync, torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
+                                      enabled=self.amp_dtype is not None):
+                loss = soft_cross_entropy(self.train_model(x).float(), y)
+                (loss * len(x) / len(images)).backward()
+            total += loss.item() * len(x)
+        if cfg.clip_grad:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
+        if not math.isfinite(total):
+            raise FloatingPointError("the loss is not finite: lower lr or enable clip_grad")
+        return total / len(images)
+
+    def _evaluate_and_log(self, pos: Position, loss_sum: float, images: int, seconds: float,
+                          recorder: MetricsRecorder | None) -> dict[str, float]:
+        cfg = self.cfg
+        num_classes = self.model_config.num_classes
+        result = evaluate(self.model, self.test_data, num_classes, cfg.mean, cfg.std,
+                          cfg.eval_batch_size, self.device, self.info, self.amp_dtype)
+        row: dict[str, float] = {
+            "epoch": pos.epoch + pos.batch / self.order.batches_per_epoch(), "step": pos.step,
+            "train_loss": loss_sum / max(images, 1), **result.as_dict(),
+            "images_per_s": images / max(seconds, 1e-9), "minutes": self._time_used() / 60,
+        }
+        if self.ema is not None:
+            ema_result = evaluate(self.ema.module, self.test_data, num_classes, cfg.mean, cfg.std,
+                                  cfg.eval_batch_size, self.device, self.info, self.amp_dtype)
+            row["ema_top1"] = ema_result.top1
+        pos.history.append(row)
+        top1 = max(row["top1"], row.get("ema_top1", -1.0))
+        if top1 > pos.best_top1:
+            pos.best_top1 = top1
+            self.save("best")
+        if recorder is not None:
+            recorder.write(row, pos.history)
+            log.info("epoch %.2f  loss %.4f  test top-1 %.2f%%  top-5 %.2f%%  %.0f img/s",
+                     row["epoch"], row["train_loss"], 100 * row["top1"], 100 * row["top5"],
+                     row["images_per_s"])
+        return row
+
+
+def train(cfg: TrainConfig, resume: str | Path | None = None) -> TrainResult:
+    """Train with `cfg` (resuming from a checkpoint when given)."""
+    return Trainer(cfg, resume).run()

@@ -1,0 +1,68 @@
+"""Evaluation: loss, top-1, top-5, per-class accuracy and the confusion matrix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vitkit.data.augment import normalize
+from vitkit.data.dataset import ImageDataset
+from vitkit.data.loader import eval_batches
+from vitkit.train.distributed import DistInfo, all_reduce_sum
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    top1: float
+    top5: float
+    count: int
+    confusion: torch.Tensor  # (classes, classes): rows true label, columns prediction
+
+    @property
+    def per_class(self) -> torch.Tensor:
+        totals = self.confusion.sum(1).clamp(min=1)
+        return self.confusion.diag() / totals
+
+    def as_dict(self) -> dict[str, float]:
+        return {"test_loss": self.loss, "top1": self.top1, "top5": self.top5}
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
+             mean: tuple[float, ...], std: tuple[float, ...], batch_size: int = 500,
+             device: torch.device | None = None, info: DistInfo | None = None,
+             autocast_dtype: torch.dtype | None = None) -> EvalResult:
+    """Evaluate on this rank's share of `dataset` and combine the counts over ranks."""
+    info = info or DistInfo()
+    device = device or torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    correct = torch.zeros(2, dtype=torch.float64)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
+    k = min(5, num_classes)
+    for images, labels in eval_batches(dataset, batch_size, info.rank, info.world_size):
+        x = normalize(images.to(device), mean, std)
+        labels = labels.to(device)
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            logits = model(x)
+        logits = logits.float()
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum").double().cpu()
+        topk = logits.topk(k, dim=1).indices
+        hits = topk == labels[:, None]
+        correct[0] += hits[:, 0].sum().double().cpu()
+        correct[1] += hits.any(dim=1).sum().double().cpu()
+        flat = labels.cpu() * num_classes + topk[:, 0].cpu()
+        confusion += torch.bincount(flat, minlength=num_classes**2).reshape(
+            num_classes, num_classes).double()
+    totals = torch.cat([loss_sum[None], correct, confusion.flatten()])
+    all_reduce_sum(totals, info)
+    count = int(totals[3:].sum().item())
+    model.train(was_training)
+    return EvalResult(loss=float(totals[0]) / max(count, 1), top1=float(totals[1]) / max(count, 1),
+                      top5=float(totals[2]) / max(count, 1), count=count,
+                      confusion=totals[3:].reshape(num_classes, num_classes).long())

@@ -1,0 +1,54 @@
+"""Per-epoch metrics to CSV and JSONL (and TensorBoard when installed), plus the curve PNG."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from vitkit.analysis.plots import plot_learning_curve
+
+log = logging.getLogger("vitkit.train")
+
+
+class MetricsRecorder:
+    """Appends one row per evaluation; redraws `learning_curve.png` each time."""
+
+    def __init__(self, out_dir: Path, formats: Sequence[str]) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.formats = set(formats)
+        self._writer = None
+        if "tensorboard" in self.formats:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.out_dir / "tensorboard"))
+            except ImportError:
+                log.warning("TensorBoard is not installed (pip install tensorboard): skipped")
+
+    def write(self, row: dict[str, float], history: list[dict[str, float]]) -> None:
+        if "jsonl" in self.formats:
+            with open(self.out_dir / "metrics.jsonl", "a") as stream:
+                stream.write(json.dumps(row) + "\n")
+        if "csv" in self.formats:
+            self._write_csv(history)
+        if self._writer is not None:
+            for key, value in row.items():
+                if key not in ("epoch", "step"):
+                    self._writer.add_scalar(key, value, int(row["step"]))
+        plot_learning_curve(history, self.out_dir / "learning_curve.png")
+
+    def _write_csv(self, history: list[dict[str, float]]) -> None:
+        """Rewritten whole, so a resumed run has one consistent file."""
+        keys = list(dict.fromkeys(key for row in history for key in row))
+        with open(self.out_dir / "metrics.csv", "w", newline="") as stream:
+            writer = csv.DictWriter(stream, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(history)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,251 @@
+"""CIFAR binary readers: the real CIFAR-10 copy, synthetic CIFAR-100, errors, safe extraction."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitkit.data.cifar import download_cifar, find_cifar_dir, load_cifar, verify_and_extract
+from vitkit.data.dataset import DataError
+
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                   "ship", "truck"]
+
+
+# --- real CIFAR-10 -------------------------------------------------------------------------
+
+
+def test_real_train_first_batch(cifar10_dir: Path) -> None:
+    ds = load_cifar(cifar10_dir, "train", limit=10_000)
+    assert ds.images.shape == (10_000, 3, 32, 32)
+    assert ds.images.dtype == torch.uint8
+    assert ds.labels.dtype == torch.int64
+    assert ds.classes == CIFAR10_CLASSES
+    assert ds.name == "cifar10-train"
+    # The README: every training batch holds exactly 1,000 images per class.
+    assert torch.bincount(ds.labels, minlength=10).tolist() == [1000] * 10
+
+
+def test_real_first_record_matches_manual_decode(cifar10_dir: Path) -> None:
+    raw = np.fromfile(cifar10_dir / "data_batch_1.bin", dtype=np.uint8, count=3073)
+    ds = load_cifar(cifar10_dir, "train", limit=1)
+    assert len(ds) == 1
+    assert ds.labels[0].item() == raw[0]
+    expected = raw[1:].reshape(3, 32, 32)
+    assert np.array_equal(ds.images[0].numpy(), expected)
+    # Planes are R, G, B: the red plane is the first 1,024 pixel bytes, row-major.
+    assert np.array_equal(ds.images[0, 0, 0].numpy(), raw[1:33])
+
+
+def test_real_limit_crosses_batches(cifar10_dir: Path) -> None:
+    ds = load_cifar(cifar10_dir, "train", limit=10_002)
+    assert len(ds) == 10_002
+    raw = np.fromfile(cifar10_dir / "data_batch_2.bin", dtype=np.uint8, count=2 * 3073)
+    raw = raw.reshape(2, 3073)
+    assert ds.labels[10_000:].tolist() == raw[:, 0].tolist()
+    assert np.array_equal(ds.images[10_000:].numpy(), raw[:, 1:].reshape(2, 3, 32, 32))
+
+
+def test_real_test_split_and_parent_root(cifar10_dir: Path) -> None:
+    ds = load_cifar(cifar10_dir.parent, "test", limit=500)  # the folder containing it works too
+    assert ds.images.shape == (500, 3, 32, 32)
+    assert ds.name == "cifar10-test"
+    assert int(ds.labels.max()) <= 9
+
+
+def test_find_cifar_dir_real(cifar10_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert find_cifar_dir("cifar10", cifar10_dir) == cifar10_dir
+    monkeypatch.setenv("VITKIT_CIFAR10_DIR", str(cifar10_dir.parent))
+    assert find_cifar_dir("cifar10") == cifar10_dir
+
+
+# --- synthetic files ------------------------------------------------------------------------
+
+
+def _write_cifar10(folder: Path, split_files: dict[str, np.ndarray], meta: bool = True) -> Path:
+    """Write records (label, pixels) as CIFAR-10 binary files under `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, records in split_files.items():
+        records.astype(np.uint8).tofile(folder / name)
+    if meta:
+        (folder / "batches.meta.txt").write_text("\n".join(CIFAR10_CLASSES) + "\n\n")
+    return folder
+
+
+def _records(labels: list[int], label_bytes: int = 1, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    rec = rng.integers(0, 256, size=(len(labels), label_bytes + 3072), dtype=np.uint8)
+    rec[:, label_bytes - 1] = labels
+    return rec
+
+
+def test_cifar100_reads_fine_labels(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-100-binary"
+    folder.mkdir()
+    fine = [0, 99, 42, 7, 42]
+    rec = _records(fine, label_bytes=2)
+    rec[:, 0] = [19, 3, 0, 5, 11]  # coarse labels, which must be ignored
+    rec.tofile(folder / "train.bin")
+    rec[:2].tofile(folder / "test.bin")
+    (folder / "fine_label_names.txt").write_text("\n".join(f"c{i}" for i in range(100)) + "\n")
+
+    ds = load_cifar(tmp_path, "train", dataset="cifar100")
+    assert ds.labels.tolist() == fine
+    assert ds.classes[:3] == ["c0", "c1", "c2"]
+    assert len(ds.classes) == 100
+    assert np.array_equal(ds.images.numpy(), rec[:, 2:].reshape(-1, 3, 32, 32))
+    assert ds.name == "cifar100-train"
+    assert len(load_cifar(folder, "test", dataset="cifar100")) == 2
+    assert len(load_cifar(folder, "train", dataset="cifar100", limit=3)) == 3
+
+
+def test_truncated_file_names_the_file(tmp_path: Path) -> None:
+    rec = _records([1, 2, 3])
+    folder = _write_cifar10(tmp_path / "cifar-10-batches-bin", {"test_batch.bin": rec})
+    with open(folder / "test_batch.bin", "ab") as f:
+        f.write(b"\x00" * 100)
+    with pytest.raises(DataError, match=r"test_batch\.bin has 9,319 bytes.*3073-byte.*truncated"):
+        load_cifar(tmp_path, "test")
+
+
+def test_missing_batch_file(tmp_path: Path) -> None:
+    files = {f"data_batch_{i}.bin": _records([i]) for i in (1, 2, 4, 5)}
+    _write_cifar10(tmp_path / "cifar-10-batches-bin", files)
+    with pytest.raises(DataError, match=r"data_batch_3\.bin is missing"):
+        load_cifar(tmp_path, "train")
+    with pytest.raises(DataError, match=r"test_batch\.bin is missing"):
+        load_cifar(tmp_path, "test")
+
+
+def test_label_out_of_range(tmp_path: Path) -> None:
+    _write_cifar10(tmp_path, {"test_batch.bin": _records([3, 10, 2])})
+    with pytest.raises(DataError, match=r"record 1 has label 10.*labels are 0\.\.9"):
+        load_cifar(tmp_path, "test")
+
+
+def test_wrong_number_of_class_names(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-100-binary"
+    folder.mkdir()
+    _records([1], label_bytes=2).tofile(folder / "test.bin")
+    (folder / "fine_label_names.txt").write_text("a\nb\n")
+    with pytest.raises(DataError, match="lists 2 class names but cifar100 has 100"):
+        load_cifar(folder, "test", dataset="cifar100")
+
+
+def test_missing_folder_explains_fix(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"--data-dir.*VITKIT_CIFAR10_DIR.*download_cifar"):
+        load_cifar(tmp_path / "nowhere", "train")
+    with pytest.raises(DataError, match=r"VITKIT_CIFAR100_DIR"):
+        load_cifar(tmp_path, "test", dataset="cifar100")
+
+
+def test_find_cifar_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("VITKIT_CIFAR10_DIR", raising=False)
+    with pytest.raises(DataError, match=r"\.cache/vitkit/cifar10.*--data-dir"):
+        find_cifar_dir("cifar10")
+    cached = _write_cifar10(tmp_path / "home/.cache/vitkit/cifar10/cifar-10-batches-bin",
+                            {"test_batch.bin": _records([1])})
+    assert find_cifar_dir("cifar10") == cached
+    from_env = _write_cifar10(tmp_path / "env", {"test_batch.bin": _records([1])})
+    monkeypatch.setenv("VITKIT_CIFAR10_DIR", str(from_env))
+    assert find_cifar_dir("cifar10") == from_env
+    with pytest.raises(DataError, match=r"looked in: .*elsewhere"):
+        find_cifar_dir("cifar10", tmp_path / "elsewhere")  # an explicit dir is not second-guessed
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="unknown CIFAR dataset 'cifar1000'"):
+        load_cifar(tmp_path, "train", dataset="cifar1000")  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="unknown split 'val'"):
+        load_cifar(tmp_path, "val")  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="limit must be >= 0"):
+        load_cifar(tmp_path, "test", limit=-1)
+
+
+# --- checksum and extraction ---------------------------------------------------------------
+
+
+def _tarball(path: Path, members: dict[str, bytes]) -> str:
+    """Write a .tar.gz holding `members` (name -> bytes); return its md5."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def _cifar10_tarball(path: Path) -> tuple[str, np.ndarray]:
+    rec = _records([0, 9, 4])
+    members = {f"cifar-10-batches-bin/data_batch_{i}.bin": rec.tobytes() for i in range(1, 6)}
+    members["cifar-10-batches-bin/test_batch.bin"] = rec[:1].tobytes()
+    members["cifar-10-batches-bin/batches.meta.txt"] = "\n".join(CIFAR10_CLASSES).encode()
+    return _tarball(path, members), rec
+
+
+def test_verify_and_extract_ok(tmp_path: Path) -> None:
+    md5, _ = _cifar10_tarball(tmp_path / "c.tar.gz")
+    moved = verify_and_extract(tmp_path / "c.tar.gz", md5, tmp_path / "out")
+    assert moved == [tmp_path / "out" / "cifar-10-batches-bin"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cifar-10-batches-bin"]
+
+
+def test_checksum_mismatch(tmp_path: Path) -> None:
+    md5, _ = _cifar10_tarball(tmp_path / "c.tar.gz")
+    with pytest.raises(DataError, match=rf"expected md5 {'0' * 32}, got {md5}"):
+        verify_and_extract(tmp_path / "c.tar.gz", "0" * 32, tmp_path / "out")
+    assert not (tmp_path / "out" / "cifar-10-batches-bin").exists()
+
+
+@pytest.mark.parametrize("name", ["../evil.txt", "ok/../../evil.txt", "/tmp/vitkit-evil.txt"])
+def test_unsafe_member_rejected(tmp_path: Path, name: str) -> None:
+    md5 = _tarball(tmp_path / "bad.tar.gz", {"fine.txt": b"x", name: b"evil"})
+    dest = tmp_path / "a" / "b"
+    with pytest.raises(DataError, match=r"refusing to extract.*'\.\.'"):
+        verify_and_extract(tmp_path / "bad.tar.gz", md5, dest)
+    assert not (tmp_path / "a" / "evil.txt").exists()
+    assert not (tmp_path / "evil.txt").exists()
+    assert list(dest.iterdir()) == []  # nothing half-extracted, staging folder removed
+
+
+def test_symlink_member_rejected(tmp_path: Path) -> None:
+    with tarfile.open(tmp_path / "link.tar", "w") as tar:
+        info = tarfile.TarInfo("link")
+        info.type = tarfile.SYMTYPE
+        info.linkname = "/etc/passwd"
+        tar.addfile(info)
+    with pytest.raises(DataError, match="is a link"):
+        verify_and_extract(tmp_path / "link.tar", None, tmp_path / "out")
+
+
+def test_download_from_local_url(tmp_path: Path) -> None:
+    archive = tmp_path / "cifar-10-binary.tar.gz"
+    md5, rec = _cifar10_tarball(archive)
+    root = tmp_path / "cache"
+    folder = download_cifar("cifar10", root, url=archive.as_uri(), md5=md5)
+    assert folder == root / "cifar-10-batches-bin"
+    assert sorted(p.name for p in root.iterdir()) == ["cifar-10-batches-bin"]  # no temp files
+    ds = load_cifar(root, "train")
+    assert ds.labels.tolist() == [0, 9, 4] * 5
+    assert np.array_equal(ds.images[:3].numpy(), rec[:, 1:].reshape(3, 3, 32, 32))
+    # Already there: returns without downloading (this url would fail).
+    assert download_cifar("cifar10", root, url=(tmp_path / "gone").as_uri()) == folder
+
+
+def test_download_bad_checksum_and_missing_url(tmp_path: Path) -> None:
+    archive = tmp_path / "cifar-10-binary.tar.gz"
+    _cifar10_tarball(archive)
+    root = tmp_path / "cache"
+    with pytest.raises(DataError, match="checksum mismatch"):
+        download_cifar("cifar10", root, url=archive.as_uri())  # the official md5 differs
+    assert list(root.iterdir()) == []
+    with pytest.raises(DataError, match=r"could not download cifar10.*--data-dir"):
+        download_cifar("cifar10", root, url=(tmp_path / "missing.tar.gz").as_uri())
+    assert list(root.iterdir()) == []

@@ -1,0 +1,167 @@
+"""Class-per-folder image loading: formats, sizes, grayscale, unreadable files, errors."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data.dataset import DataError
+from vitkit.data.folder import load_image_folder
+
+
+def _pixels(h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+
+
+def _save(path: Path, arr: np.ndarray, fmt: str | None = None) -> np.ndarray:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path, format=fmt)
+    return arr
+
+
+def _jpeg_bytes(h: int, w: int, seed: int) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(_pixels(h, w, seed)).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def simple(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """cat: 3 PNGs, dog: 2 JPEGs, all 16x12 (HxW), plus files that must be ignored."""
+    root = tmp_path / "pets"
+    arrays = {}
+    for i in range(3):
+        arrays[f"cat/{i}.png"] = _save(root / f"cat/{i}.png", _pixels(16, 12, i))
+    for i in range(2):
+        arrays[f"dog/{i}.JPG"] = _save(root / f"dog/{i}.JPG", _pixels(16, 12, 10 + i), "JPEG")
+    (root / "cat" / "notes.txt").write_text("not an image")
+    (root / "cat" / ".hidden.png").write_bytes(b"junk")
+    (root / "README.md").write_text("top-level files are not classes")
+    return root, arrays
+
+
+def test_png_and_jpeg_one_size(simple: tuple[Path, dict[str, np.ndarray]]) -> None:
+    root, arrays = simple
+    ds = load_image_folder(root, workers=0)
+    assert ds.classes == ["cat", "dog"]
+    assert ds.images.shape == (5, 3, 16, 12)
+    assert ds.images.dtype == torch.uint8
+    assert ds.labels.tolist() == [0, 0, 0, 1, 1]
+    assert ds.skipped == 0 and ds.notes == []
+    assert ds.name == "pets"
+    # PNG is lossless: exact pixels, in HWC -> CHW order.
+    assert np.array_equal(ds.images[1].permute(1, 2, 0).numpy(), arrays["cat/1.png"])
+    # JPEG: what Pillow decodes.
+    with Image.open(root / "dog/0.JPG") as img:
+        assert np.array_equal(ds.images[3].permute(1, 2, 0).numpy(), np.asarray(img))
+
+
+def test_process_pool_matches_in_process(simple: tuple[Path, dict[str, np.ndarray]]) -> None:
+    root, _ = simple
+    a = load_image_folder(root, workers=0)
+    b = load_image_folder(root, workers=2)
+    assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+
+
+def test_mixed_sizes_resized(tmp_path: Path) -> None:
+    big = _save(tmp_path / "a/big.png", _pixels(20, 30, 1))
+    _save(tmp_path / "a/small.png", _pixels(8, 8, 2))
+    _save(tmp_path / "b/exact.png", _pixels(8, 12, 3))
+    ds = load_image_folder(tmp_path, image_size=(8, 12), workers=0)
+    assert ds.images.shape == (3, 3, 8, 12)
+    expected = np.asarray(Image.fromarray(big).resize((12, 8), Image.Resampling.BILINEAR))
+    assert np.array_equal(ds.images[0].permute(1, 2, 0).numpy(), expected)
+    assert load_image_folder(tmp_path, image_size=10, workers=0).images.shape == (3, 3, 10, 10)
+
+
+def test_wrong_size_without_resize(tmp_path: Path) -> None:
+    _save(tmp_path / "a/ok.png", _pixels(8, 8, 1))
+    _save(tmp_path / "a/wide.png", _pixels(8, 20, 2))
+    with pytest.raises(DataError, match=r"a/wide\.png is 8x20 \(HxW\) but image_size is 8x8.*resi"):
+        load_image_folder(tmp_path, image_size=8, resize=False, workers=0)
+    with pytest.raises(DataError, match=r"a/wide\.png is 8x20"):
+        load_image_folder(tmp_path, image_size=8, resize=False, workers=2)
+
+
+def test_mixed_sizes_without_image_size(tmp_path: Path) -> None:
+    for i in range(3):
+        _save(tmp_path / f"a/{i}.png", _pixels(8, 8, i))
+    _save(tmp_path / "b/odd.png", _pixels(5, 7, 9))
+    with pytest.raises(DataError, match=r"2 different sizes.*8x8 \(3 files.*5x7 \(1 files, "
+                                        r"e\.g\. b/odd\.png\).*image_size"):
+        load_image_folder(tmp_path, workers=0)
+
+
+def test_corrupt_and_truncated_files_are_skipped(
+    simple: tuple[Path, dict[str, np.ndarray]], caplog: pytest.LogCaptureFixture
+) -> None:
+    root, _ = simple
+    (root / "cat" / "bad.jpg").write_bytes(np.random.default_rng(0).bytes(500))
+    full = _jpeg_bytes(64, 64, 5)
+    (root / "dog" / "cut.jpg").write_bytes(full[: len(full) // 2])
+    with caplog.at_level(logging.WARNING, logger="vitkit.data"):
+        ds = load_image_folder(root, image_size=16, workers=0)
+    assert len(ds) == 5
+    assert ds.skipped == 2
+    assert ds.labels.tolist() == [0, 0, 0, 1, 1]
+    assert len(ds.notes) == 1
+    note = ds.notes[0]
+    assert note.startswith("skipped 2 unreadable files (e.g. cat/bad.jpg: cannot identify image")
+    assert "dog/cut.jpg: image file is truncated" in note
+    assert str(root) not in note  # reasons are short: no full paths
+    assert any("skipped 2 unreadable files" in r.getMessage() for r in caplog.records)
+
+
+def test_all_unreadable(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.png").write_bytes(b"\x89PNG garbage")
+    with pytest.raises(DataError, match=r"no readable images.*all 1 files were skipped.*a/x\.png"):
+        load_image_folder(tmp_path, workers=0)
+
+
+def test_one_channel(tmp_path: Path) -> None:
+    rgb = _save(tmp_path / "a/0.png", _pixels(6, 6, 0))
+    gray = np.random.default_rng(1).integers(0, 256, size=(6, 6), dtype=np.uint8)
+    Image.fromarray(gray, mode="L").save(tmp_path / "a/1.png")
+    ds = load_image_folder(tmp_path, channels=1, workers=0)
+    assert ds.images.shape == (2, 1, 6, 6)
+    assert ds.channels == 1
+    assert np.array_equal(ds.images[0, 0].numpy(), np.asarray(Image.fromarray(rgb).convert("L")))
+    assert np.array_equal(ds.images[1, 0].numpy(), gray)
+    # And grayscale files become 3 equal channels when loaded as RGB.
+    ds3 = load_image_folder(tmp_path, channels=3, workers=0)
+    assert torch.equal(ds3.images[1, 0], ds3.images[1, 2])
+
+
+def test_folder_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"does not exist.*<class_name>"):
+        load_image_folder(tmp_path / "missing")
+    with pytest.raises(DataError, match="no class folders"):
+        load_image_folder(tmp_path)
+    _save(tmp_path / "loose.png", _pixels(4, 4, 0))
+    with pytest.raises(DataError, match=r"1 images lie directly in it.*one sub-folder per class"):
+        load_image_folder(tmp_path)
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "readme.txt").write_text("no images here")
+    _save(tmp_path / "dog/0.png", _pixels(4, 4, 0))
+    with pytest.raises(DataError, match=r"class folder\(s\) with no images.*: cat; add images"):
+        load_image_folder(tmp_path)
+    with pytest.raises(DataError, match="channels must be 1"):
+        load_image_folder(tmp_path, channels=4)
+    with pytest.raises(DataError, match="image_size must be"):
+        load_image_folder(tmp_path, image_size=(0, 4))
+
+
+def test_auto_workers_on_a_larger_folder(tmp_path: Path) -> None:
+    for i in range(80):
+        _save(tmp_path / f"c{i % 3}/{i:03d}.png", _pixels(4, 4, i))
+    auto = load_image_folder(tmp_path)  # enough files for the process pool (given >1 core)
+    serial = load_image_folder(tmp_path, workers=0)
+    assert auto.images.shape == (80, 3, 4, 4)
+    assert torch.equal(auto.images, serial.images) and torch.equal(auto.labels, serial.labels)

@@ -1,0 +1,163 @@
+"""Training end to end: accuracy on real data, exact resume, DDP equivalence, budgets,
+signals and the errors a user meets first."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.cli import main
+from vitkit.data.dataset import DataError, ImageDataset
+from vitkit.errors import ConfigError
+from vitkit.train.checkpoint import CheckpointError, load_checkpoint
+from vitkit.train.config import load_train_config
+from vitkit.train.loop import Trainer
+
+# Every source of randomness in one run: dropout, drop path, crop, TrivialAugment, erasing,
+# mixup/cutmix, EMA and gradient accumulation.
+RANDOM_EVERYTHING = ["progress=false", "model.dropout=0.1", "model.drop_path=0.1",
+                     "augment.crop_padding=1", "augment.trivial_augment=true",
+                     "augment.random_erasing=0.25", "augment.mixup_alpha=0.8",
+                     "augment.cutmix_alpha=1.0", "augment.label_smoothing=0.1",
+                     "ema_decay=0.9", "accum_steps=2"]
+
+
+def _weights(path: Path, key: str = "model") -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)[key]
+
+
+def test_digits_recipe_from_the_cli_learns_the_embedded_data(tmp_path, capsys):
+    assert main(["train", "digits", "progress=false", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert history[-1]["top1"] >= 0.95, history[-1]
+    assert "test top-1" in out
+    for name in ("last.pt", "best.pt", "metrics.csv", "learning_curve.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight = load_train_config("digits", [*RANDOM_EVERYTHING, "epochs=2",
+                                            f"out_dir={tmp_path / 'a'}"])
+    Trainer(straight).run()
+
+    split = load_train_config("digits", [*RANDOM_EVERYTHING, "epochs=2",
+                                         f"out_dir={tmp_path / 'b'}"])
+    first = Trainer(split)
+    halfway = first.position.total_steps // 2 + 3  # mid-epoch, mid-schedule
+    step = first._train_step
+
+    def stop_halfway(indices, lr):
+        if first.position.step == halfway - 1:
+            first._stop_reason = "SIGTERM"
+        return step(indices, lr)
+
+    first._train_step = stop_halfway
+    first.run()
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["position"]["step"] == halfway
+    Trainer(split, resume=tmp_path / "b" / "last.pt").run()
+
+    for key in ("model", "ema"):
+        a, b = _weights(tmp_path / "a" / "last.pt", key), _weights(tmp_path / "b" / "last.pt", key)
+        assert a.keys() == b.keys()
+        for name in a:
+            assert torch.equal(a[name], b[name]), f"{key}.{name} differs after resume"
+
+
+def test_two_processes_under_torchrun_equal_one_process(tmp_path):
+    overrides = ["epochs=1", "progress=false", "threads=1", "augment.crop_padding=1",
+                 "augment.trivial_augment=true", "augment.mixup_alpha=0.8"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", "2", "-m", "vitkit.cli", "train", "digits", *overrides,
+                    "--out", str(tmp_path / "ddp")], check=True, env=env, capture_output=True)
+    assert main(["train", "digits", *overrides, "--out", str(tmp_path / "single")]) == 0
+    ddp, single = _weights(tmp_path / "ddp" / "last.pt"), _weights(tmp_path / "single" / "last.pt")
+    worst = max((ddp[k] - single[k]).abs().max().item() for k in single)
+    assert worst <= 1e-4  # same global batches; only the all-reduce summation order differs
+    assert load_checkpoint(tmp_path / "ddp" / "last.pt")["position"]["step"] == 22
+
+
+def test_time_budget_sizes_the_schedule_and_stops_cleanly(tmp_path):
+    cfg = load_train_config("digits", ["epochs=1000", "progress=false", "time_budget=6",
+                                       f"out_dir={tmp_path}"])
+    start = time.perf_counter()
+    result = Trainer(cfg).run()
+    assert time.perf_counter() - start < 20
+    planned_without_budget = 1000 * 22
+    assert result.position.total_steps < planned_without_budget / 10
+    assert result.final["top1"] > 0.5
+    assert (tmp_path / "last.pt").exists()
+
+
+def test_sigint_saves_a_checkpoint_that_resumes(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit.cli", "train", "digits", "epochs=500",
+                             "progress=false", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "last.pt").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "SIGINT: saved" in err
+    state = load_checkpoint(out / "last.pt")
+    assert 0 < state["position"]["step"] < 500 * 22
+    resumed = Trainer(load_train_config("digits", ["epochs=500", "progress=false",
+                                                   f"out_dir={out}"]), resume=out / "last.pt")
+    assert resumed.position.step == state["position"]["step"]
+
+
+def test_cifar10_subset_trains_above_chance(tmp_path, cifar10_dir):
+    overrides = ["model=cifar10-tutorial", "data=cifar10", f"data_dir={cifar10_dir}",
+                 "train_limit=4000", "test_limit=1000", "epochs=2", "batch_size=128",
+                 "lr=0.002", "progress=false", "augment.crop_padding=4"]
+    assert main(["train", "digits", *overrides, "--out", str(tmp_path)]) == 0
+    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert history[-1]["top1"] > 0.2  # chance is 0.1
+    assert main(["eval", str(tmp_path / "last.pt"), "--data-dir", str(cifar10_dir),
+                 "--limit", "500", "--out", str(tmp_path / "eval")]) == 0
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert report["images"] == 500 and set(report["per_class_accuracy"]) >= {"cat", "truck"}
+    assert (tmp_path / "eval" / "confusion_matrix.png").stat().st_size > 5000
+
+
+# -- errors -------------------------------------------------------------------------------------
+def _tiny_data(labels: list[int], size: int = 8) -> ImageDataset:
+    images = torch.randint(0, 255, (len(labels), 1, size, size), dtype=torch.uint8)
+    return ImageDataset(images, torch.tensor(labels), [str(i) for i in range(10)])
+
+
+def test_labels_outside_the_head_are_refused():
+    cfg = load_train_config("digits", ["progress=false"])
+    with pytest.raises(DataError, match=r"labels run from 0 to 12.*model.num_classes=13"):
+        Trainer(cfg, train_data=_tiny_data([0, 12]), test_data=_tiny_data([0, 1]))
+
+
+def test_images_of_another_size_than_the_model_are_refused():
+    cfg = load_train_config("digits", ["progress=false"])
+    with pytest.raises(DataError, match=r"16x16.*model.img_size=\[16, 16\]"):
+        Trainer(cfg, train_data=_tiny_data([0, 1], 16), test_data=_tiny_data([0, 1], 16))
+
+
+def test_resume_from_another_model_config_is_refused(tmp_path):
+    main(["train", "digits", "epochs=1", "progress=false", "--out", str(tmp_path)])
+    cfg = load_train_config("digits", ["model.depth=2", "progress=false"])
+    with pytest.raises(CheckpointError, match=r"another model config \(depth: checkpoint 4"):
+        Trainer(cfg, resume=tmp_path / "last.pt")
+
+
+def test_unknown_recipe_keys_and_missing_data_have_clear_errors(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="Did you mean 'epochs'"):
+        load_train_config("digits", ["epochz=3"])
+    code = main(["train", "digits", "data=cifar10", "--data-dir", str(tmp_path / "nowhere")])
+    err = capsys.readouterr().err
+    assert code == 2 and "nowhere" in err and "Traceback" not in err
