@@ -244,7 +244,7 @@ class Trainer:
                     epoch_loss += loss * len(indices)
                     epoch_images += len(indices)
                     if bar is not None:
-                        bar.update(1)
+                        bar.update(len(indices))
                         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False)
                     if pos.step == calibrate_from[0]:
                         calibrate_from = (pos.step, time.perf_counter())
@@ -294,8 +294,9 @@ class Trainer:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, initial=start, desc=f"epoch {epoch + 1}", unit="batch",
-                    dynamic_ncols=True, leave=False)
+        batch = self.cfg.batch_size
+        return tqdm(total=total * batch, initial=start * batch, desc=f"epoch {epoch + 1}",
+                    unit="img", dynamic_ncols=True, leave=False)
 
     def _train_step(self, indices: torch.Tensor, lr: float) -> float:
         """One optimizer update on a global batch; returns the batch's mean loss."""
