@@ -162,12 +162,7 @@ class ViTConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
         """Build a config from a dict, refusing keys that are not config fields."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            hints = "".join(_did_you_mean(key, known) for key in unknown)
-            raise ConfigError(f"unknown config key(s) {', '.join(unknown)}.{hints} "
-                              f"Valid keys: {', '.join(sorted(known))}.")
+        check_known_keys(cls, data, "config")
         return cls(**data)
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -269,6 +264,16 @@ def _variant_fields(name: str) -> dict[str, Any]:
 def list_model_names() -> list[str]:
     """The names `vitkit models` shows: the common variants and the tutorial models."""
     return list(COMMON_VARIANTS) + list(TUTORIAL_MODELS)
+
+
+def check_known_keys(dataclass_type: type, data: dict[str, Any], what: str) -> None:
+    """Refuse keys that are not fields of `dataclass_type`, suggesting the closest ones."""
+    known = {f.name for f in dataclasses.fields(dataclass_type)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        hints = "".join(_did_you_mean(key, known) for key in unknown)
+        raise ConfigError(f"unknown {what} key(s) {', '.join(unknown)}.{hints} "
+                          f"Valid keys: {', '.join(sorted(known))}.")
 
 
 def _did_you_mean(word: str, choices: Any) -> str:

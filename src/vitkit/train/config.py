@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from vitkit.config import ViTConfig, _did_you_mean, variant_config
+from vitkit.config import ViTConfig, _did_you_mean, check_known_keys, variant_config
 from vitkit.errors import ConfigError
 
 
@@ -73,12 +73,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            hints = "".join(_did_you_mean(key, known) for key in unknown)
-            raise ConfigError(f"unknown training config key(s) {', '.join(unknown)}.{hints} "
-                              f"Valid keys: {', '.join(sorted(known))}.")
+        check_known_keys(cls, data, "training config")
         return cls(**data)
 
 
