@@ -88,3 +88,11 @@ def test_unknown_config_keys_are_refused_with_a_hint(tmp_path):
 def test_inconsistent_options_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ViTConfig(**kwargs)
+
+
+def test_resolution_schedule_must_start_at_zero_and_increase():
+    from vitkit.train.config import load_train_config
+
+    assert load_train_config("digits", ["resolution_schedule=[[0, 4], [0.5, 8]]"])
+    with pytest.raises(ConfigError, match="must start at fraction 0"):
+        load_train_config("digits", ["resolution_schedule=[[0.2, 4], [0.5, 8]]"])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vitkit import create_model
+from vitkit import ConfigError, create_model
 
 
 def test_pooling_by_name_reads_the_right_tokens():
@@ -77,3 +77,16 @@ def test_training_step_reduces_loss_on_a_fixed_batch():
         loss.backward()
         optimizer.step()
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_conv_stem_gives_the_patch_grid_and_checks_its_config():
+    model = create_model("Ti/4", img_size=(32, 48), depth=1, num_classes=10, stem="conv",
+                         stem_channels=[16, 32, 64])
+    tokens = model.forward_features(torch.randn(2, 3, 32, 48))
+    assert tokens.shape == (2, 1 + 8 * 12, 192)
+    strides = [m.stride[0] for m in model.patch_embed.convs if isinstance(m, torch.nn.Conv2d)]
+    assert strides == [1, 2, 2]  # the last log2(P) convolutions halve the resolution
+    with pytest.raises(ConfigError, match="power of 2"):
+        create_model("Ti/6", img_size=36, stem="conv", stem_channels=[16, 32, 64])
+    with pytest.raises(ConfigError, match="at least log2"):
+        create_model("Ti/8", img_size=32, stem="conv", stem_channels=[16, 32])

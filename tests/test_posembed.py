@@ -63,3 +63,22 @@ def test_no_position_embedding():
     model = create_model("Ti/8", img_size=32, pos_embed="none", depth=1)
     assert model.pos_embed is None
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 1000)
+
+
+def test_set_image_size_resamples_learned_and_rebuilds_fixed_embeddings():
+    from vitkit.model.posembed import resample_grid_embed
+
+    learned = create_model("Ti/4", img_size=32, depth=1, num_classes=3)
+    before = learned.pos_embed.detach().clone()
+    parameter = learned.pos_embed
+    learned.set_image_size(16)
+    assert learned.pos_embed is parameter  # optimizers keep tracking the same tensor
+    torch.testing.assert_close(learned.pos_embed.data,
+                               resample_grid_embed(before, (8, 8), (4, 4), 1, "bicubic"))
+    assert torch.equal(learned.pos_embed[0, 0], before[0, 0])  # class token row kept
+    assert learned(torch.randn(2, 3, 16, 16)).shape == (2, 3)
+
+    fixed = create_model("Ti/4", img_size=32, depth=1, pos_embed="sincos2d")
+    fixed.set_image_size((16, 24))
+    fresh = create_model("Ti/4", img_size=(16, 24), depth=1, pos_embed="sincos2d")
+    assert torch.equal(fixed.pos_embed, fresh.pos_embed)

@@ -161,3 +161,29 @@ def test_unknown_recipe_keys_and_missing_data_have_clear_errors(tmp_path, capsys
     code = main(["train", "digits", "data=cifar10", "--data-dir", str(tmp_path / "nowhere")])
     err = capsys.readouterr().err
     assert code == 2 and "nowhere" in err and "Traceback" not in err
+
+
+def test_progressive_resizing_trains_and_resumes_exactly(tmp_path):
+    schedule = ["resolution_schedule=[[0, 4], [0.5, 8]]", "epochs=2", "progress=false",
+                "ema_decay=0.9", "augment.mixup_alpha=0.8"]
+    straight = Trainer(load_train_config("digits", [*schedule, f"out_dir={tmp_path / 'a'}"]))
+    result = straight.run()
+    assert [row["resolution"] for row in result.position.history] == [4, 8]
+    assert straight.model.config.img_size == (8, 8)
+
+    split_cfg = load_train_config("digits", [*schedule, f"out_dir={tmp_path / 'b'}"])
+    first = Trainer(split_cfg)
+    step = first._train_step
+
+    def stop_early(indices, lr):
+        if first.position.step == 8:  # still at 4x4: the checkpoint holds a 2x2 grid
+            first._stop_reason = "SIGTERM"
+        return step(indices, lr)
+
+    first._train_step = stop_early
+    first.run()
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["model"]["pos_embed"].shape[1] == 1 + 4
+    Trainer(split_cfg, resume=tmp_path / "b" / "last.pt").run()
+    a, b = _weights(tmp_path / "a" / "last.pt"), _weights(tmp_path / "b" / "last.pt")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

@@ -19,6 +19,7 @@ from vitkit.errors import ConfigError
 POOLS = ("class_token", "mean_patches", "mean_all_tokens")
 FINAL_NORMS = ("tokens", "pooled", "none")
 POS_EMBEDS = ("learned", "sincos1d", "sincos2d", "none")
+STEMS = ("patch", "conv")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 INIT_SCHEMES = ("jax", "trunc_normal")
 
@@ -69,6 +70,8 @@ class ViTConfig:
     img_size: tuple[int, int] = (224, 224)
     patch_size: int = 16
     in_chans: int = 3
+    stem: str = "patch"  # "patch": one P x P projection; "conv": a small CNN (hybrid)
+    stem_channels: tuple[int, ...] = ()  # conv stem: 3x3 conv widths, the last log2(P) stride 2
     num_classes: int = 1000
     width: int = 768
     depth: int = 12
@@ -90,6 +93,7 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         self.img_size = _image_hw(self.img_size)
+        self.stem_channels = tuple(int(c) for c in self.stem_channels)
         self._validate()
 
     # -- derived sizes -------------------------------------------------------------------
@@ -116,7 +120,7 @@ class ViTConfig:
 
     # -- checks ----------------------------------------------------------------------------
     def _validate(self) -> None:
-        for key, allowed in (("pool", POOLS), ("final_norm", FINAL_NORMS),
+        for key, allowed in (("pool", POOLS), ("final_norm", FINAL_NORMS), ("stem", STEMS),
                              ("pos_embed", POS_EMBEDS), ("act", ACTIVATIONS),
                              ("init", INIT_SCHEMES)):
             value = getattr(self, key)
@@ -142,6 +146,14 @@ class ViTConfig:
                 f"image size {height}x{width} is not divisible by patch size {patch}: use an "
                 f"image size that is a multiple of {patch} (e.g. {near}) or a patch size that "
                 "divides both sides.")
+        if self.stem == "conv":
+            halvings = self.patch_size.bit_length() - 1
+            if 1 << halvings != self.patch_size or len(self.stem_channels) < halvings:
+                raise ConfigError(
+                    f"stem='conv' halves the resolution once per stride-2 conv, so patch_size "
+                    f"must be a power of 2 and stem_channels must list at least log2(patch_size)"
+                    f" widths; got patch_size={self.patch_size}, "
+                    f"stem_channels={list(self.stem_channels)}")
         if self.pool == "class_token" and not self.class_token:
             raise ConfigError("pool='class_token' needs class_token=True; without a class token "
                               "use pool='mean_patches'.")
@@ -157,6 +169,7 @@ class ViTConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["img_size"] = list(self.img_size)
+        data["stem_channels"] = list(self.stem_channels)
         return data
 
     @classmethod

@@ -34,7 +34,8 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     pre = state.get("preprocess", {})
     mean = tuple(pre.get("mean", (0.5,) * config.in_chans))
     std = tuple(pre.get("std", (0.5,) * config.in_chans))
-    result = evaluate(model, dataset, config.num_classes, mean, std, batch_size)
+    result = evaluate(model, dataset, config.num_classes, mean, std, batch_size,
+                      image_size=config.img_size)
     classes = list(state.get("classes") or dataset.classes)
     out_dir = Path(out) if out else Path(path).parent
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -115,11 +115,25 @@ def _count(module: nn.Module) -> int:
 def forward_flops(config: ViTConfig) -> int:
     """Matmul FLOPs of one image's forward pass (2 per multiply-add; norms etc. left out)."""
     tokens, width, mlp = config.seq_len, config.width, config.mlp_dim
-    patch_dim = config.in_chans * config.patch_size**2
     per_block = (2 * tokens * width * 3 * width      # qkv
                  + 2 * 2 * tokens * tokens * width   # q k^T and A v
                  + 2 * tokens * width * width        # output projection
                  + 2 * 2 * tokens * width * mlp)     # MLP
     head_in = config.pre_logits_dim or width
     head = 2 * width * config.pre_logits_dim + 2 * head_in * config.num_classes
-    return 2 * config.num_patches * patch_dim * width + config.depth * per_block + head
+    return _stem_flops(config) + config.depth * per_block + head
+
+
+def _stem_flops(config: ViTConfig) -> int:
+    """The patch projection, or the conv stem's 3x3 convolutions and 1x1 projection."""
+    if config.stem != "conv":
+        return 2 * config.num_patches * config.in_chans * config.patch_size**2 * config.width
+    height, width = config.img_size
+    halvings = config.patch_size.bit_length() - 1
+    flops, previous = 0, config.in_chans
+    for index, channels in enumerate(config.stem_channels):
+        if index >= len(config.stem_channels) - halvings:
+            height, width = (height + 1) // 2, (width + 1) // 2
+        flops += 2 * height * width * previous * 9 * channels
+        previous = channels
+    return flops + 2 * config.num_patches * previous * config.width

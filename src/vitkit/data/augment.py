@@ -525,3 +525,11 @@ class BatchAugment:
         if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
             x, targets = mixup_cutmix(x, targets, generator, cfg.mixup_alpha, cfg.cutmix_alpha)
         return x, targets
+
+
+def resize_batch(images: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
+    """Resize a float batch to `size` (bilinear, antialiased when shrinking); None keeps it."""
+    if size is None or tuple(images.shape[-2:]) == tuple(size):
+        return images
+    return torch.nn.functional.interpolate(images, size=tuple(size), mode="bilinear",
+                                           align_corners=False, antialias=True)

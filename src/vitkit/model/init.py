@@ -46,8 +46,9 @@ def init_jax_(model: nn.Module) -> None:
                     nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Conv2d):
             lecun_normal_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm | nn.BatchNorm2d):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
     if getattr(model, "cls_token", None) is not None:
@@ -60,11 +61,14 @@ def init_trunc_normal_(model: nn.Module) -> None:
     """Truncated normal (std 0.02) for every Linear/Conv weight, class token and learned
     position embedding; zero biases; LayerNorm at identity."""
     for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
+        if isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d)
+                                             and module.kernel_size[0] == module.stride[0]):
             trunc_normal_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, nn.Conv2d):  # conv stem (with BatchNorm): He init
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(module, nn.LayerNorm | nn.BatchNorm2d):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
     if getattr(model, "cls_token", None) is not None:

@@ -18,6 +18,31 @@ class PatchEmbed(nn.Module):
         return self.proj(images).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
+class ConvStem(nn.Module):
+    """A hybrid's tokenizer: 3x3 convolutions (BatchNorm, ReLU), the last log2(P) of them with
+    stride 2, then a 1x1 projection to `width` ("early convolutions", Xiao et al. 2021).
+
+    It replaces the P x P patch projection and gives the same token grid.
+    """
+
+    def __init__(self, patch_size: int, in_chans: int, width: int,
+                 channels: tuple[int, ...]) -> None:
+        super().__init__()
+        halvings = patch_size.bit_length() - 1
+        layers: list[nn.Module] = []
+        previous = in_chans
+        for index, out in enumerate(channels):
+            stride = 2 if index >= len(channels) - halvings else 1
+            layers += [nn.Conv2d(previous, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out),
+                       nn.ReLU(inplace=True)]
+            previous = out
+        self.convs = nn.Sequential(*layers)
+        self.proj = nn.Conv2d(previous, width, kernel_size=1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.convs(images)).flatten(2).transpose(1, 2)  # (B, N, D)
+
+
 class Attention(nn.Module):
     """MSA: [q, k, v] = z U_qkv; softmax(q k^T / sqrt(D_h)) v per head; heads projected.
 

@@ -8,8 +8,8 @@ from torch import nn
 from vitkit.config import ViTConfig
 from vitkit.errors import InputError
 from vitkit.model.init import init_weights_
-from vitkit.model.layers import Block, PatchEmbed
-from vitkit.model.posembed import sincos_1d, sincos_2d
+from vitkit.model.layers import Block, ConvStem, PatchEmbed
+from vitkit.model.posembed import resample_grid_embed, sincos_1d, sincos_2d
 
 
 class PreLogits(nn.Module):
@@ -36,7 +36,11 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.config = config
         width = config.width
-        self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, width)
+        if config.stem == "conv":
+            self.patch_embed = ConvStem(config.patch_size, config.in_chans, width,
+                                        config.stem_channels)
+        else:
+            self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, width)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, width)) if config.class_token else None
         self.pos_embed = self._make_pos_embed(config)
         self.pos_drop = nn.Dropout(config.dropout)
@@ -143,6 +147,25 @@ class VisionTransformer(nn.Module):
                 else:
                     nn.init.trunc_normal_(self.head.weight, std=0.02, a=-0.04, b=0.04)
                 nn.init.zeros_(self.head.bias)
+
+    @torch.no_grad()
+    def set_image_size(self, img_size: int | tuple[int, int], mode: str = "bicubic") -> None:
+        """Take images of another size from now on (the patch size stays).
+
+        Learned position embeddings are resampled to the new grid in place (the same
+        Parameter, so optimizers keep tracking it); fixed sin-cos tables are rebuilt.
+        """
+        old, new = self.config, self.config.replace(img_size=img_size)
+        if new.grid_size != old.grid_size and self.pos_embed is not None:
+            if isinstance(self.pos_embed, nn.Parameter):
+                self.pos_embed.data = resample_grid_embed(self.pos_embed.data, old.grid_size,
+                                                          new.grid_size, old.num_prefix_tokens,
+                                                          mode)
+            else:
+                table = self._make_pos_embed(new)
+                self.pos_embed = nn.Buffer(table.data.to(self.pos_embed.device),
+                                           persistent=False)
+        self.config = new
 
     def check_input(self, images: torch.Tensor) -> None:
         """Refuse a tensor whose rank, channels or size do not fit, saying how to fix it."""

@@ -33,6 +33,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.0
     clip_grad: float = 1.0  # global-norm clip; 0 = off
     augment: dict[str, Any] = field(default_factory=dict)  # fields of AugmentConfig
+    # Progressive resizing: [[fraction of training, side], ...], e.g. [[0, 16], [0.6, 32]];
+    # images are downscaled on the fly and position embeddings follow the grid.
+    resolution_schedule: list[list[float]] = field(default_factory=list)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     ema_decay: float = 0.0  # 0 = no weight EMA
@@ -42,6 +45,7 @@ class TrainConfig:
     seed: int = 0
     time_budget: float = 0.0  # seconds of training wall time; 0 = none
     eval_batch_size: int = 500
+    eval_every: int = 1  # evaluate every N epochs (and always at the end)
     out_dir: str = "runs/train"
     log: tuple[str, ...] = ("csv", "jsonl")  # plus "tensorboard" when installed
     progress: bool = True
@@ -55,6 +59,10 @@ class TrainConfig:
                               f"{self.accum_steps}")
         if self.schedule not in ("cosine", "constant"):
             raise ConfigError(f"schedule={self.schedule!r}: use 'cosine' or 'constant'")
+        stages = [float(start) for start, _ in self.resolution_schedule]
+        if stages and (stages[0] != 0 or stages != sorted(stages)):
+            raise ConfigError("resolution_schedule must start at fraction 0 and increase, e.g. "
+                              "[[0, 16], [0.6, 32]]")
         if self.amp not in ("auto", "bf16", "off"):
             raise ConfigError(f"amp={self.amp!r}: use 'auto', 'bf16' or 'off'")
 

@@ -16,10 +16,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from vitkit.config import ViTConfig
-from vitkit.data.augment import AugmentConfig, BatchAugment, soft_cross_entropy
+from vitkit.data.augment import AugmentConfig, BatchAugment, resize_batch, soft_cross_entropy
 from vitkit.data.dataset import DataError, ImageDataset
 from vitkit.data.loader import BatchOrder, shard
 from vitkit.data.sources import load_source
+from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.runtime import configure_cpu
 from vitkit.train.checkpoint import CheckpointError, load_checkpoint, save_atomic
@@ -122,6 +123,9 @@ class Trainer:
             self.train_model = DistributedDataParallel(self.model)
         self.amp_dtype = self._amp_dtype()
         self._stop_reason = ""
+        # the resolution the last step trained at (progressive resizing only moves up)
+        self._trained_size: tuple[int, int] | None = (
+            tuple(self.model.config.img_size) if self.position.step else None)
 
     # -- set-up -----------------------------------------------------------------------------
     def _make_ema(self) -> torch.optim.swa_utils.AveragedModel | None:
@@ -144,12 +148,44 @@ class Trainer:
     def warmup_steps(self) -> int:
         return round(self.cfg.warmup_epochs * self.order.batches_per_epoch())
 
+    # -- progressive resizing ---------------------------------------------------------------------
+    def resolution_at(self, step: int, total_steps: int) -> tuple[int, int]:
+        """The training image size at `step` under the resolution schedule."""
+        size = self.model_config.img_size
+        for start, side in self.cfg.resolution_schedule:
+            if step >= start * total_steps:
+                size = (int(side), int(side))
+        return size
+
+    def _tokens(self, size: tuple[int, int]) -> int:
+        patch = self.model_config.patch_size
+        return (size[0] // patch) * (size[1] // patch) + self.model_config.num_prefix_tokens
+
+    @torch.no_grad()
+    def set_resolution(self, size: tuple[int, int]) -> None:
+        """Move the model (and the optimizer's moments of learned positions) to `size`."""
+        if tuple(self.model.config.img_size) == tuple(size):
+            return
+        old_grid = self.model.config.grid_size
+        self.model.set_image_size(size)
+        if self.ema is not None:
+            self.ema.module.set_image_size(size)
+        pos = self.model.pos_embed
+        if isinstance(pos, torch.nn.Parameter) and pos in self.optimizer.state:
+            for key, value in self.optimizer.state[pos].items():
+                if torch.is_tensor(value) and value.dim() == 3:
+                    self.optimizer.state[pos][key] = resample_grid_embed(
+                        value, old_grid, self.model.config.grid_size,
+                        self.model_config.num_prefix_tokens, "bicubic")
+        if self.info.enabled and isinstance(pos, torch.nn.Parameter):
+            self.train_model = DistributedDataParallel(self.model)  # parameter shapes changed
+
     # -- checkpoints ----------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         pos = self.position
         return {
             "format": CHECKPOINT_FORMAT,
-            "model_config": self.model_config.to_dict(),
+            "model_config": self.model.config.to_dict(),  # at the current resolution
             "train_config": self.cfg.to_dict(),
             "classes": list(self.train_data.classes),
             "preprocess": {"img_size": list(self.model_config.img_size),
@@ -176,12 +212,15 @@ class Trainer:
             raise CheckpointError(f"{path} is not a vitkit training checkpoint (format "
                                   f"{state.get('format')!r})")
         saved = ViTConfig.from_dict(state["model_config"])
-        if saved != self.model_config:
+        if saved.replace(img_size=self.model_config.img_size) != self.model_config:
             diffs = [f"{k}: checkpoint {v!r} vs config {getattr(self.model_config, k)!r}"
                      for k, v in saved.to_dict().items()
                      if k != "name" and v != self.model_config.to_dict()[k]]
             raise CheckpointError(f"cannot resume from {path}: it was trained with another model "
                                   f"config ({'; '.join(diffs)}). Resume with the same recipe.")
+        self.model.set_image_size(saved.img_size)
+        if self.ema is not None:
+            self.ema.module.set_image_size(saved.img_size)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.ema is not None and state.get("ema") is not None:
@@ -211,13 +250,30 @@ class Trainer:
     def _time_used(self) -> float:
         return self.position.elapsed + self._elapsed()
 
-    def _fit_schedule_to_budget(self, seconds_per_step: float, eval_seconds: float) -> None:
-        """Size the schedule so the remaining steps and evaluations end within the budget."""
-        remaining = self.cfg.time_budget - self._time_used()
+    def _fit_schedule_to_budget(self, seconds: float, tokens: int, eval_seconds: float) -> None:
+        """Size the schedule so the remaining steps and evaluations end within the budget.
+
+        `seconds` of training ran `tokens` tokens (summed over steps, so a stretch that crossed
+        a resolution change is measured right). A step's cost is taken as proportional to its
+        token count, so lower-resolution stages count as the cheaper steps they are.
+        """
+        step = self.position.step
+        per_token = seconds / max(tokens, 1)
+        remaining = self.cfg.time_budget - self._time_used() - eval_seconds
         per_epoch = self.order.batches_per_epoch()
-        epoch_cost = per_epoch * seconds_per_step + eval_seconds
-        steps_left = int(max(remaining - eval_seconds, 0) / epoch_cost * per_epoch)
-        self.position.total_steps = max(self.position.step + steps_left, self.position.step + 1)
+
+        def predicted(total: int) -> float:
+            steps = range(step, total)
+            train = sum(self._tokens(self.resolution_at(s, total)) for s in steps) * per_token
+            return train + eval_seconds * (total - step) / per_epoch / self.cfg.eval_every
+
+        low, high = step + 1, step + 2
+        while predicted(high) < remaining and high < 10**7:
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if predicted(middle) <= remaining else (low, middle)
+        self.position.total_steps = low
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -235,10 +291,13 @@ class Trainer:
             while pos.step < pos.total_steps and not self._stop_reason:
                 bar = self._progress(pos.epoch, per_epoch, pos.batch)
                 epoch_loss, epoch_images, epoch_start = 0.0, 0, time.perf_counter()
+                epoch_tokens = 0
                 for batch_index, indices in self.order.iterate(pos.epoch, pos.batch):
                     lr = cfg.lr * schedule(pos.step, pos.total_steps, self.warmup_steps,
                                            cfg.min_lr_ratio)
                     loss = self._train_step(indices, lr)
+                    step_tokens = self._tokens(tuple(self.model.config.img_size))
+                    epoch_tokens += step_tokens
                     pos.step += 1
                     pos.batch = batch_index + 1
                     epoch_loss += loss * len(indices)
@@ -249,9 +308,9 @@ class Trainer:
                     if pos.step == calibrate_from[0]:
                         calibrate_from = (pos.step, time.perf_counter())
                     if cfg.time_budget and pos.step == calibrate_at:
-                        step_time = (time.perf_counter() - calibrate_from[1]) / max(
-                            pos.step - calibrate_from[0], 1)
-                        self._fit_schedule_to_budget(step_time, eval_seconds)
+                        steps = max(pos.step - calibrate_from[0], 1)
+                        self._fit_schedule_to_budget(time.perf_counter() - calibrate_from[1],
+                                                     steps * step_tokens, eval_seconds)
                     out_of_time = bool(cfg.time_budget) and self._time_used() >= cfg.time_budget
                     if out_of_time and not self._stop_reason:
                         self._stop_reason = "time budget"
@@ -262,19 +321,20 @@ class Trainer:
                         break
                 if bar is not None:
                     bar.close()
+                train_seconds = time.perf_counter() - epoch_start
                 epoch_done = pos.batch >= per_epoch
                 interrupted = self._stop_reason in ("SIGINT", "SIGTERM")
-                if not interrupted and (epoch_done or pos.step >= pos.total_steps
+                scheduled = epoch_done and (pos.epoch + 1) % cfg.eval_every == 0
+                if not interrupted and (scheduled or pos.step >= pos.total_steps
                                         or self._stop_reason):
                     eval_start = time.perf_counter()
-                    final = self._evaluate_and_log(pos, epoch_loss, epoch_images,
-                                                   time.perf_counter() - epoch_start, recorder)
+                    final = self._evaluate_and_log(pos, epoch_loss, epoch_images, train_seconds,
+                                                   recorder)
                     eval_seconds = time.perf_counter() - eval_start
                 if epoch_done:
                     pos.epoch, pos.batch = pos.epoch + 1, 0
                     if cfg.time_budget and not self._stop_reason:
-                        epoch_time = (time.perf_counter() - epoch_start - eval_seconds) / per_epoch
-                        self._fit_schedule_to_budget(epoch_time, eval_seconds)
+                        self._fit_schedule_to_budget(train_seconds, epoch_tokens, eval_seconds)
                 self.save("last")
                 if interrupted:
                     log.warning("%s: saved %s; continue with --resume", self._stop_reason,
@@ -304,6 +364,13 @@ class Trainer:
         images, targets = self.augment(self.train_data.images[indices],
                                        self.train_data.labels[indices], self.generator,
                                        cfg.mean, cfg.std)
+        size = self.resolution_at(self.position.step, self.position.total_steps)
+        last = self._trained_size
+        if last is not None and size[0] * size[1] < last[0] * last[1]:
+            size = last  # a re-fitted budget may move a stage boundary back: never shrink
+        self._trained_size = size
+        self.set_resolution(size)
+        images = resize_batch(images, size)
         images = shard(images, self.info.rank, self.info.world_size).to(self.device)
         targets = shard(targets, self.info.rank, self.info.world_size).to(self.device)
         for group in self.optimizer.param_groups:
@@ -333,16 +400,19 @@ class Trainer:
                           recorder: MetricsRecorder | None) -> dict[str, float]:
         cfg = self.cfg
         num_classes = self.model_config.num_classes
+        size = tuple(self.model.config.img_size)
         result = evaluate(self.model, self.test_data, num_classes, cfg.mean, cfg.std,
-                          cfg.eval_batch_size, self.device, self.info, self.amp_dtype)
+                          cfg.eval_batch_size, self.device, self.info, self.amp_dtype, size)
         row: dict[str, float] = {
             "epoch": pos.epoch + pos.batch / self.order.batches_per_epoch(), "step": pos.step,
+            "resolution": size[0],
             "train_loss": loss_sum / max(images, 1), **result.as_dict(),
             "images_per_s": images / max(seconds, 1e-9), "minutes": self._time_used() / 60,
         }
         if self.ema is not None:
             ema_result = evaluate(self.ema.module, self.test_data, num_classes, cfg.mean, cfg.std,
-                                  cfg.eval_batch_size, self.device, self.info, self.amp_dtype)
+                                  cfg.eval_batch_size, self.device, self.info, self.amp_dtype,
+                                  size)
             row["ema_top1"] = ema_result.top1
         pos.history.append(row)
         top1 = max(row["top1"], row.get("ema_top1", -1.0))

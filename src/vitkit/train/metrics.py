@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vitkit.data.augment import normalize
+from vitkit.data.augment import normalize, resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import eval_batches
 from vitkit.train.distributed import DistInfo, all_reduce_sum
@@ -34,8 +34,12 @@ class EvalResult:
 def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
              mean: tuple[float, ...], std: tuple[float, ...], batch_size: int = 500,
              device: torch.device | None = None, info: DistInfo | None = None,
-             autocast_dtype: torch.dtype | None = None) -> EvalResult:
-    """Evaluate on this rank's share of `dataset` and combine the counts over ranks."""
+             autocast_dtype: torch.dtype | None = None,
+             image_size: tuple[int, int] | None = None) -> EvalResult:
+    """Evaluate on this rank's share of `dataset` and combine the counts over ranks.
+
+    Images are resized to `image_size` first when it differs from the dataset's.
+    """
     info = info or DistInfo()
     device = device or torch.device("cpu")
     was_training = model.training
@@ -45,7 +49,7 @@ def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
     k = min(5, num_classes)
     for images, labels in eval_batches(dataset, batch_size, info.rank, info.world_size):
-        x = normalize(images.to(device), mean, std)
+        x = resize_batch(normalize(images.to(device), mean, std), image_size)
         labels = labels.to(device)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
                             enabled=autocast_dtype is not None):
