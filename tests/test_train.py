@@ -158,6 +158,8 @@ def test_resume_from_another_model_config_is_refused(tmp_path):
 def test_unknown_recipe_keys_and_missing_data_have_clear_errors(tmp_path, capsys):
     with pytest.raises(ConfigError, match="Did you mean 'epochs'"):
         load_train_config("digits", ["epochz=3"])
+    with pytest.raises(ConfigError, match=r"unknown augment key\(s\) flipp.*'flip'"):
+        load_train_config("digits", ["augment.flipp=true"])
     code = main(["train", "digits", "data=cifar10", "--data-dir", str(tmp_path / "nowhere")])
     err = capsys.readouterr().err
     assert code == 2 and "nowhere" in err and "Traceback" not in err

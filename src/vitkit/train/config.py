@@ -59,6 +59,9 @@ class TrainConfig:
                               f"{self.accum_steps}")
         if self.schedule not in ("cosine", "constant"):
             raise ConfigError(f"schedule={self.schedule!r}: use 'cosine' or 'constant'")
+        from vitkit.data.augment import AugmentConfig
+
+        check_known_keys(AugmentConfig, self.augment, "augment")
         stages = [float(start) for start, _ in self.resolution_schedule]
         if stages and (stages[0] != 0 or stages != sorted(stages)):
             raise ConfigError("resolution_schedule must start at fraction 0 and increase, e.g. "
