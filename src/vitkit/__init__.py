@@ -3,6 +3,7 @@
 from vitkit.config import ViTConfig, list_model_names, variant_config
 from vitkit.errors import ConfigError, InputError, VitkitError
 from vitkit.model import VisionTransformer, count_parameters, create_model
+from vitkit.weights import load_pretrained, save_pretrained
 
 __version__ = "0.1.0"
 
@@ -15,5 +16,7 @@ __all__ = [
     "count_parameters",
     "create_model",
     "list_model_names",
+    "load_pretrained",
+    "save_pretrained",
     "variant_config",
 ]

@@ -19,7 +19,7 @@ from vitkit.errors import ConfigError
 POOLS = ("class_token", "mean_patches", "mean_all_tokens")
 FINAL_NORMS = ("tokens", "pooled", "none")
 POS_EMBEDS = ("learned", "sincos1d", "sincos2d", "none")
-STEMS = ("patch", "conv")
+STEMS = ("patch", "conv", "resnet")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 INIT_SCHEMES = ("jax", "trunc_normal")
 
@@ -47,7 +47,8 @@ _SIZE_ALIASES = {"ti": "Ti", "tiny": "Ti", "s": "S", "small": "S", "b": "B", "ba
 HEADS_BY_WIDTH = {spec.width: spec.num_heads for spec in SIZES.values()}
 
 # Names listed by `vitkit models`; any other size/patch combination parses too.
-COMMON_VARIANTS = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/14", "L/16", "L/32", "H/14")
+COMMON_VARIANTS = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/14", "L/16", "L/32", "H/14",
+                   "R50+B/16")
 
 
 def _image_hw(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -72,6 +73,8 @@ class ViTConfig:
     in_chans: int = 3
     stem: str = "patch"  # "patch": one P x P projection; "conv": a small CNN (hybrid)
     stem_channels: tuple[int, ...] = ()  # conv stem: 3x3 conv widths, the last log2(P) stride 2
+    resnet_layers: tuple[int, ...] = ()  # resnet stem: units per stage, (3, 4, 9) for R50
+    resnet_width: int = 64  # resnet stem: root width (x 2 per stage, x 4 in the bottlenecks)
     num_classes: int = 1000
     width: int = 768
     depth: int = 12
@@ -94,6 +97,7 @@ class ViTConfig:
     def __post_init__(self) -> None:
         self.img_size = _image_hw(self.img_size)
         self.stem_channels = tuple(int(c) for c in self.stem_channels)
+        self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
         self._validate()
 
     # -- derived sizes -------------------------------------------------------------------
@@ -154,6 +158,13 @@ class ViTConfig:
                     f"must be a power of 2 and stem_channels must list at least log2(patch_size)"
                     f" widths; got patch_size={self.patch_size}, "
                     f"stem_channels={list(self.stem_channels)}")
+        if self.stem == "resnet":
+            stride = 4 * 2 ** max(len(self.resnet_layers) - 1, 0)
+            if self.patch_size % stride:
+                raise ConfigError(
+                    f"stem='resnet' with {len(self.resnet_layers)} stage(s) has stride {stride}; "
+                    f"patch_size must be a multiple of it, got {self.patch_size} (R50+B/16 uses "
+                    "resnet_layers=(3, 4, 9) and patch_size=16)")
         if self.pool == "class_token" and not self.class_token:
             raise ConfigError("pool='class_token' needs class_token=True; without a class token "
                               "use pool='mean_patches'.")
@@ -170,6 +181,7 @@ class ViTConfig:
         data = dataclasses.asdict(self)
         data["img_size"] = list(self.img_size)
         data["stem_channels"] = list(self.stem_channels)
+        data["resnet_layers"] = list(self.resnet_layers)
         return data
 
     @classmethod
@@ -209,6 +221,10 @@ class ViTConfig:
 # -- names ------------------------------------------------------------------------------------
 _VARIANT_RE = re.compile(r"^(?:vit[-_ ]?)?(ti|tiny|s|small|b|base|l|large|h|huge)[/_-]?(\d+)$",
                          re.IGNORECASE)
+_HYBRID_RE = re.compile(r"^R(\d*)\+(.+)$", re.IGNORECASE)
+# ResNet stems of the official hybrids: units per stage (R50 moves its 4th stage's units
+# into the 3rd to keep stride 16; R26 keeps four stages; a bare "R" is the root block only).
+RESNET_LAYERS = {"": (), "26": (2, 2, 2, 2), "50": (3, 4, 9)}
 _TIMM_RE = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(\d+)_(\d+)$", re.IGNORECASE)
 
 
@@ -256,6 +272,16 @@ def variant_config(name: str, **overrides: Any) -> ViTConfig:
 
 def _variant_fields(name: str) -> dict[str, Any]:
     key = name.strip()
+    hybrid = _HYBRID_RE.match(key)
+    if hybrid:
+        depth = hybrid.group(1)
+        if depth not in RESNET_LAYERS:
+            raise ConfigError(f"unknown hybrid ResNet 'R{depth}' in {name!r}: use "
+                              + ", ".join(f"'R{d}+'" for d in RESNET_LAYERS)
+                              + " (e.g. 'R50+B/16')")
+        fields = _variant_fields(hybrid.group(2))
+        return {**fields, "stem": "resnet", "resnet_layers": RESNET_LAYERS[depth],
+                "name": f"R{depth}+{fields['name']}"}
     if key.lower() in TUTORIAL_MODELS:
         return TUTORIAL_MODELS[key.lower()]()
     img_size = 224

@@ -48,9 +48,12 @@ def init_jax_(model: nn.Module) -> None:
             lecun_normal_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm | nn.BatchNorm2d):
+        elif isinstance(module, nn.LayerNorm | nn.BatchNorm2d | nn.GroupNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+    for name, module in model.named_modules():
+        if name.endswith(".norm3") and isinstance(module, nn.GroupNorm):
+            nn.init.zeros_(module.weight)  # bottleneck units start as identity (official)
     if getattr(model, "cls_token", None) is not None:
         nn.init.zeros_(model.cls_token)
     if isinstance(getattr(model, "pos_embed", None), nn.Parameter):
@@ -68,7 +71,7 @@ def init_trunc_normal_(model: nn.Module) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Conv2d):  # conv stem (with BatchNorm): He init
             nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(module, nn.LayerNorm | nn.BatchNorm2d):
+        elif isinstance(module, nn.LayerNorm | nn.BatchNorm2d | nn.GroupNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
     if getattr(model, "cls_token", None) is not None:

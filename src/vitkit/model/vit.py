@@ -10,6 +10,7 @@ from vitkit.errors import InputError
 from vitkit.model.init import init_weights_
 from vitkit.model.layers import Block, ConvStem, PatchEmbed
 from vitkit.model.posembed import resample_grid_embed, sincos_1d, sincos_2d
+from vitkit.model.resnet import HybridEmbed
 
 
 class PreLogits(nn.Module):
@@ -36,7 +37,10 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.config = config
         width = config.width
-        if config.stem == "conv":
+        if config.stem == "resnet":
+            self.patch_embed = HybridEmbed(config.patch_size, config.in_chans, width,
+                                           config.resnet_layers, config.resnet_width)
+        elif config.stem == "conv":
             self.patch_embed = ConvStem(config.patch_size, config.in_chans, width,
                                         config.stem_channels)
         else:

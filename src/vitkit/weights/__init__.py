@@ -1,7 +1,18 @@
-"""Weights in foreign layouts (timm, Hugging Face) converted to vitkit's."""
+"""Weights: official .npz, timm, Hugging Face and vitkit's own format; named checkpoints."""
 
 from vitkit.weights.hf import convert_hf
+from vitkit.weights.hub import named_checkpoints, resolve_named
 from vitkit.weights.loading import load_state_dict_checked
+from vitkit.weights.npz import convert_npz, read_npz, save_npz, to_official_arrays
+from vitkit.weights.pretrained import (
+    LoadedWeights,
+    build_model,
+    load_pretrained,
+    read_weights,
+    save_pretrained,
+)
 from vitkit.weights.timm import convert_timm
 
-__all__ = ["convert_hf", "convert_timm", "load_state_dict_checked"]
+__all__ = ["LoadedWeights", "build_model", "convert_hf", "convert_npz", "convert_timm",
+           "load_pretrained", "load_state_dict_checked", "named_checkpoints", "read_npz",
+           "read_weights", "resolve_named", "save_npz", "save_pretrained", "to_official_arrays"]

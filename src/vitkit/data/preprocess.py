@@ -1,0 +1,112 @@
+"""The preprocessing a set of weights expects, stored beside them and applied to PIL images.
+
+The official Google checkpoints resize the whole image to the model's size (no crop, bilinear)
+and scale pixels to [-1, 1] (mean = std = 0.5); ImageNet-style weights usually resize the
+shorter side, centre-crop and use the ImageNet mean/std. Getting this wrong costs points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitkit.config import check_known_keys
+from vitkit.errors import ConfigError
+
+RESIZE_MODES = ("squash", "shorter_side")
+INTERPOLATIONS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
+                  "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class Preprocess:
+    """How raw images become model input.
+
+    `resize_mode="squash"` resizes to `img_size` directly (the official ViT evaluation);
+    "shorter_side" scales the shorter side to size / crop_pct and centre-crops `img_size`.
+    """
+
+    img_size: tuple[int, int] = (224, 224)
+    resize_mode: str = "squash"
+    crop_pct: float = 1.0
+    interpolation: str = "bilinear"
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    def __post_init__(self) -> None:
+        size = self.img_size
+        self.img_size = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
+        self.mean = tuple(float(m) for m in self.mean)
+        self.std = tuple(float(s) for s in self.std)
+        if self.resize_mode not in RESIZE_MODES:
+            raise ConfigError(f"resize_mode={self.resize_mode!r} is not one of "
+                              f"{', '.join(RESIZE_MODES)}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"interpolation={self.interpolation!r} is not one of "
+                              f"{', '.join(INTERPOLATIONS)}")
+        if not 0.0 < self.crop_pct <= 1.0:
+            raise ConfigError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
+        if len(self.mean) != len(self.std) or min(self.std) <= 0:
+            raise ConfigError("mean and std need one positive std per channel")
+
+    @property
+    def channels(self) -> int:
+        return len(self.mean)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.update(img_size=list(self.img_size), mean=list(self.mean), std=list(self.std))
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Preprocess:
+        check_known_keys(cls, data, "preprocess")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> Preprocess:
+        return Preprocess.from_dict({**self.to_dict(), **changes})
+
+    # -- application --------------------------------------------------------------------------
+    def resize(self, image: Image.Image) -> Image.Image:
+        """Resize (and crop) one PIL image to `img_size`, in the expected colour mode."""
+        mode = "L" if self.channels == 1 else "RGB"
+        image = image.convert(mode)
+        height, width = self.img_size
+        resample = INTERPOLATIONS[self.interpolation]
+        if self.resize_mode == "squash":
+            return image.resize((width, height), resample)
+        scale = max(height / image.height, width / image.width) / self.crop_pct
+        new_w = max(width, round(image.width * scale))
+        new_h = max(height, round(image.height * scale))
+        image = image.resize((new_w, new_h), resample)
+        left, top = (new_w - width) // 2, (new_h - height) // 2
+        return image.crop((left, top, left + width, top + height))
+
+    def to_uint8(self, image: Image.Image) -> torch.Tensor:
+        """(C, H, W) uint8 tensor of the resized image."""
+        array = np.asarray(self.resize(image), dtype=np.uint8)
+        if array.ndim == 2:
+            array = array[:, :, None]
+        return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+    def normalize(self, batch: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, C, H, W) -> float, scaled to [0, 1] then (x - mean) / std."""
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        return (batch.float() / 255.0 - mean) / std
+
+    def __call__(self, images: list[Image.Image]) -> torch.Tensor:
+        """A normalised float batch (B, C, H, W) from PIL images."""
+        return self.normalize(torch.stack([self.to_uint8(image) for image in images]))
+
+
+def official_preprocess(img_size: tuple[int, int], in_chans: int = 3) -> Preprocess:
+    """What the official Google checkpoints expect: squash-resize, bilinear, [-1, 1]."""
+    return Preprocess(img_size=img_size, mean=(0.5,) * in_chans, std=(0.5,) * in_chans)
