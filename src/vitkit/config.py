@@ -300,6 +300,20 @@ def _variant_fields(name: str) -> dict[str, Any]:
                 num_heads=spec.num_heads, mlp_dim=spec.mlp_dim, name=f"{size}/{patch}")
 
 
+def variant_name(config: ViTConfig) -> str:
+    """The paper's name for a config ("B/16", "R50+B/16"), or "" when it is not a variant."""
+    size = next((key for key, spec in SIZES.items()
+                 if (spec.width, spec.depth, spec.mlp_dim, spec.num_heads)
+                 == (config.width, config.depth, config.mlp_dim, config.num_heads)), None)
+    if size is None:
+        return ""
+    if config.stem == "resnet":
+        depth = next((d for d, layers in RESNET_LAYERS.items()
+                      if layers == config.resnet_layers), None)
+        return f"R{depth}+{size}/{config.patch_size}" if depth is not None else ""
+    return f"{size}/{config.patch_size}" if config.stem == "patch" else ""
+
+
 def list_model_names() -> list[str]:
     """The names `vitkit models` shows: the common variants and the tutorial models."""
     return list(COMMON_VARIANTS) + list(TUTORIAL_MODELS)

@@ -36,18 +36,30 @@ def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10000.0
 
 def resample_grid_embed(pos_embed: torch.Tensor, old_grid: tuple[int, int],
                         new_grid: tuple[int, int], num_prefix_tokens: int = 1,
-                        mode: str = "bilinear") -> torch.Tensor:
+                        mode: str = "bilinear", antialias: bool = False,
+                        align_corners: bool = False) -> torch.Tensor:
     """Resize (1, prefix + old_h*old_w, D) position embeddings to a new patch grid.
 
-    The prefix (class token) rows are kept as they are; the grid is interpolated in 2-D
-    with `mode` ("bilinear" as the official code, or "bicubic"), align_corners=False.
+    The prefix (class token) rows are kept as they are; the grid, square or not, is
+    interpolated in 2-D with `mode` ("bilinear" or "bicubic"). The defaults sample pixel
+    centres (align_corners=False) without antialiasing, as timm and big_vision do when
+    growing the grid; `align_corners=True` with bilinear reproduces the original vit_jax
+    code (scipy.ndimage.zoom, order 1).
     """
-    if tuple(old_grid) == tuple(new_grid):
+    if mode not in ("bilinear", "bicubic"):
+        raise ValueError(f"mode={mode!r}: use 'bilinear' or 'bicubic'")
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    expected = num_prefix_tokens + old_grid[0] * old_grid[1]
+    if pos_embed.shape[1] != expected:
+        raise ValueError(f"{pos_embed.shape[1]} position embeddings do not fit a "
+                         f"{old_grid[0]}x{old_grid[1]} grid with {num_prefix_tokens} prefix "
+                         f"token(s) ({expected})")
+    if old_grid == new_grid:
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     width = pos_embed.shape[-1]
     grid = grid.reshape(1, old_grid[0], old_grid[1], width).permute(0, 3, 1, 2).float()
-    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False,
-                         antialias=False)
+    grid = F.interpolate(grid, size=new_grid, mode=mode, align_corners=align_corners,
+                         antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], width)
     return torch.cat([prefix, grid.to(pos_embed.dtype)], dim=1)

@@ -8,11 +8,13 @@ from vitkit.weights.pretrained import (
     LoadedWeights,
     build_model,
     load_pretrained,
+    load_weights,
     read_weights,
     save_pretrained,
 )
 from vitkit.weights.timm import convert_timm
 
 __all__ = ["LoadedWeights", "build_model", "convert_hf", "convert_npz", "convert_timm",
-           "load_pretrained", "load_state_dict_checked", "named_checkpoints", "read_npz",
-           "read_weights", "resolve_named", "save_npz", "save_pretrained", "to_official_arrays"]
+           "load_pretrained", "load_state_dict_checked", "load_weights", "named_checkpoints",
+           "read_npz", "read_weights", "resolve_named", "save_npz", "save_pretrained",
+           "to_official_arrays"]

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitkit.config import ViTConfig
+from vitkit.config import ViTConfig, variant_name
 from vitkit.errors import ConfigError, VitkitError
 from vitkit.model.resnet import ResNetBackbone
 
@@ -248,6 +248,7 @@ def convert_npz(arrays: dict[str, np.ndarray], img_size: int | tuple[int, int] |
         class_token=class_token, pool="class_token" if class_token else "mean_patches",
         final_norm="tokens" if "norm.weight" in sd else "none", pre_logits_dim=pre_logits_dim,
         act="gelu_tanh", norm_eps=1e-6, init="jax", **fields)
+    config = config.replace(name=variant_name(config))
     if overrides:
         config = config.replace(**overrides)
     return config, {k: v.float() for k, v in sd.items()}

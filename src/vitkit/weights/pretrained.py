@@ -239,11 +239,17 @@ def _hf_preprocess(folder: Path, config: ViTConfig) -> Preprocess:
 
 
 # -- entry points ---------------------------------------------------------------------------------
+def _timm_hints(hints: dict[str, Any], img_size: Any) -> dict[str, Any]:
+    return {**hints, **({"img_size": img_size} if img_size is not None else {})}
+
+
 def read_weights(source: str | Path, weights_dir: str | Path | None = None,
-                 download: bool | None = None, source_img_size: Any = None) -> LoadedWeights:
+                 download: bool | None = None, source_img_size: Any = None,
+                 **timm_hints: Any) -> LoadedWeights:
     """Read and convert a checkpoint (file, folder or name) without building a model.
 
-    `source_img_size` is only needed for an official file trained at a non-square resolution.
+    `source_img_size` is only needed for a file trained at a non-square resolution;
+    `timm_hints` (num_heads, global_pool) for timm state dicts whose shapes leave them open.
     """
     path = Path(source)
     if not path.exists():
@@ -266,12 +272,13 @@ def read_weights(source: str | Path, weights_dir: str | Path | None = None,
         sidecar = path.with_name(CONFIG_FILE)
         if sidecar.is_file() and json.loads(sidecar.read_text()).get("format") == FORMAT_NAME:
             return _read_folder(path.parent)
-        return _from_state_dict(sd, path)
+        return _from_state_dict(sd, path, timm_cfg=_timm_hints(timm_hints, source_img_size))
     if kind in ("torch-zip", "pickle"):
         obj = _torch_load(path)
         if isinstance(obj, dict) and "model_config" in obj and "model" in obj:
             return _from_vitkit_train(obj)
-        return _from_state_dict(_unwrap(obj), path)
+        return _from_state_dict(_unwrap(obj), path,
+                                timm_cfg=_timm_hints(timm_hints, source_img_size))
     raise CheckpointFormatError(
         f"{path} is not a checkpoint format vitkit reads: expected an official .npz, "
         ".safetensors, a PyTorch .bin/.pth/.pt, or a model folder")
@@ -297,7 +304,10 @@ def build_model(weights: LoadedWeights, pos_interpolation: str = "bilinear",
     try:
         load_state_dict_checked(model, weights.state_dict)
     except ConfigError as exc:
-        raise CheckpointFormatError(f"the weights do not fit: {exc}") from exc
+        raise CheckpointFormatError(
+            f"the {weights.origin} weights do not fit the ViT their shapes describe "
+            f"({config.name or 'custom'}): the file is inconsistent or not a plain ViT.\n{exc}"
+        ) from exc
     preprocess = weights.preprocess
     if reshape.get("img_size") is not None:
         model.set_image_size(reshape["img_size"], mode=pos_interpolation)
@@ -323,10 +333,21 @@ def load_pretrained(source: str | Path, *, weights_dir: str | Path | None = None
 
     The model carries `model.preprocess` (what its inputs must look like) and
     `model.class_names` (when the checkpoint names its classes). `source_img_size` is the
-    training resolution of an official file with a non-square position grid.
+    training resolution of a file with a non-square position grid; `num_heads` and
+    `global_pool` complete timm state dicts of non-standard widths.
     """
-    weights = read_weights(source, weights_dir, download, source_img_size)
+    hints = {k: overrides.pop(k) for k in ("num_heads", "global_pool") if k in overrides}
+    weights = read_weights(source, weights_dir, download, source_img_size, **hints)
     return build_model(weights, pos_interpolation, **overrides)
+
+
+def load_weights(model: VisionTransformer, source: str | Path, **read_options: Any) -> None:
+    """Load a checkpoint into an existing model, strictly, with errors that name the fix."""
+    weights = read_weights(source, **read_options)
+    try:
+        load_state_dict_checked(model, weights.state_dict)
+    except ConfigError as exc:
+        raise CheckpointFormatError(f"{source} does not fit this model: {exc}") from exc
 
 
 def save_pretrained(model: VisionTransformer, directory: str | Path,

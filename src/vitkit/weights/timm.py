@@ -11,6 +11,7 @@ import torch
 
 from vitkit.config import HEADS_BY_WIDTH, ViTConfig
 from vitkit.errors import ConfigError
+from vitkit.model.resnet import ResNetBackbone
 
 _UNSUPPORTED = {
     "reg_token": "register tokens",
@@ -34,7 +35,8 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
     for marker, what in _UNSUPPORTED.items():
         if any(marker in key for key in state_dict):
             raise ConfigError(f"this timm checkpoint uses {what}, which vitkit's ViT does not have")
-    unknown = sorted(k for k in state_dict if k not in _KEEP and not _BLOCK_KEY.match(k))
+    unknown = sorted(k for k in state_dict if k not in _KEEP and not _BLOCK_KEY.match(k)
+                     and not k.startswith("patch_embed.backbone."))
     if unknown:
         raise ConfigError(f"not a plain timm ViT state dict: unknown keys {', '.join(unknown[:6])}")
     sd = dict(state_dict)
@@ -45,6 +47,18 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
     except KeyError as exc:
         raise ConfigError(f"not a timm ViT state dict: {exc.args[0]} is missing") from exc
     width, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[2]
+    hybrid: dict[str, Any] = {}
+    if "patch_embed.backbone.stem.conv.weight" in sd:  # R50+ViT: the ResNet stem
+        root = sd["patch_embed.backbone.stem.conv.weight"]
+        units: dict[int, int] = {}
+        for key in sd:
+            match = re.match(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", key)
+            if match:
+                stage, unit = int(match.group(1)), int(match.group(2))
+                units[stage] = max(units.get(stage, 0), unit + 1)
+        layers = tuple(units[i] for i in range(len(units)))
+        hybrid = dict(stem="resnet", resnet_layers=layers, resnet_width=root.shape[0])
+        in_chans, patch = root.shape[1], patch * ResNetBackbone.total_stride(layers)
     class_token = "cls_token" in sd
     if img_size is None:
         if pos is None:
@@ -73,7 +87,7 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
         num_heads=num_heads, mlp_dim=fc1.shape[0], qkv_bias="blocks.0.attn.qkv.bias" in sd,
         class_token=class_token, pool=pool,
         final_norm="pooled" if pooled_norm else ("tokens" if "norm.weight" in sd else "none"),
-        pos_embed="learned" if pos is not None else "none", init="trunc_normal",
+        pos_embed="learned" if pos is not None else "none", init="trunc_normal", **hybrid,
     )
     return (config.replace(**overrides) if overrides else config), sd
 

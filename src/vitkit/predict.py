@@ -1,0 +1,150 @@
+"""Classify image files with a model, using the checkpoint's own preprocessing and class names.
+
+Folders are searched recursively for images (sorted); files run in batches. A file Pillow
+cannot decode gets a `Prediction` with `error` set and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from vitkit.data.classnames import imagenet_class_names
+from vitkit.data.folder import IMAGE_EXTENSIONS
+from vitkit.data.preprocess import Preprocess, official_preprocess
+from vitkit.errors import ConfigError, InputError
+from vitkit.model.vit import VisionTransformer
+
+__all__ = ["Prediction", "class_names_for", "expand_inputs", "predict"]
+
+
+@dataclass
+class Prediction:
+    """Top-k classes of one image (most probable first), or why it could not be read."""
+
+    path: str
+    labels: list[str] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"path", "topk": [{"label", "index", "prob"}, ...]} or {"path", "error"}."""
+        if self.error is not None:
+            return {"path": self.path, "error": self.error}
+        return {"path": self.path, "topk": [
+            {"label": label, "index": index, "prob": prob}
+            for label, index, prob in zip(self.labels, self.indices, self.probs, strict=True)]}
+
+    def format(self) -> str:
+        """One line: "path: label (12.34%), ..." or "path: error: ..."."""
+        if self.error is not None:
+            return f"{self.path}: error: {self.error}"
+        top = ", ".join(f"{label} ({100 * prob:.2f}%)"
+                        for label, prob in zip(self.labels, self.probs, strict=True))
+        return f"{self.path}: {top}"
+
+
+def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
+    """Files as given; folders replaced by their image files (recursive, sorted, no hidden)."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item).expanduser()
+        if not path.exists():
+            raise InputError(f"{path} does not exist; pass image files or folders of images")
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = sorted(p for p in path.rglob("*")
+                       if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if not found:
+            raise InputError(f"folder {path} holds no images (looked for "
+                             f"{', '.join(sorted(IMAGE_EXTENSIONS))}); pass a folder with "
+                             f"images or the image files themselves")
+        files.extend(found)
+    if not files:
+        raise InputError("no inputs: pass at least one image file or folder")
+    return files
+
+
+def class_names_for(model: VisionTransformer) -> list[str]:
+    """`model.class_names`, else ImageNet-1k/21k names by head size, else "class N"."""
+    num_classes = model.config.num_classes
+    if num_classes <= 0:
+        raise ConfigError("this model has no classification head (num_classes=0), so it "
+                          "cannot predict classes; load weights that include a head, or "
+                          "fine-tune one first")
+    names = getattr(model, "class_names", None)
+    if names is not None and len(names) == num_classes:
+        return list(names)
+    return imagenet_class_names(num_classes) or [f"class {i}" for i in range(num_classes)]
+
+
+def _open(path: Path, preprocess: Preprocess) -> torch.Tensor | str:
+    """(C, H, W) uint8 tensor of one file, or a short reason it could not be read."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # palette-transparency notes and the like
+            with Image.open(path) as image:
+                image.load()  # decode fully: truncation and corruption show up here
+                return preprocess.to_uint8(image)
+    except Exception as err:  # Pillow raises many types for bad files; all mean "skip it"
+        text = str(err).replace(repr(str(path)), "").replace(str(path), "").strip(" :")
+        return f"cannot read image ({text or type(err).__name__})"
+
+
+def _chunks(items: Sequence[Path], size: int) -> Iterable[Sequence[Path]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 5,
+            batch_size: int = 32) -> list[Prediction]:
+    """Top-k softmax predictions for image files and folders, one `Prediction` per file.
+
+    Images go through `model.preprocess` (the official squash-resize to [-1, 1] when the
+    model has none) on the model's device and dtype. `topk` is capped at the class count.
+    """
+    if topk < 1:
+        raise InputError(f"topk must be >= 1, got {topk}")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    names = class_names_for(model)
+    files = expand_inputs(inputs)
+    config = model.config
+    preprocess = getattr(model, "preprocess", None) or \
+        official_preprocess(config.img_size, config.in_chans)
+    param = next(model.parameters())
+    k = min(topk, len(names))
+    results: list[Prediction] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for chunk in _chunks(files, batch_size):
+            decoded = [_open(path, preprocess) for path in chunk]
+            rows = [Prediction(str(path), error=x if isinstance(x, str) else None)
+                    for path, x in zip(chunk, decoded, strict=True)]
+            good = [i for i, x in enumerate(decoded) if isinstance(x, torch.Tensor)]
+            if good:
+                batch = preprocess.normalize(torch.stack([decoded[i] for i in good]))
+                with torch.inference_mode():
+                    logits = model(batch.to(device=param.device, dtype=param.dtype))
+                    top_p, top_i = logits.float().softmax(dim=-1).topk(k, dim=-1)
+                for i, p_row, i_row in zip(good, top_p.tolist(), top_i.tolist(), strict=True):
+                    rows[i].labels = [names[j] for j in i_row]
+                    rows[i].indices, rows[i].probs = i_row, p_row
+            results.extend(rows)
+    finally:
+        model.train(was_training)
+    return results

@@ -1,0 +1,278 @@
+"""`load_pretrained` on every format it recognises, resampling parity with timm, vitkit's own
+format, named checkpoints offline, and a clear error for every kind of bad file.
+
+Tolerance: 1e-5 max abs difference on fp32 logits (observed: 0).
+"""
+
+import io
+import json
+import os
+import pickle
+
+import pytest
+import timm
+import timm.models.vision_transformer as timm_vit
+import torch
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+from transformers import ViTConfig as HFConfig
+from transformers import ViTForImageClassification, ViTModel
+
+import vitkit
+from vitkit.data.preprocess import Preprocess
+from vitkit.model.posembed import resample_grid_embed
+from vitkit.weights import (
+    load_pretrained,
+    load_weights,
+    named_checkpoints,
+    resolve_named,
+    save_npz,
+    save_pretrained,
+)
+from vitkit.weights.hub import WeightsNotFoundError, local_filename
+
+TOL = 1e-5
+
+
+def _randomise(model: torch.nn.Module) -> torch.nn.Module:
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.1)
+    return model.eval()
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+# -- position-embedding resampling ---------------------------------------------------------------
+@pytest.mark.parametrize("old,new", [((7, 7), (12, 12)), ((7, 7), (4, 9)), ((6, 10), (9, 5)),
+                                     ((14, 14), (24, 24))])
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("antialias", [False, True])
+def test_resampling_matches_timm(old, new, mode, prefix, antialias):
+    pos = torch.randn(1, prefix + old[0] * old[1], 32)
+    ours = resample_grid_embed(pos, old, new, prefix, mode, antialias=antialias)
+    theirs = resample_abs_pos_embed(pos, list(new), list(old), num_prefix_tokens=prefix,
+                                    interpolation=mode, antialias=antialias)
+    assert ours.shape == (1, prefix + new[0] * new[1], 32)
+    assert _max_diff(ours, theirs) <= 1e-6
+    if prefix:
+        assert torch.equal(ours[:, :1], pos[:, :1])  # the class token's embedding is kept
+
+
+def test_resampling_aligned_corners_keeps_the_corner_embeddings():
+    pos = torch.randn(1, 1 + 16, 8)
+    out = resample_grid_embed(pos, (4, 4), (7, 7), 1, "bilinear", align_corners=True)
+    grid_in, grid_out = pos[0, 1:].view(4, 4, 8), out[0, 1:].view(7, 7, 8)
+    for (i, j), (k, m) in (((0, 0), (0, 0)), ((3, 3), (6, 6)), ((0, 3), (0, 6))):
+        assert torch.allclose(grid_in[i, j], grid_out[k, m], atol=1e-6)
+
+
+def test_load_at_new_resolution_equals_timm_resampled_load(tmp_path):
+    model = _randomise(vitkit.create_model("Ti/16", img_size=64, depth=2, num_classes=5,
+                                           act="gelu_tanh"))
+    path = save_npz(model, tmp_path / "ti.npz")
+    ours = load_pretrained(path, img_size=(96, 128))
+    reference = timm_vit.VisionTransformer(img_size=(96, 128), patch_size=16, embed_dim=192,
+                                           depth=2, num_heads=3, num_classes=5,
+                                           act_layer="gelu_tanh").eval()
+    timm_vit._load_weights(reference, str(path))  # bilinear, no antialias: the official way
+    images = torch.randn(2, 3, 96, 128)
+    with torch.no_grad():
+        assert _max_diff(ours(images), reference(images)) <= TOL
+    assert ours.preprocess.img_size == (96, 128)
+
+
+# -- timm and Hugging Face files ---------------------------------------------------------------
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".bin"])
+def test_timm_state_dict_files(tmp_path, suffix):
+    reference = _randomise(timm_vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=64,
+                                                      depth=2, num_heads=4, num_classes=6))
+    path = tmp_path / f"model{suffix}"
+    if suffix == ".safetensors":
+        save_file(reference.state_dict(), path)
+    else:
+        torch.save({"state_dict": reference.state_dict()}, path)
+    model = load_pretrained(path, num_heads=4)
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert _max_diff(model(images), reference(images)) <= TOL
+    assert model.origin == "timm"
+
+
+def test_timm_hybrid_state_dict(tmp_path):
+    reference = _randomise(timm.create_model("vit_base_r50_s16_224", img_size=64, embed_dim=192,
+                                             depth=1, num_heads=3, num_classes=4))
+    save_file(reference.state_dict(), tmp_path / "r50.safetensors")
+    model = load_pretrained(tmp_path / "r50.safetensors")
+    assert model.config.stem == "resnet" and model.config.resnet_layers == (3, 4, 9)
+    assert model.config.patch_size == 16 and model.config.img_size == (64, 64)
+
+
+def _hf_config(**kwargs) -> HFConfig:
+    settings = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=128, num_labels=5,
+                    id2label={i: f"thing{i}" for i in range(5)},
+                    label2id={f"thing{i}": i for i in range(5)})
+    return HFConfig(**{**settings, **kwargs})
+
+
+def test_hf_save_pretrained_folder(tmp_path):
+    reference = _randomise(ViTForImageClassification(_hf_config()))
+    reference.save_pretrained(tmp_path / "hf")
+    model = load_pretrained(tmp_path / "hf")
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert _max_diff(model(images), reference(images).logits) <= TOL
+    assert model.class_names == [f"thing{i}" for i in range(5)]
+    assert model.origin == "huggingface"
+
+
+def test_hf_vit_model_pooler_is_pre_logits(tmp_path):
+    reference = _randomise(ViTModel(_hf_config(hidden_act="gelu_pytorch_tanh")))
+    reference.save_pretrained(tmp_path / "hf")
+    model = load_pretrained(tmp_path / "hf")
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert _max_diff(model(images), reference(images).pooler_output) <= TOL
+
+
+# -- vitkit's own format and training checkpoints ------------------------------------------------
+def test_vitkit_format_round_trip(tmp_path):
+    model = _randomise(vitkit.create_model("S/16", img_size=(32, 48), depth=2, num_classes=3,
+                                           pos_embed="sincos2d", class_token=False,
+                                           pool="mean_patches"))
+    preprocess = Preprocess(img_size=(32, 48), resize_mode="shorter_side", crop_pct=0.875,
+                            interpolation="bicubic", mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.4))
+    folder = save_pretrained(model, tmp_path / "mine", preprocess, ["a", "b", "c"])
+    assert {p.name for p in folder.iterdir()} == {"model.safetensors", "config.json"}
+    loaded = load_pretrained(folder)
+    images = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        assert torch.equal(loaded(images), model(images))
+    assert loaded.config == model.config
+    assert loaded.preprocess == preprocess and loaded.class_names == ["a", "b", "c"]
+    # the weights file alone is found through the config beside it
+    assert load_pretrained(folder / "model.safetensors").class_names == ["a", "b", "c"]
+
+
+def test_official_preprocessing_is_half_half(tmp_path):
+    path = save_npz(vitkit.create_model("Ti/16", img_size=32, depth=1), tmp_path / "o.npz")
+    pre = load_pretrained(path).preprocess
+    assert (pre.mean, pre.std, pre.resize_mode, pre.interpolation) == \
+        ((0.5,) * 3, (0.5,) * 3, "squash", "bilinear")
+
+
+def test_new_head_is_zero_and_pre_logits_dropped(tmp_path):
+    model = _randomise(vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=9,
+                                           pre_logits_dim=192))
+    path = save_npz(model, tmp_path / "i21k.npz")
+    tuned = load_pretrained(path, num_classes=4, img_size=64)
+    assert tuned.config.pre_logits_dim == 0 and tuned.config.num_classes == 4
+    assert not tuned.head.weight.any() and not tuned.head.bias.any()
+    assert tuned.pos_embed.shape == (1, 1 + 16, 192)
+
+
+def test_training_checkpoint_loads(tmp_path):
+    from vitkit.train.config import load_train_config
+    from vitkit.train.loop import train
+
+    cfg = load_train_config("digits", ["epochs=1", "progress=false", f"out_dir={tmp_path}",
+                                       "train_limit=256", "test_limit=128"])
+    train(cfg)
+    model = load_pretrained(tmp_path / "last.pt")
+    assert model.origin == "vitkit-train"
+    assert model.class_names == [str(i) for i in range(10)]
+    assert model.preprocess.img_size == model.config.img_size
+
+
+# -- named checkpoints, offline ------------------------------------------------------------------
+def test_named_checkpoint_from_weights_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
+    model = _randomise(vitkit.create_model("Ti/16", img_size=32, depth=1, act="gelu_tanh"))
+    save_npz(model, tmp_path / local_filename("B/16-i21k"))
+    assert resolve_named("ViT-B_16-i21k", tmp_path, download=False) == \
+        tmp_path / "imagenet21k_ViT-B_16.npz"
+    loaded = load_pretrained("B/16-i21k", weights_dir=tmp_path, download=False)
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert _max_diff(loaded(images), model(images)) <= TOL
+
+
+def test_named_checkpoint_missing_offline_says_where(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(WeightsNotFoundError, match=r"storage\.googleapis\.com.*ViT-L_16"):
+        load_pretrained("L/16-i21k-i1k-384", download=False)
+    with pytest.raises(WeightsNotFoundError, match="Did you mean"):
+        load_pretrained("B/16-i21", download=False)
+    assert named_checkpoints()["R50+B/16-i21k"].endswith("imagenet21k/R50+ViT-B_16.npz")
+
+
+# -- bad files ------------------------------------------------------------------------------------
+def test_truncated_npz(tmp_path):
+    path = save_npz(vitkit.create_model("Ti/16", img_size=32, depth=1), tmp_path / "t.npz")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(vitkit.VitkitError, match="truncated"):
+        load_pretrained(path)
+
+
+def test_html_saved_as_npz(tmp_path):
+    path = tmp_path / "ViT-B_16.npz"
+    path.write_text("<!DOCTYPE html><html><body>Sign in to continue</body></html>")
+    with pytest.raises(vitkit.VitkitError, match="HTML page"):
+        load_pretrained(path)
+
+
+def test_shapes_that_fit_no_variant(tmp_path):
+    model = vitkit.create_model("Ti/16", img_size=32, depth=2)
+    state = dict(model.state_dict())
+    state["blocks.1.mlp.fc1.weight"] = torch.zeros(100, 192)  # layers disagree
+    save_file(state, tmp_path / "odd.safetensors")
+    with pytest.raises(vitkit.VitkitError, match=r"(?s)do not fit.*blocks\.1\.mlp\.fc1"):
+        load_pretrained(tmp_path / "odd.safetensors")
+    save_file({"encoder.weight": torch.zeros(3, 3)}, tmp_path / "other.safetensors")
+    with pytest.raises(vitkit.VitkitError, match="not a ViT state dict"):
+        load_pretrained(tmp_path / "other.safetensors")
+
+
+def test_head_size_mismatch_names_num_classes(tmp_path):
+    source = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=10)
+    folder = save_pretrained(source, tmp_path / "ten")
+    target = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=5)
+    with pytest.raises(vitkit.VitkitError, match="num_classes="):
+        load_weights(target, folder)
+    assert load_pretrained(folder, num_classes=5).head.out_features == 5
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_pickle_that_runs_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pth"
+    buffer = io.BytesIO()
+    torch.save({"patch_embed.proj.weight": torch.zeros(1), "payload": _RunsCode()}, buffer)
+    path.write_bytes(buffer.getvalue())
+    with pytest.raises(vitkit.VitkitError, match="refused"):
+        load_pretrained(path)
+    raw = tmp_path / "evil.bin"
+    raw.write_bytes(pickle.dumps(_RunsCode(), protocol=2))
+    with pytest.raises(vitkit.VitkitError, match="refused"):
+        load_pretrained(raw)
+
+
+def test_not_a_checkpoint(tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("just some text")
+    with pytest.raises(vitkit.VitkitError, match="not a checkpoint format"):
+        load_pretrained(path)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(vitkit.VitkitError, match=r"config\.json"):
+        load_pretrained(tmp_path / "folder")
+    (tmp_path / "folder" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(vitkit.VitkitError):
+        load_pretrained(tmp_path / "folder")
