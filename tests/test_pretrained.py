@@ -207,7 +207,7 @@ def test_named_checkpoint_missing_offline_says_where(tmp_path, monkeypatch):
         load_pretrained("L/16-i21k-i1k-384", download=False)
     with pytest.raises(WeightsNotFoundError, match="Did you mean"):
         load_pretrained("B/16-i21", download=False)
-    assert named_checkpoints()["R50+B/16-i21k"].endswith("imagenet21k/R50+ViT-B_16.npz")
+    assert named_checkpoints()["R50+B/16-i21k"].endswith("imagenet21k/R50%2BViT-B_16.npz")
 
 
 # -- bad files ------------------------------------------------------------------------------------

@@ -70,6 +70,12 @@ def cmd_models(args: argparse.Namespace) -> None:
     sizes = "/".join(SIZES)
     print(f"\nAny size {sizes} with any patch size parses too (e.g. 'L/8', 'Ti/4'); "
           "change anything with keyword overrides.")
+    from vitkit.weights import named_checkpoints
+
+    print("\nNamed official checkpoints (load_pretrained / --weights NAME; cached in "
+          "~/.cache/vitkit, or put the file in --weights-dir):")
+    for name, url in named_checkpoints().items():
+        print(f"  {name:<24}{url}")
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
@@ -104,12 +110,79 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"checkpoints, metrics and learning_curve.png in {result.out_dir}")
 
 
+def cmd_finetune(args: argparse.Namespace) -> None:
+    """The finetune recipe started from WEIGHTS; flags become overrides, as in `train`."""
+    overrides = [f"init_from={json.dumps(args.weights)}", *args.overrides]
+    for flag, key in ((args.data, "data"), (args.img_size, "model.img_size"),
+                      (args.weights_dir, "weights_dir")):
+        if flag is not None:
+            overrides.append(f"{key}={json.dumps(flag)}")
+    args.recipe, args.overrides = "finetune", overrides
+    cmd_train(args)
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     from vitkit.evaluate import evaluate_checkpoint
 
     report = evaluate_checkpoint(args.checkpoint, args.data, args.data_dir, args.split,
                                  args.out, args.limit, args.batch_size)
     print(report)
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    from vitkit.errors import InputError
+    from vitkit.predict import expand_inputs, predict
+    from vitkit.weights import load_pretrained
+
+    files = expand_inputs(args.inputs)  # a wrong path fails before the model loads
+    model = load_pretrained(args.weights, weights_dir=args.weights_dir)
+    results = predict(model, files, topk=args.topk, batch_size=args.batch_size)
+    for result in results:
+        print(json.dumps(result.to_dict()) if args.json else result.format())
+    failed = sum(not result.ok for result in results)
+    if failed == len(results):
+        raise InputError(f"none of the {failed} file(s) could be read as an image; check "
+                         "they are valid image files")
+    if failed:
+        print(f"vitkit predict: {failed} of {len(results)} files could not be read",
+              file=sys.stderr)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from vitkit.export import FORMATS, ExportError, check_onnx, default_check_sizes, export_onnx
+    from vitkit.weights import load_pretrained
+
+    if args.format not in FORMATS:
+        raise ExportError(f"unknown format {args.format!r}: use --format "
+                          + " or ".join(FORMATS))
+    source, out = Path(args.weights), args.out  # default: beside the weights
+    if out is None:
+        out = source / "model.onnx" if source.is_dir() else source.with_suffix(".onnx") \
+            if source.exists() else Path(args.weights.replace("/", "-") + ".onnx")
+    model = load_pretrained(args.weights, weights_dir=args.weights_dir)
+    path = export_onnx(model, out, dynamic_size=args.dynamic_size, opset=args.opset)
+    axes = "batch, height, width" if args.dynamic_size else "batch"
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, dynamic {axes})")
+    sizes = default_check_sizes(model) if args.dynamic_size else []
+    diff = check_onnx(model, path, batch_sizes=(1, 3), sizes=sizes, atol=1e-4)
+    where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
+    print(f"onnxruntime check: max abs diff {diff:.2g} over batch 1, 3 at {where} "
+          "(tolerance 1e-4): OK")
+
+
+def cmd_explain(args: argparse.Namespace) -> None:
+    from vitkit.analysis.explain import explain_weights
+
+    report = explain_weights(args.weights, args.images, args.out, args.data, args.data_dir,
+                             args.num_images, args.weights_dir, head_fusion=args.head_fusion,
+                             discard_ratio=args.discard_ratio)
+    layers = ", ".join(f"{d:.1f}" for d in report["mean_attention_distance_px"]["per_layer"])
+    print(f"{len(report['images'])} image(s); rollout from the "
+          f"{report['rollout']['map_source'].replace('_', ' ')}; mean attention distance per "
+          f"layer (px): {layers}")
+    print(f"wrote {len(report['files'])} figures and explain.json to {args.out}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +210,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data-dir", help="local dataset folder (CIFAR binary, image folders)")
     train.set_defaults(run=cmd_train)
 
+    finetune = verbs.add_parser("finetune", help="fine-tune pretrained weights (the paper's "
+                                                 "recipe: SGD, new head, higher resolution)")
+    finetune.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    finetune.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                          help="finetune recipe overrides, e.g. lr=0.01 total_steps=500")
+    finetune.add_argument("--data", help="cifar10 (default), cifar100, folder or digits")
+    finetune.add_argument("--data-dir", help="local dataset folder (CIFAR binary, image folders)")
+    finetune.add_argument("--img-size", type=parse_img_size, help="fine-tuning resolution "
+                                                                  "(default 384)")
+    finetune.add_argument("--out", help="output folder (default: runs/finetune)")
+    finetune.add_argument("--time-budget", type=float, metavar="SECONDS",
+                          help="size the schedule to this much training time and stop cleanly")
+    finetune.add_argument("--resume", help="continue exactly from a last.pt checkpoint")
+    finetune.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
+    finetune.set_defaults(run=cmd_finetune)
+
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
     evaluate.add_argument("checkpoint", help="a checkpoint written by `vitkit train`")
     evaluate.add_argument("--data", default=None,
@@ -147,6 +236,42 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=int, default=500)
     evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
     evaluate.set_defaults(run=cmd_eval)
+
+    predict = verbs.add_parser("predict", help="top-k classes of images with a checkpoint")
+    predict.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    predict.add_argument("inputs", nargs="+", metavar="INPUT",
+                         help="image files or folders (searched recursively)")
+    predict.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
+    predict.add_argument("--json", action="store_true", help="one JSON object per line")
+    predict.add_argument("--batch-size", type=int, default=32)
+    predict.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
+    predict.set_defaults(run=cmd_predict)
+    export = verbs.add_parser("export", help="write ONNX (dynamic batch) and check it with "
+                                             "onnxruntime")
+    export.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    export.add_argument("--format", default="onnx", help="output format (only onnx)")
+    export.add_argument("--out", help="output file (default: beside the weights, .onnx)")
+    export.add_argument("--dynamic-size", action="store_true",
+                        help="also accept other image sizes (multiples of the patch size)")
+    export.add_argument("--opset", type=int, help="ONNX opset (default: torch's)")
+    export.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
+    export.set_defaults(run=cmd_export)
+    explain = verbs.add_parser("explain", help="attention rollout and maps, mean attention "
+                                               "distance, position and filter figures")
+    explain.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    explain.add_argument("images", nargs="*", metavar="IMAGE",
+                         help="image files or folders (default: test images of --data)")
+    explain.add_argument("--out", required=True, help="folder for the PNGs and explain.json")
+    explain.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"))
+    explain.add_argument("--discard-ratio", type=float, default=0.0,
+                         help="zero this fraction of the weakest attentions (rollout)")
+    explain.add_argument("--num-images", type=int, default=8,
+                         help="test images to use when no IMAGE is given (default 8)")
+    explain.add_argument("--data", help="digits, cifar10, cifar100 or folder (default: as "
+                                        "trained)")
+    explain.add_argument("--data-dir", help="local dataset folder")
+    explain.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
+    explain.set_defaults(run=cmd_explain)
     return parser
 
 

@@ -222,9 +222,11 @@ class ViTConfig:
 _VARIANT_RE = re.compile(r"^(?:vit[-_ ]?)?(ti|tiny|s|small|b|base|l|large|h|huge)[/_-]?(\d+)$",
                          re.IGNORECASE)
 _HYBRID_RE = re.compile(r"^R(\d*)\+(.+)$", re.IGNORECASE)
-# ResNet stems of the official hybrids: units per stage (R50 moves its 4th stage's units
-# into the 3rd to keep stride 16; R26 keeps four stages; a bare "R" is the root block only).
+# ResNet stems of the official hybrids: units per stage. R50 for /16 moves its 4th stage's
+# units into the 3rd to keep stride 16; R50 for /32 and R26 keep four stages (stride 32);
+# a bare "R" is the root block only (stride 4).
 RESNET_LAYERS = {"": (), "26": (2, 2, 2, 2), "50": (3, 4, 9)}
+_RESNET_LAYERS_BY_STRIDE32 = {"50": (3, 4, 6, 3)}
 _TIMM_RE = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(\d+)_(\d+)$", re.IGNORECASE)
 
 
@@ -280,7 +282,10 @@ def _variant_fields(name: str) -> dict[str, Any]:
                               + ", ".join(f"'R{d}+'" for d in RESNET_LAYERS)
                               + " (e.g. 'R50+B/16')")
         fields = _variant_fields(hybrid.group(2))
-        return {**fields, "stem": "resnet", "resnet_layers": RESNET_LAYERS[depth],
+        layers = RESNET_LAYERS[depth]
+        if fields["patch_size"] % 32 == 0:
+            layers = _RESNET_LAYERS_BY_STRIDE32.get(depth, layers)
+        return {**fields, "stem": "resnet", "resnet_layers": layers,
                 "name": f"R{depth}+{fields['name']}"}
     if key.lower() in TUTORIAL_MODELS:
         return TUTORIAL_MODELS[key.lower()]()
@@ -308,7 +313,8 @@ def variant_name(config: ViTConfig) -> str:
     if size is None:
         return ""
     if config.stem == "resnet":
-        depth = next((d for d, layers in RESNET_LAYERS.items()
+        known = {**RESNET_LAYERS, **{d + " ": v for d, v in _RESNET_LAYERS_BY_STRIDE32.items()}}
+        depth = next((d.strip() for d, layers in known.items()
                       if layers == config.resnet_layers), None)
         return f"R{depth}+{size}/{config.patch_size}" if depth is not None else ""
     return f"{size}/{config.patch_size}" if config.stem == "patch" else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +28,8 @@ _OFFICIAL = {
     "L/32-i21k": "imagenet21k/ViT-L_32.npz",
     "H/14-i21k": "imagenet21k/ViT-H_14.npz",
     "R50+B/16-i21k": "imagenet21k/R50+ViT-B_16.npz",
+    "R50+L/32-i21k": "imagenet21k/R50+ViT-L_32.npz",
+    "R26+B/32-i21k": "imagenet21k/R26+ViT-B_32.npz",
     "B/16-i21k-i1k-384": "imagenet21k+imagenet2012/ViT-B_16.npz",
     "B/16-i21k-i1k-224": "imagenet21k+imagenet2012/ViT-B_16-224.npz",
     "B/32-i21k-i1k-384": "imagenet21k+imagenet2012/ViT-B_32.npz",
@@ -44,7 +47,11 @@ class WeightsNotFoundError(VitkitError, FileNotFoundError):
 
 def named_checkpoints() -> dict[str, str]:
     """Every known name and its download URL."""
-    return {name: f"{BASE_URL}/{path}" for name, path in _OFFICIAL.items()}
+    return {name: _url(path) for name, path in _OFFICIAL.items()}
+
+
+def _url(path: str) -> str:
+    return f"{BASE_URL}/{urllib.parse.quote(path)}"  # "+" -> "%2B", as the bucket expects
 
 
 def normalize_name(name: str) -> str | None:
@@ -83,7 +90,7 @@ def resolve_named(name: str, weights_dir: str | Path | None = None,
                 return candidate
     if download is None:
         download = os.environ.get("VITKIT_OFFLINE", "0") in ("0", "", "false")
-    url = f"{BASE_URL}/{_OFFICIAL[key]}"
+    url = _url(_OFFICIAL[key])
     if not download:
         places = ", ".join(str(f / filename) for f in folders)
         raise WeightsNotFoundError(
