@@ -1,0 +1,180 @@
+"""`vitkit export`: ONNX files that onnxruntime runs to PyTorch's outputs within 1e-4."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+import vitkit
+from vitkit.cli import main
+from vitkit.export import (
+    ExportError,
+    _sincos_1d,
+    _sincos_2d,
+    check_onnx,
+    export_onnx,
+    read_metadata,
+    require,
+)
+from vitkit.model.posembed import sincos_1d, sincos_2d
+
+TOL = 1e-4
+
+
+def random_model(name: str = "Ti/16", **overrides) -> vitkit.VisionTransformer:
+    """A small model with random non-zero weights everywhere (the head starts at zero).
+
+    Built on the meta device: every parameter is overwritten anyway, and the R50's own
+    initialisation takes seconds.
+    """
+    defaults = {"img_size": 32, "depth": 2, "num_classes": 5}
+    model = vitkit.create_model(name, device="meta", **{**defaults, **overrides})
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.1)
+    if model.config.pos_embed in ("sincos1d", "sincos2d"):  # non-persistent: rebuild
+        model.pos_embed = torch.nn.Buffer(vitkit.VisionTransformer._make_pos_embed(model.config),
+                                          persistent=False)
+    return model.eval()
+
+
+def run_onnx(path: Path, images: torch.Tensor) -> torch.Tensor:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+
+
+def test_static_export_matches_at_batch_1_and_4(tmp_path):
+    model = random_model()
+    path = export_onnx(model, tmp_path / "m.onnx")
+    diff = check_onnx(model, path, batch_sizes=(1, 4))
+    assert diff <= TOL
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(images)
+    assert expected.abs().max() > 0.1  # a real signal, not zeros compared with zeros
+    assert (run_onnx(path, images) - expected).abs().max() <= TOL
+
+
+def test_fixed_batch_export_refuses_another_batch(tmp_path):
+    model = random_model()
+    path = export_onnx(model, tmp_path / "m.onnx", dynamic_batch=False)
+    assert check_onnx(model, path, batch_sizes=(1,)) <= TOL
+    with pytest.raises(ExportError, match="dynamic batch"):
+        check_onnx(model, path, batch_sizes=(4,))
+
+
+def test_dynamic_size_matches_bilinear_set_image_size(tmp_path):
+    model = random_model()
+    with torch.no_grad():
+        model.pos_embed.normal_(0.0, 1.0)  # positions that visibly change the logits
+    path = export_onnx(model, tmp_path / "m.onnx", dynamic_size=True)
+    assert check_onnx(model, path, batch_sizes=(1, 3), sizes=[64, (16, 48)]) <= TOL
+    images = torch.randn(2, 3, 64, 64)
+    got = run_onnx(path, images)
+    bilinear, bicubic = copy.deepcopy(model), copy.deepcopy(model)
+    bilinear.set_image_size(64, mode="bilinear")
+    bicubic.set_image_size(64, mode="bicubic")
+    with torch.no_grad():
+        to_bilinear = (got - bilinear(images)).abs().max().item()
+        to_bicubic = (got - bicubic(images)).abs().max().item()
+    assert to_bilinear <= TOL
+    assert to_bicubic > 100 * to_bilinear  # it is the bilinear resampling, not just close
+
+
+@pytest.mark.parametrize("pos_embed", ["sincos1d", "sincos2d", "none"])
+def test_dynamic_size_fixed_positions(tmp_path, pos_embed):
+    model = random_model(pos_embed=pos_embed)
+    path = export_onnx(model, tmp_path / "m.onnx", dynamic_size=True)
+    assert check_onnx(model, path, batch_sizes=(2,), sizes=[64, (48, 32)]) <= TOL
+
+
+def test_in_graph_sincos_tables_equal_the_library_ones():
+    for grid in [(2, 2), (3, 5), (14, 14)]:
+        assert torch.equal(_sincos_2d(*grid, 64), sincos_2d(grid, 64))
+        length = 1 + grid[0] * grid[1]
+        assert torch.equal(_sincos_1d(length, 64), sincos_1d(length, 64))
+
+
+def test_hybrid_r50_exports_and_matches(tmp_path):
+    model = random_model("R50+Ti/16", img_size=64, depth=1, num_classes=3)
+    path = export_onnx(model, tmp_path / "r50.onnx", dynamic_size=True)
+    # Native 64x64 and a non-square 96x64 (the SAME padding follows the size in-graph).
+    assert check_onnx(model, path, batch_sizes=(1,), sizes=[(96, 64)]) <= TOL  # traced at 2
+
+
+def test_no_class_token_mean_pool_exports(tmp_path):
+    model = random_model(pool="mean_patches", class_token=False)
+    static = export_onnx(model, tmp_path / "static.onnx")
+    assert check_onnx(model, static, batch_sizes=(1, 4)) <= TOL
+    dynamic = export_onnx(model, tmp_path / "dynamic.onnx", dynamic_size=True)
+    assert check_onnx(model, dynamic, batch_sizes=(2,), sizes=[48]) <= TOL
+
+
+def test_metadata_describes_preprocessing_and_classes(tmp_path):
+    model = random_model(num_classes=3)
+    vitkit.save_pretrained(model, tmp_path / "weights", class_names=["cat", "dog", "fox"])
+    loaded = vitkit.load_pretrained(tmp_path / "weights")
+    meta = read_metadata(export_onnx(loaded, tmp_path / "m.onnx", dynamic_size=True))
+    assert meta["class_names"] == ["cat", "dog", "fox"]
+    assert meta["preprocess"]["img_size"] == [32, 32]
+    assert meta["preprocess"]["mean"] == [0.5, 0.5, 0.5]
+    assert meta["preprocess"]["std"] == [0.5, 0.5, 0.5]
+    assert meta["model_config"]["patch_size"] == 16
+    assert meta["input"]["dynamic_size"] is True
+    assert meta["input"]["size_multiple_of"] == 16
+    assert meta["output"]["num_classes"] == 3
+
+
+def test_unknown_stem_refuses_dynamic_size(tmp_path):
+    model = random_model()
+    model.patch_embed = torch.nn.Sequential(model.patch_embed)
+    with pytest.raises(ExportError, match="without --dynamic-size"):
+        export_onnx(model, tmp_path / "m.onnx", dynamic_size=True)
+
+
+def test_opset_too_old_is_refused_and_a_chosen_opset_used(tmp_path):
+    model = random_model()
+    with pytest.raises(ExportError, match="opset 14 or newer"):
+        export_onnx(model, tmp_path / "m.onnx", opset=13)
+    path = export_onnx(model, tmp_path / "m.onnx", opset=17)
+    opsets = {entry.domain: entry.version for entry in onnx.load(str(path)).opset_import}
+    assert opsets[""] == 17
+    assert check_onnx(model, path) <= TOL
+
+
+def test_missing_onnxruntime_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(ExportError, match=r"pip install 'vitkit\[export\]'"):
+        require("onnxruntime")
+
+
+def test_cli_export_end_to_end(tmp_path, capsys):
+    folder = vitkit.save_pretrained(random_model(), tmp_path / "weights")
+    assert main(["export", str(folder)]) == 0
+    out = capsys.readouterr().out
+    path = folder / "model.onnx"
+    assert path.is_file() and f"wrote {path}" in out
+    assert "onnxruntime check: max abs diff" in out and "(tolerance 1e-4): OK" in out
+
+    target = tmp_path / "dyn.onnx"
+    assert main(["export", str(folder), "--out", str(target), "--dynamic-size"]) == 0
+    out = capsys.readouterr().out
+    assert target.is_file() and "dynamic batch, height, width" in out
+    assert "at 32x32, 64x64, 16x32" in out and out.rstrip().endswith("OK")
+    images = torch.randn(2, 3, 48, 48)
+    assert np.isfinite(run_onnx(target, images).numpy()).all()
+
+
+def test_cli_unknown_format(tmp_path, capsys):
+    folder = vitkit.save_pretrained(random_model(), tmp_path / "weights")
+    assert main(["export", str(folder), "--format", "tflite"]) == 2
+    err = capsys.readouterr().err
+    assert "vitkit export: error: unknown format 'tflite'" in err and "onnx" in err
