@@ -1,0 +1,165 @@
+"""`explain`: every analysis of the paper's Figures 6 and 7 for one model and a set of images,
+written as PNGs plus explain.json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from vitkit.analysis import figures
+from vitkit.analysis.attention import (
+    attention_rollout,
+    attention_weights,
+    map_source,
+    output_token_map,
+)
+from vitkit.analysis.distance import mean_attention_distance, uniform_attention_distance
+from vitkit.analysis.filters import PAPER_COMPONENTS, filter_components, pixel_filters, to_display
+from vitkit.analysis.images import as_uint8_batch, model_preprocess
+from vitkit.analysis.posembed import position_similarity, similarity_by_distance
+from vitkit.errors import ConfigError, InputError
+
+JSON_FILE = "explain.json"
+FILES = {"rollout": "attention_rollout.png", "heads": "attention_heads.png",
+         "distance": "mean_attention_distance.png", "positions": "position_similarity.png",
+         "filters": "embedding_filters.png"}
+
+
+def _rounded(values: torch.Tensor, digits: int = 4) -> Any:
+    return [_rounded(v, digits) for v in values] if values.dim() else round(values.item(), digits)
+
+
+def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image],
+            out_dir: str | Path, head_fusion: str = "mean", discard_ratio: float = 0.0,
+            names: Sequence[str] = (), batch_size: int = 16, title: str = "",
+            show: int = 8) -> dict[str, Any]:
+    """Attention rollout, raw attention maps, mean attention distance, position-embedding
+    similarity and filter components for `images` (uint8 (B, C, H, W) or PIL images, run
+    through `model.preprocess`). Writes the PNGs named in FILES and explain.json to
+    `out_dir`; returns the JSON's content. Every image counts in the distances and rollout
+    peaks; the rollout figure and the JSON's maps hold the first `show`.
+    """
+    config = model.config
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    preprocess = model_preprocess(model)
+    batch = as_uint8_batch(images, preprocess)
+    names = list(names) or [f"image {i}" for i in range(len(batch))]
+    if len(names) != len(batch):
+        raise InputError(f"{len(names)} names for {len(batch)} images: give one name per image")
+    prefix, grid, source = config.num_prefix_tokens, config.grid_size, map_source(config)
+    parameter = next(model.parameters())
+
+    distance_sum, maps, logits, first = 0.0, [], [], None
+    for start in range(0, len(batch), batch_size):
+        chunk = batch[start:start + batch_size]
+        out_logits, attentions = attention_weights(
+            model, preprocess.normalize(chunk).to(parameter.device, parameter.dtype))
+        attentions = [a.float().cpu() for a in attentions]
+        distance_sum = distance_sum + len(chunk) * mean_attention_distance(
+            attentions, grid, config.patch_size, prefix)
+        rollout = attention_rollout(attentions, head_fusion, discard_ratio, prefix)
+        maps.append(output_token_map(rollout, prefix, grid, source))
+        logits.append(out_logits.float().cpu())
+        if first is None:
+            first = [a[0] for a in attentions]  # (heads, T, T) per layer, first image
+    distances = distance_sum / len(batch)
+    maps = torch.cat(maps)
+    head_maps = torch.stack([output_token_map(a, prefix, grid, source) for a in first])
+    uniform = uniform_attention_distance(grid, config.patch_size)
+    label = title or config.name or "model"
+
+    files = dict(FILES)  # names inside out_dir
+    titles = [_describe(name, row, getattr(model, "class_names", None), config.num_classes)
+              for name, row in zip(names, torch.cat(logits), strict=True)]
+    figures.plot_rollout(batch[:show], maps[:show], out / files["rollout"], titles,
+                         f"{label}: rollout ({head_fusion}, {source.replace('_', ' ')})")
+    figures.plot_head_maps(batch[0], head_maps, out / files["heads"],
+                           f"{label}: attention of the {source.replace('_', ' ')}")
+    figures.plot_mean_distance(distances, out / files["distance"], uniform,
+                               f"{label}: mean attention distance")
+
+    try:
+        similarity = position_similarity(model)
+        figures.plot_position_similarity(similarity, out / files["positions"],
+                                         f"{label}: position embedding similarity")
+        positions = {"kind": config.pos_embed, "similarity_by_grid_distance":
+                     similarity_by_distance(similarity)}
+    except ConfigError as exc:
+        files.pop("positions")
+        positions = {"kind": config.pos_embed, "skipped": str(exc)}
+
+    weights, filter_source = pixel_filters(model)
+    pca = filter_components(weights, PAPER_COMPONENTS, filter_source)
+    figures.plot_filter_components(to_display(pca.components), out / files["filters"],
+                                   pca.explained_variance_ratio.tolist(),
+                                   f"{label}: filter principal components")
+
+    report = {
+        "model": {"name": config.name, "origin": getattr(model, "origin", None),
+                  "img_size": list(config.img_size), "patch_size": config.patch_size,
+                  "grid": list(grid), "depth": config.depth, "heads": config.num_heads,
+                  "class_token": config.class_token, "pool": config.pool,
+                  "pos_embed": config.pos_embed, "stem": config.stem},
+        "images": titles,
+        "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio,
+                    "map_source": source, "maps": _rounded(maps[:show], 5),
+                    "peak_patch": _peaks(maps)},
+        "mean_attention_distance_px": {
+            "per_layer": _rounded(distances.mean(dim=1), 2),
+            "per_head": _rounded(distances, 2), "images": len(batch),
+            "uniform_attention": round(uniform, 2)},
+        "position_embedding": positions,
+        "filters": {"source": pca.source, "components": len(pca.components),
+                    "explained_variance_ratio": _rounded(pca.explained_variance_ratio)},
+        "files": files,
+    }
+    (out / JSON_FILE).write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _peaks(maps: torch.Tensor) -> list[list[int]]:
+    """(row, column) of each map's strongest patch."""
+    width = maps.shape[-1]
+    flat = maps.reshape(len(maps), -1).argmax(dim=1)
+    return [[int(i) // width, int(i) % width] for i in flat]
+
+
+def _describe(name: str, logits: torch.Tensor, class_names: Sequence[str] | None,
+              num_classes: int) -> str:
+    """"name -> predicted class (probability)"; the name alone without a classifier."""
+    if num_classes < 2:
+        return name
+    probs = logits.softmax(dim=-1)
+    index = int(probs.argmax())
+    label = class_names[index] if class_names and index < len(class_names) else f"class {index}"
+    return f"{name} -> {label} ({100 * probs[index].item():.0f}%)"
+
+
+def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_dir: str | Path,
+                    data: str | None = None, data_dir: str | None = None, num_images: int = 8,
+                    weights_dir: str | Path | None = None, **options: Any) -> dict[str, Any]:
+    """`explain` for a checkpoint (any format `load_pretrained` reads) on image files, or
+    without files on the first `num_images` test images of `data` (default: the data a
+    vitkit training checkpoint records)."""
+    from vitkit.analysis.images import images_from_data, images_from_files
+    from vitkit.predict import expand_inputs
+    from vitkit.weights.pretrained import build_model, read_weights
+
+    files = expand_inputs(image_paths) if image_paths else []  # bad paths fail before loading
+    weights = read_weights(source, weights_dir)
+    model = build_model(weights)
+    preprocess = model_preprocess(model)
+    if files:
+        images, names = images_from_files(files, preprocess)
+    else:
+        images, names = images_from_data(data, data_dir, num_images, preprocess,
+                                         weights.extra.get("train_config"))
+    path = Path(source)
+    options.setdefault("title", f"{path.parent.name}/{path.name}" if path.exists() else str(source))
+    return explain(model, images, out_dir, names=names, **options)

@@ -1,0 +1,84 @@
+"""The images an analysis runs on: files through the model's preprocessing, or the first
+test images of a data source (by default the one a training checkpoint was trained on)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from vitkit.data.preprocess import Preprocess
+from vitkit.errors import InputError
+
+
+def model_preprocess(model: torch.nn.Module) -> Preprocess:
+    """The model's own preprocessing, at the model's image size (mean = std = 0.5 if none)."""
+    config = model.config
+    pre = getattr(model, "preprocess", None) or Preprocess(
+        img_size=config.img_size, mean=(0.5,) * config.in_chans, std=(0.5,) * config.in_chans)
+    if tuple(pre.img_size) != tuple(config.img_size):
+        pre = pre.replace(img_size=list(config.img_size))
+    return pre
+
+
+def as_uint8_batch(images: torch.Tensor | Sequence[Image.Image], preprocess: Preprocess
+                   ) -> torch.Tensor:
+    """uint8 (B, C, H, W) at the model's size from PIL images or a uint8 batch (resized if
+    its size differs)."""
+    if isinstance(images, torch.Tensor):
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise InputError(f"images must be a uint8 (B, C, H, W) tensor or PIL images, got "
+                             f"{images.dtype} {tuple(images.shape)}")
+        if tuple(images.shape[-2:]) == tuple(preprocess.img_size) and \
+                images.shape[1] == preprocess.channels:
+            return images
+        images = [_to_pil(image) for image in images]
+    if len(images) == 0:
+        raise InputError("no images to analyse: pass at least one")
+    return torch.stack([preprocess.to_uint8(image) for image in images])
+
+
+def _to_pil(image: torch.Tensor) -> Image.Image:
+    array = image.permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+
+
+def images_from_files(paths: Sequence[str | Path], preprocess: Preprocess
+                      ) -> tuple[torch.Tensor, list[str]]:
+    """Read image files (Pillow) into a uint8 batch at the model's size; names = the paths."""
+    pictures = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.load()
+                pictures.append(image.copy())
+        except (OSError, UnidentifiedImageError) as exc:
+            raise InputError(f"cannot read {path} as an image ({exc}); pass image files "
+                             "Pillow can decode (PNG, JPEG, ...)") from exc
+    return as_uint8_batch(pictures, preprocess), [str(path) for path in paths]
+
+
+def images_from_data(data: str | None, data_dir: str | None, count: int,
+                     preprocess: Preprocess, train_config: dict[str, Any] | None = None
+                     ) -> tuple[torch.Tensor, list[str]]:
+    """The first `count` test images of `data` (default: the checkpoint's training data)."""
+    from vitkit.data.sources import load_source
+
+    trained = train_config or {}
+    data = data or trained.get("data")
+    if data_dir is None and data is not None and data == trained.get("data"):
+        data_dir = trained.get("data_dir")
+    if data is None:
+        raise InputError("no images given and the weights do not say what data they were "
+                         "trained on: pass image files (vitkit explain WEIGHTS a.png b.jpg) or "
+                         "a data source (--data cifar10 --data-dir DIR)")
+    if count < 1:
+        raise InputError(f"--num-images must be at least 1, got {count}")
+    _, test = load_source(data, data_dir, preprocess.img_size, preprocess.channels,
+                          train_limit=1, test_limit=count)
+    names = [f"{data} test #{i}: {test.classes[int(label)]}"
+             for i, label in enumerate(test.labels)]
+    return as_uint8_batch(test.images, preprocess), names
