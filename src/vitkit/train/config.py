@@ -25,19 +25,34 @@ class TrainConfig:
     epochs: float = 10
     batch_size: int = 128  # images per optimizer step (all ranks together)
     accum_steps: int = 1  # split each batch into this many micro-batches
+    total_steps: int = 0  # optimizer steps to train; 0 = from epochs (else replaces epochs)
     lr: float = 1e-3
+    optimizer: str = "adamw"  # adamw | sgd (momentum, no nesterov)
     weight_decay: float = 0.05
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW
+    momentum: float = 0.9  # SGD
     schedule: str = "cosine"  # cosine | constant
     warmup_epochs: float = 1.0
+    warmup_steps: int | None = None  # warmup in optimizer steps; when set, replaces warmup_epochs
     min_lr_ratio: float = 0.0
     clip_grad: float = 1.0  # global-norm clip; 0 = off
     augment: dict[str, Any] = field(default_factory=dict)  # fields of AugmentConfig
     # Progressive resizing: [[fraction of training, side], ...], e.g. [[0, 16], [0.6, 32]];
     # images are downscaled on the fly and position embeddings follow the grid.
     resolution_schedule: list[list[float]] = field(default_factory=list)
-    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    # Training images are resized to resize_crop x the training size, then a random window of
+    # the training size is cropped (vit_jax's resize + random_crop); 1.0 = resize only.
+    resize_crop: float = 1.0
+    # Input normalisation; None = 0.5 per channel, or the pretrained checkpoint's (init_from).
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    # Fine-tuning: start from these weights (any file, folder or name `load_pretrained` reads)
+    # instead of a random init; `model` then holds overrides of the checkpoint's config
+    # (img_size, dropout, drop_path, ...). num_classes comes from the data.
+    init_from: str | None = None
+    weights_dir: str | None = None  # where named checkpoints ("B/16-i21k") are looked up
+    new_head: bool = True  # a new zero-initialised head (pre-logits dropped), as in the paper
+    pos_interpolation: str = "bilinear"  # resampling of learned positions (official: bilinear)
     ema_decay: float = 0.0  # 0 = no weight EMA
     amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
     device: str = "auto"
@@ -53,7 +68,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
-        self.mean, self.std, self.log = tuple(self.mean), tuple(self.std), tuple(self.log)
+        self.mean = tuple(self.mean) if self.mean is not None else None
+        self.std = tuple(self.std) if self.std is not None else None
+        self.log = tuple(self.log)
         if self.batch_size % self.accum_steps:
             raise ConfigError(f"batch_size {self.batch_size} is not divisible by accum_steps "
                               f"{self.accum_steps}")
@@ -68,6 +85,40 @@ class TrainConfig:
                               "[[0, 16], [0.6, 32]]")
         if self.amp not in ("auto", "bf16", "off"):
             raise ConfigError(f"amp={self.amp!r}: use 'auto', 'bf16' or 'off'")
+        self._check_optimization()
+
+    def _check_optimization(self) -> None:
+        from vitkit.train.optim import OPTIMIZERS
+
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer={self.optimizer!r}: use one of "
+                              f"{', '.join(OPTIMIZERS)}." + _did_you_mean(self.optimizer,
+                                                                        list(OPTIMIZERS)))
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"momentum={self.momentum} must be in [0, 1), e.g. 0.9")
+        if self.total_steps < 0 or (self.warmup_steps or 0) < 0:
+            raise ConfigError("total_steps and warmup_steps must be >= 0")
+        if self.resize_crop < 1.0:
+            raise ConfigError(f"resize_crop={self.resize_crop} must be >= 1 (1 = resize only; "
+                              "512/384 = the official resize 512, random crop 384)")
+        if self.pos_interpolation not in ("bilinear", "bicubic"):
+            raise ConfigError(f"pos_interpolation={self.pos_interpolation!r}: use 'bilinear' "
+                              "(official) or 'bicubic'")
+        if (self.mean is None) != (self.std is None):
+            raise ConfigError("set mean and std together (or neither, to use the defaults)")
+
+    def finetune_overrides(self) -> dict[str, Any]:
+        """With `init_from`: `model` as overrides of the checkpoint's config (img_size, ...)."""
+        if self.model is None or self.model == TrainConfig.model:
+            return {}
+        if not isinstance(self.model, dict):
+            raise ConfigError(f"with init_from, model holds overrides of the checkpoint's "
+                              f"config (e.g. model.img_size=384), not a variant: got "
+                              f"{self.model!r}. Drop it or use model={{\"img_size\": 384}}.")
+        if "variant" in self.model:
+            raise ConfigError("with init_from, the architecture comes from the checkpoint: "
+                              "remove model.variant (keep only overrides such as img_size)")
+        return dict(self.model)
 
     def model_config(self) -> ViTConfig:
         """The model's config: a variant name, or a dict with "variant" plus overrides."""

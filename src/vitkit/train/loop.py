@@ -1,5 +1,6 @@
-"""The training loop: AdamW, warmup + cosine, clipping, accumulation, EMA, evaluation every
-epoch, atomic checkpoints with exact resume, time budgets, DDP under torchrun."""
+"""The training loop: AdamW or SGD, warmup + cosine, clipping, accumulation, EMA, evaluation
+every epoch, atomic checkpoints with exact resume, time budgets, DDP under torchrun, and
+fine-tuning from pretrained weights (`init_from`)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,15 @@ from vitkit.train.distributed import (
     cleanup,
     init_distributed,
 )
+from vitkit.train.finetune import (
+    config_from_run,
+    pretrained_model,
+    read_init,
+    resize_random_crop,
+    target_config,
+)
 from vitkit.train.metrics import evaluate
-from vitkit.train.optim import build_adamw
+from vitkit.train.optim import build_optimizer
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.schedule import SCHEDULES
 
@@ -69,12 +77,13 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_data_fits(config: ViTConfig, train: ImageDataset) -> None:
-    """Refuse data the model cannot take, naming the fix."""
+def check_data_fits(config: ViTConfig, train: ImageDataset, resize: bool = False) -> None:
+    """Refuse data the model cannot take, naming the fix (`resize`: images of another size
+    are resized to the model's, as when fine-tuning at a higher resolution)."""
     if train.channels != config.in_chans:
         raise DataError(f"the data has {train.channels} channel(s) but the model takes "
                         f"{config.in_chans}: set model.in_chans={train.channels}")
-    if train.image_size != config.img_size:
+    if train.image_size != config.img_size and not resize:
         raise DataError(f"the images are {train.image_size[0]}x{train.image_size[1]} but the "
                         f"model takes {config.img_size[0]}x{config.img_size[1]}: set "
                         f"model.img_size={list(train.image_size)} (or resize the data)")
@@ -96,18 +105,32 @@ class Trainer:
         if self.device.type == "cuda" and self.info.enabled:
             self.device = torch.device("cuda", self.info.local_rank)
         configure_cpu(cfg.threads)
-        self.model_config = cfg.model_config()
+        init, saved_pre = None, {}
+        if cfg.init_from and resume:  # the run's own checkpoint has the model: skip init_from
+            self.model_config, saved_pre = config_from_run(resume)
+        elif cfg.init_from:
+            init = read_init(cfg)
+            self.model_config = target_config(init, cfg.finetune_overrides())
+        else:
+            self.model_config = cfg.model_config()
         if train_data is None or test_data is None:
             train_data, test_data = load_source(cfg.data, cfg.data_dir,
                                                 self.model_config.img_size,
                                                 self.model_config.in_chans, cfg.train_limit,
                                                 cfg.test_limit)
-        check_data_fits(self.model_config, train_data)
         self.train_data, self.test_data = train_data, test_data
         self.out_dir = Path(cfg.out_dir)
         torch.manual_seed(cfg.seed)
-        self.model = VisionTransformer(self.model_config).to(self.device)
-        self.optimizer = build_adamw(self.model, cfg.lr, cfg.weight_decay, cfg.betas)
+        if init is not None:
+            classes = len(train_data.classes) or int(train_data.labels.max()) + 1
+            self.model = pretrained_model(init, cfg, classes).to(self.device)
+            self.model_config = self.model.config
+        else:
+            self.model = VisionTransformer(self.model_config).to(self.device)
+        check_data_fits(self.model_config, train_data, resize=bool(cfg.init_from))
+        self.mean, self.std = self._normalisation(init, saved_pre)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay,
+                                         cfg.betas, cfg.momentum)
         self.ema = self._make_ema()
         self.augment = BatchAugment(AugmentConfig(**cfg.augment), self.model_config.num_classes)
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -128,6 +151,19 @@ class Trainer:
             tuple(self.model.config.img_size) if self.position.step else None)
 
     # -- set-up -----------------------------------------------------------------------------
+    def _normalisation(self, init: Any, saved: dict[str, Any]
+                       ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Input mean/std: the config's, else the pretrained weights' (or, on resume of a
+        fine-tuning run, those it trained with), else 0.5 per channel."""
+        cfg = self.cfg
+        if cfg.mean is not None and cfg.std is not None:
+            return cfg.mean, cfg.std
+        if init is not None:
+            return tuple(init.preprocess.mean), tuple(init.preprocess.std)
+        if saved.get("mean") and saved.get("std"):
+            return tuple(saved["mean"]), tuple(saved["std"])
+        return (0.5,) * self.model_config.in_chans, (0.5,) * self.model_config.in_chans
+
     def _make_ema(self) -> torch.optim.swa_utils.AveragedModel | None:
         if not self.cfg.ema_decay:
             return None
@@ -142,10 +178,14 @@ class Trainer:
         return None
 
     def _planned_steps(self, epochs: float) -> int:
+        if self.cfg.total_steps:
+            return self.cfg.total_steps
         return max(1, math.ceil(epochs * self.order.batches_per_epoch()))
 
     @property
     def warmup_steps(self) -> int:
+        if self.cfg.warmup_steps is not None:
+            return self.cfg.warmup_steps
         return round(self.cfg.warmup_epochs * self.order.batches_per_epoch())
 
     # -- progressive resizing ---------------------------------------------------------------------
@@ -189,7 +229,7 @@ class Trainer:
             "train_config": self.cfg.to_dict(),
             "classes": list(self.train_data.classes),
             "preprocess": {"img_size": list(self.model_config.img_size),
-                           "mean": list(self.cfg.mean), "std": list(self.cfg.std)},
+                           "mean": list(self.mean), "std": list(self.std)},
             "model": self.model.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "optimizer": self.optimizer.state_dict(),
@@ -211,6 +251,11 @@ class Trainer:
         if state.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{path} is not a vitkit training checkpoint (format "
                                   f"{state.get('format')!r})")
+        used = (state.get("train_config") or {}).get("optimizer", "adamw")
+        if used != self.cfg.optimizer:
+            raise CheckpointError(f"cannot resume from {path}: it was trained with optimizer="
+                                  f"{used} but the config says {self.cfg.optimizer}. Resume with "
+                                  f"optimizer={used}.")
         saved = ViTConfig.from_dict(state["model_config"])
         if saved.replace(img_size=self.model_config.img_size) != self.model_config:
             diffs = [f"{k}: checkpoint {v!r} vs config {getattr(self.model_config, k)!r}"
@@ -363,14 +408,17 @@ class Trainer:
         cfg = self.cfg
         images, targets = self.augment(self.train_data.images[indices],
                                        self.train_data.labels[indices], self.generator,
-                                       cfg.mean, cfg.std)
+                                       self.mean, self.std)
         size = self.resolution_at(self.position.step, self.position.total_steps)
         last = self._trained_size
         if last is not None and size[0] * size[1] < last[0] * last[1]:
             size = last  # a re-fitted budget may move a stage boundary back: never shrink
         self._trained_size = size
         self.set_resolution(size)
-        images = resize_batch(images, size)
+        if cfg.resize_crop > 1:
+            images = resize_random_crop(images, size, cfg.resize_crop, self.generator)
+        else:
+            images = resize_batch(images, size)
         images = shard(images, self.info.rank, self.info.world_size).to(self.device)
         targets = shard(targets, self.info.rank, self.info.world_size).to(self.device)
         for group in self.optimizer.param_groups:
@@ -401,7 +449,7 @@ class Trainer:
         cfg = self.cfg
         num_classes = self.model_config.num_classes
         size = tuple(self.model.config.img_size)
-        result = evaluate(self.model, self.test_data, num_classes, cfg.mean, cfg.std,
+        result = evaluate(self.model, self.test_data, num_classes, self.mean, self.std,
                           cfg.eval_batch_size, self.device, self.info, self.amp_dtype, size)
         row: dict[str, float] = {
             "epoch": pos.epoch + pos.batch / self.order.batches_per_epoch(), "step": pos.step,
@@ -410,9 +458,9 @@ class Trainer:
             "images_per_s": images / max(seconds, 1e-9), "minutes": self._time_used() / 60,
         }
         if self.ema is not None:
-            ema_result = evaluate(self.ema.module, self.test_data, num_classes, cfg.mean, cfg.std,
-                                  cfg.eval_batch_size, self.device, self.info, self.amp_dtype,
-                                  size)
+            ema_result = evaluate(self.ema.module, self.test_data, num_classes, self.mean,
+                                  self.std, cfg.eval_batch_size, self.device, self.info,
+                                  self.amp_dtype, size)
             row["ema_top1"] = ema_result.top1
         pos.history.append(row)
         top1 = max(row["top1"], row.get("ema_top1", -1.0))

@@ -1,0 +1,77 @@
+"""Fine-tuning set-up: a pretrained model with a new zero head and resampled positions, and
+vit_jax's training crop (resize, then a random window of the training size)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitkit.config import ViTConfig
+from vitkit.data.augment import resize_batch
+from vitkit.model.vit import VisionTransformer
+from vitkit.train.checkpoint import load_checkpoint
+from vitkit.train.config import TrainConfig
+from vitkit.weights.pretrained import LoadedWeights, build_model, read_weights
+
+
+def read_init(cfg: TrainConfig) -> LoadedWeights:
+    """The weights named by `cfg.init_from`, read and converted (no model built yet)."""
+    return read_weights(cfg.init_from, cfg.weights_dir)
+
+
+def target_config(weights: LoadedWeights, overrides: dict[str, Any]) -> ViTConfig:
+    """The checkpoint's config with the run's overrides (before the head is replaced)."""
+    fields = {k: v for k, v in overrides.items() if k != "num_classes"}
+    return weights.config.replace(**fields) if fields else weights.config
+
+
+def pretrained_model(weights: LoadedWeights, cfg: TrainConfig, num_classes: int
+                     ) -> VisionTransformer:
+    """The model to fine-tune, in training mode.
+
+    Position embeddings are resampled to `model.img_size` (`cfg.pos_interpolation`); with
+    `cfg.new_head` the classifier is replaced by a zero-initialised one of `num_classes`
+    outputs and the pre-logits layer dropped, as in the paper's fine-tuning. Without it, a
+    head that already has `num_classes` outputs is kept.
+    """
+    overrides = cfg.finetune_overrides()
+    num_classes = int(overrides.pop("num_classes", num_classes))
+    model = build_model(weights, cfg.pos_interpolation, **overrides)
+    if cfg.new_head or num_classes != model.config.num_classes:
+        model.reset_classifier(num_classes)
+        if isinstance(model.head, nn.Linear):
+            with torch.no_grad():
+                model.head.weight.zero_()  # zero whatever the checkpoint's init scheme
+                model.head.bias.zero_()
+        model.class_names = None
+    return model.train()
+
+
+def config_from_run(path: str | Path) -> tuple[ViTConfig, dict[str, Any]]:
+    """The model config (at the run's final resolution) and preprocessing of a fine-tuning
+    run's checkpoint: what resuming builds, without reading `init_from` again."""
+    state = load_checkpoint(path)
+    config = ViTConfig.from_dict(state["model_config"])
+    pre = dict(state.get("preprocess") or {})
+    if pre.get("img_size"):
+        config = config.replace(img_size=tuple(pre["img_size"]))
+    return config, pre
+
+
+def resize_random_crop(images: torch.Tensor, size: tuple[int, int], ratio: float,
+                       generator: torch.Generator) -> torch.Tensor:
+    """Resize a float batch to `ratio` x `size`, then crop a random `size` window per sample
+    (one `gather`; offsets drawn from `generator`)."""
+    height, width = size
+    big = (max(height, round(height * ratio)), max(width, round(width * ratio)))
+    x = resize_batch(images, big)
+    b, c = x.shape[:2]
+    oy = torch.randint(0, big[0] - height + 1, (b,), generator=generator)
+    ox = torch.randint(0, big[1] - width + 1, (b,), generator=generator)
+    rows = oy[:, None] + torch.arange(height)
+    cols = ox[:, None] + torch.arange(width)
+    index = (rows[:, :, None] * big[1] + cols[:, None, :]).view(b, 1, -1).expand(b, c, -1)
+    return x.reshape(b, c, -1).gather(2, index.to(x.device)).view(b, c, height, width)

@@ -1,0 +1,183 @@
+"""`vitkit finetune`: the paper's fine-tuning recipe from pretrained weights (a vitkit folder or
+an official-layout .npz), at a higher resolution than the weights were trained at."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.cli import main
+from vitkit.data.preprocess import Preprocess
+from vitkit.errors import ConfigError
+from vitkit.model.posembed import resample_grid_embed
+from vitkit.train.checkpoint import CheckpointError, load_checkpoint
+from vitkit.train.config import load_train_config
+from vitkit.train.finetune import resize_random_crop
+from vitkit.train.loop import Trainer
+from vitkit.weights import load_pretrained, save_npz, save_pretrained
+
+# Fine-tuning at 16 px what was pretrained at 8 px: the 4x4 position grid becomes 8x8.
+SMALL = ["data=digits", "model.img_size=16", "batch_size=64", "accum_steps=2",
+         "total_steps=40", "warmup_steps=5", "lr=0.05", "resize_crop=1", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> dict[str, Path]:
+    """A small ViT pretrained on the 8x8 digits (~60% held out) with a 12-way head and a
+    pre-logits layer, saved as a vitkit folder, as an official-layout .npz, and as a folder
+    that declares another normalisation (mean 0.3, std 0.2)."""
+    root = tmp_path_factory.mktemp("pretrained")
+    cfg = load_train_config("digits", ["epochs=12", "warmup_epochs=1", "progress=false",
+                                       "model.depth=2", "model.num_classes=12",
+                                       "model.pre_logits_dim=32", f"out_dir={root / 'run'}"])
+    Trainer(cfg).run()
+    model = load_pretrained(root / "run" / "last.pt")
+    custom = save_pretrained(model, root / "custom",
+                             preprocess=Preprocess(img_size=8, mean=(0.3,), std=(0.2,)))
+    return {"folder": save_pretrained(model, root / "folder"), "custom": custom,
+            "npz": save_npz(model, root / "tiny.npz"), "model": model}
+
+
+def _history(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_recipe_holds_the_official_numbers():
+    cfg = load_train_config("finetune")
+    assert (cfg.optimizer, cfg.momentum, cfg.weight_decay, cfg.clip_grad) == ("sgd", 0.9, 0, 1)
+    assert (cfg.lr, cfg.schedule, cfg.warmup_steps, cfg.total_steps) == (0.03, "cosine", 500,
+                                                                         10_000)
+    assert (cfg.batch_size, cfg.accum_steps, cfg.model["img_size"]) == (512, 8, 384)
+    assert cfg.new_head and cfg.pos_interpolation == "bilinear" and cfg.mean is None
+    assert cfg.augment == {"crop_padding": 0, "flip": True}
+    assert cfg.resize_crop == pytest.approx(512 / 384)
+    assert cfg.ema_decay == 0 and cfg.init_from is None
+
+
+def test_training_from_scratch_keeps_adamw_and_takes_warmup_in_steps():
+    trainer = Trainer(load_train_config("digits", ["progress=false"]))
+    assert isinstance(trainer.optimizer, torch.optim.AdamW)
+    assert trainer.warmup_steps == 2 * trainer.order.batches_per_epoch()
+    assert trainer.mean == (0.5,)
+    sgd = Trainer(load_train_config("digits", ["optimizer=sgd", "momentum=0.8",
+                                               "warmup_steps=7", "progress=false"]))
+    assert isinstance(sgd.optimizer, torch.optim.SGD) and sgd.warmup_steps == 7
+    assert [g["momentum"] for g in sgd.optimizer.param_groups] == [0.8, 0.8]
+    with pytest.raises(ConfigError, match="Did you mean 'sgd'"):
+        load_train_config("digits", ["optimizer=sgdd"])
+
+
+def test_finetune_from_a_vitkit_folder(tmp_path, pretrained):
+    cfg = load_train_config("finetune", [f"init_from={pretrained['folder']}", *SMALL,
+                                         f"out_dir={tmp_path}"])
+    trainer = Trainer(cfg)
+    model = trainer.model
+    # new zero head sized by the data, pre-logits dropped, positions resampled to 8x8
+    assert model.config.num_classes == 10 and model.config.img_size == (16, 16)
+    assert not model.head.weight.any() and not model.head.bias.any()
+    assert isinstance(model.pre_logits, torch.nn.Identity) and model.config.pre_logits_dim == 0
+    source = pretrained["model"].pos_embed.detach()
+    assert source.shape[1] == 1 + 4 * 4 and model.pos_embed.shape[1] == 1 + 8 * 8
+    expected = resample_grid_embed(source, (4, 4), (8, 8), 1, "bilinear")
+    assert torch.allclose(model.pos_embed.detach(), expected)
+    assert model.training  # build_model returns eval mode: dropout must come back on
+    # SGD, momentum 0.9, no weight decay in either group
+    assert isinstance(trainer.optimizer, torch.optim.SGD)
+    assert {(g["momentum"], g["weight_decay"]) for g in trainer.optimizer.param_groups} == \
+        {(0.9, 0.0)}
+
+    trainer.run()
+    history = _history(tmp_path)
+    assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.2, history
+    assert history[-1]["top1"] > 0.25, history  # chance is 0.1; 40 steps from a new head
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state["model"]["head.weight"].shape == (10, 64)
+    assert not any(key.startswith("pre_logits") for key in state["model"])
+    assert state["preprocess"] == {"img_size": [16, 16], "mean": [0.5], "std": [0.5]}
+    assert (tmp_path / "best.pt").stat().st_size > 0
+
+
+def test_normalisation_comes_from_the_checkpoint_unless_set(tmp_path, pretrained):
+    base = [f"init_from={pretrained['custom']}", *SMALL, f"out_dir={tmp_path}"]
+    trainer = Trainer(load_train_config("finetune", base))
+    assert (trainer.mean, trainer.std) == ((0.3,), (0.2,))
+    trainer = Trainer(load_train_config("finetune", [*base, "mean=[0.4]", "std=[0.25]"]))
+    assert (trainer.mean, trainer.std) == ((0.4,), (0.25,))
+
+
+def test_finetune_cli_from_an_official_npz(tmp_path, pretrained, capsys):
+    overrides = [o for o in SMALL if not o.startswith(("data=", "model.img_size="))]
+    code = main(["finetune", str(pretrained["npz"]), *overrides, "--data", "digits",
+                 "--img-size", "16", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    assert "test top-1" in capsys.readouterr().out
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state["model_config"]["img_size"] == [16, 16]
+    assert state["model_config"]["pre_logits_dim"] == 0
+    assert state["model"]["head.weight"].shape == (10, 64)
+    assert state["model"]["pos_embed"].shape == (1, 1 + 8 * 8, 64)
+    assert state["train_config"]["optimizer"] == "sgd"
+    assert _history(tmp_path)[-1]["top1"] > 0.25
+    assert main(["eval", str(tmp_path / "best.pt"), "--limit", "100"]) == 0
+
+
+def test_finetune_resumes_exactly_without_reading_init_from_again(tmp_path, pretrained):
+    weights = tmp_path / "weights"
+    shutil.copytree(pretrained["custom"], weights)
+    overrides = [f"init_from={weights}", *SMALL, "total_steps=30", "model.dropout=0.1",
+                 "resize_crop=1.3333"]  # the recipe's random crop draws from the saved RNG
+    Trainer(load_train_config("finetune", [*overrides, f"out_dir={tmp_path / 'a'}"])).run()
+
+    split = load_train_config("finetune", [*overrides, f"out_dir={tmp_path / 'b'}"])
+    first = Trainer(split)
+    step = first._train_step
+
+    def stop_halfway(indices, lr):
+        if first.position.step == 14:  # mid-epoch (22 batches an epoch), mid-cosine
+            first._stop_reason = "SIGTERM"
+        return step(indices, lr)
+
+    first._train_step = stop_halfway
+    first.run()
+    assert load_checkpoint(tmp_path / "b" / "last.pt")["position"]["step"] == 15
+    shutil.rmtree(weights)  # resuming reads the run's checkpoint, not init_from
+    resumed = Trainer(split, resume=tmp_path / "b" / "last.pt")
+    assert resumed.mean == (0.3,)
+    resumed.run()
+    a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
+    assert a["position"]["step"] == b["position"]["step"] == 30
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs after resume"
+    for key, value in a["optimizer"]["state"].items():
+        other = b["optimizer"]["state"][key]["momentum_buffer"]
+        assert torch.equal(value["momentum_buffer"], other)
+
+
+def test_resume_with_another_optimizer_is_refused(tmp_path):
+    main(["train", "digits", "total_steps=2", "progress=false", "--out", str(tmp_path)])
+    cfg = load_train_config("digits", ["optimizer=sgd", "progress=false"])
+    with pytest.raises(CheckpointError, match="optimizer=adamw"):
+        Trainer(cfg, resume=tmp_path / "last.pt")
+
+
+def test_init_from_takes_overrides_not_a_variant(tmp_path, pretrained):
+    cfg = load_train_config("digits", [f"init_from={pretrained['folder']}", "progress=false"])
+    with pytest.raises(ConfigError, match=r"remove model\.variant"):
+        Trainer(cfg)
+    cfg = load_train_config("finetune", [f"init_from={pretrained['folder']}", "model=B/16"])
+    with pytest.raises(ConfigError, match=r"model\.img_size=384"):
+        Trainer(cfg)
+
+
+def test_resize_random_crop_takes_a_window_of_the_resized_batch():
+    images = torch.randn(6, 3, 8, 8)
+    out = resize_random_crop(images, (12, 12), 1.5, torch.Generator().manual_seed(0))
+    again = resize_random_crop(images, (12, 12), 1.5, torch.Generator().manual_seed(0))
+    assert out.shape == (6, 3, 12, 12) and torch.equal(out, again)
+    big = torch.nn.functional.interpolate(images, size=(18, 18), mode="bilinear",
+                                          align_corners=False, antialias=True)
+    for i in range(6):
+        windows = big[i].unfold(1, 12, 1).unfold(2, 12, 1)  # (C, 7, 7, 12, 12)
+        assert any(torch.equal(windows[:, y, x], out[i]) for y in range(7) for x in range(7))
