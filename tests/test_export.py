@@ -16,14 +16,11 @@ import vitkit
 from vitkit.cli import main
 from vitkit.export import (
     ExportError,
-    _sincos_1d,
-    _sincos_2d,
     check_onnx,
     export_onnx,
     read_metadata,
     require,
 )
-from vitkit.model.posembed import sincos_1d, sincos_2d
 
 TOL = 1e-4
 
@@ -94,13 +91,6 @@ def test_dynamic_size_fixed_positions(tmp_path, pos_embed):
     model = random_model(pos_embed=pos_embed)
     path = export_onnx(model, tmp_path / "m.onnx", dynamic_size=True)
     assert check_onnx(model, path, batch_sizes=(2,), sizes=[64, (48, 32)]) <= TOL
-
-
-def test_in_graph_sincos_tables_equal_the_library_ones():
-    for grid in [(2, 2), (3, 5), (14, 14)]:
-        assert torch.equal(_sincos_2d(*grid, 64), sincos_2d(grid, 64))
-        length = 1 + grid[0] * grid[1]
-        assert torch.equal(_sincos_1d(length, 64), sincos_1d(length, 64))
 
 
 def test_hybrid_r50_exports_and_matches(tmp_path):

@@ -58,6 +58,22 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="any other config field, e.g. --set pool=mean_patches")
 
 
+def add_weights_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    parser.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str) -> None:
+    """The arguments `train` and `finetune` share: overrides, resume, budget, output, data."""
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help=f"{recipe} overrides, e.g. {example}")
+    parser.add_argument("--resume", help="continue exactly from a last.pt checkpoint")
+    parser.add_argument("--time-budget", type=float, metavar="SECONDS",
+                        help="size the schedule to this much training time and stop cleanly")
+    parser.add_argument("--out", help=f"output folder (default: the {recipe}'s out_dir)")
+    parser.add_argument("--data-dir", help="local dataset folder (CIFAR binary, image folders)")
+
+
 def cmd_models(args: argparse.Namespace) -> None:
     print(f"{'name':<18}{'layers':>7}{'width':>7}{'MLP':>7}{'heads':>7}{'image':>9}"
           f"{'params':>15}")
@@ -201,29 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     train = verbs.add_parser("train", help="train from scratch (default: the embedded digits)")
     train.add_argument("recipe", nargs="?", default="digits",
                        help="recipe JSON file or shipped recipe name (digits, cifar10, ...)")
-    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                       help="recipe overrides, e.g. epochs=5 model.depth=4 augment.flip=false")
-    train.add_argument("--resume", help="continue exactly from a last.pt checkpoint")
-    train.add_argument("--time-budget", type=float, metavar="SECONDS",
-                       help="size the schedule to this much training time and stop cleanly")
-    train.add_argument("--out", help="output folder (default: the recipe's out_dir)")
-    train.add_argument("--data-dir", help="local dataset folder (CIFAR binary, image folders)")
+    add_run_arguments(train, "recipe", "epochs=5 model.depth=4 augment.flip=false")
     train.set_defaults(run=cmd_train)
 
     finetune = verbs.add_parser("finetune", help="fine-tune pretrained weights (the paper's "
                                                  "recipe: SGD, new head, higher resolution)")
-    finetune.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
-    finetune.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                          help="finetune recipe overrides, e.g. lr=0.01 total_steps=500")
+    add_weights_argument(finetune)
+    add_run_arguments(finetune, "finetune recipe", "lr=0.01 total_steps=500")
     finetune.add_argument("--data", help="cifar10 (default), cifar100, folder or digits")
-    finetune.add_argument("--data-dir", help="local dataset folder (CIFAR binary, image folders)")
     finetune.add_argument("--img-size", type=parse_img_size, help="fine-tuning resolution "
                                                                   "(default 384)")
-    finetune.add_argument("--out", help="output folder (default: runs/finetune)")
-    finetune.add_argument("--time-budget", type=float, metavar="SECONDS",
-                          help="size the schedule to this much training time and stop cleanly")
-    finetune.add_argument("--resume", help="continue exactly from a last.pt checkpoint")
-    finetune.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
     finetune.set_defaults(run=cmd_finetune)
 
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
@@ -238,27 +241,25 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(run=cmd_eval)
 
     predict = verbs.add_parser("predict", help="top-k classes of images with a checkpoint")
-    predict.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    add_weights_argument(predict)
     predict.add_argument("inputs", nargs="+", metavar="INPUT",
                          help="image files or folders (searched recursively)")
     predict.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
     predict.add_argument("--json", action="store_true", help="one JSON object per line")
     predict.add_argument("--batch-size", type=int, default=32)
-    predict.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
     predict.set_defaults(run=cmd_predict)
     export = verbs.add_parser("export", help="write ONNX (dynamic batch) and check it with "
                                              "onnxruntime")
-    export.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    add_weights_argument(export)
     export.add_argument("--format", default="onnx", help="output format (only onnx)")
     export.add_argument("--out", help="output file (default: beside the weights, .onnx)")
     export.add_argument("--dynamic-size", action="store_true",
                         help="also accept other image sizes (multiples of the patch size)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: torch's)")
-    export.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
     export.set_defaults(run=cmd_export)
     explain = verbs.add_parser("explain", help="attention rollout and maps, mean attention "
                                                "distance, position and filter figures")
-    explain.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    add_weights_argument(explain)
     explain.add_argument("images", nargs="*", metavar="IMAGE",
                          help="image files or folders (default: test images of --data)")
     explain.add_argument("--out", required=True, help="folder for the PNGs and explain.json")
@@ -270,7 +271,6 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--data", help="digits, cifar10, cifar100 or folder (default: as "
                                         "trained)")
     explain.add_argument("--data-dir", help="local dataset folder")
-    explain.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
     explain.set_defaults(run=cmd_explain)
     return parser
 

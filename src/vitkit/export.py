@@ -35,6 +35,7 @@ from torch import nn
 from vitkit.errors import VitkitError
 from vitkit.model import resnet
 from vitkit.model.layers import ConvStem, PatchEmbed
+from vitkit.model.posembed import sincos_1d, sincos_2d
 from vitkit.model.resnet import HybridEmbed
 from vitkit.model.vit import VisionTransformer
 
@@ -58,27 +59,6 @@ def require(module: str) -> Any:
 
 
 # -- dynamic resolution -------------------------------------------------------------------------
-def _sincos_1d(length: Any, width: int, temperature: float = 10000.0) -> torch.Tensor:
-    """`posembed.sincos_1d` with a traced length: [sin, cos] interleaved, computed in float64."""
-    position = torch.arange(length, dtype=torch.float64)[:, None]
-    inv_freq = temperature ** (-torch.arange(0, width, 2, dtype=torch.float64) / width)
-    angles = position * inv_freq[None]
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1).float()
-
-
-def _sincos_2d(grid_h: Any, grid_w: Any, width: int,
-               temperature: float = 10000.0) -> torch.Tensor:
-    """`posembed.sincos_2d` with a traced grid: [sin x, cos x, sin y, cos y], raster order."""
-    quarter = width // 4
-    omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
-    omega = 1.0 / temperature**omega
-    y = torch.arange(grid_h, dtype=torch.float64)[:, None].expand(grid_h, grid_w).flatten()
-    x = torch.arange(grid_w, dtype=torch.float64)[None, :].expand(grid_h, grid_w).flatten()
-    x_angles, y_angles = x[:, None] * omega[None], y[:, None] * omega[None]
-    return torch.cat([x_angles.sin(), x_angles.cos(), y_angles.sin(), y_angles.cos()],
-                     dim=1).float()
-
-
 def _pad_same_traceable(x: torch.Tensor, kernel: int, stride: int,
                         value: float = 0.0) -> torch.Tensor:
     """`resnet.pad_same` with the padding computed by tensor ops, so a trace follows the size."""
@@ -137,9 +117,9 @@ class DynamicSizeViT(nn.Module):
         model, config = self.model, self.model.config
         prefix, width = config.num_prefix_tokens, config.width
         if config.pos_embed == "sincos1d":
-            return _sincos_1d(prefix + grid_h * grid_w, width)[None]
+            return sincos_1d(prefix + grid_h * grid_w, width)[None]
         if config.pos_embed == "sincos2d":
-            table = _sincos_2d(grid_h, grid_w, width)
+            table = sincos_2d((grid_h, grid_w), width)
             return torch.cat([table.new_zeros(prefix, width), table])[None]
         pos = model.pos_embed
         old_h, old_w = config.grid_size
@@ -184,11 +164,10 @@ def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
                   dynamic_size: bool) -> dict[str, str]:
     """What a consumer needs beside the graph: preprocessing, class names, config (JSON)."""
     from vitkit import __version__
-    from vitkit.data.preprocess import Preprocess
+    from vitkit.data.preprocess import preprocess_for
 
     config = model.config
-    preprocess = getattr(model, "preprocess", None) or Preprocess(
-        img_size=config.img_size, mean=(0.5,) * config.in_chans, std=(0.5,) * config.in_chans)
+    preprocess = preprocess_for(model)
     return {
         "vitkit_version": __version__,
         "preprocess": json.dumps(preprocess.to_dict()),

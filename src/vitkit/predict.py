@@ -17,7 +17,7 @@ from PIL import Image
 
 from vitkit.data.classnames import imagenet_class_names
 from vitkit.data.folder import IMAGE_EXTENSIONS
-from vitkit.data.preprocess import Preprocess, official_preprocess
+from vitkit.data.preprocess import Preprocess, preprocess_for
 from vitkit.errors import ConfigError, InputError
 from vitkit.model.vit import VisionTransformer
 
@@ -122,9 +122,7 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     names = class_names_for(model)
     files = expand_inputs(inputs)
-    config = model.config
-    preprocess = getattr(model, "preprocess", None) or \
-        official_preprocess(config.img_size, config.in_chans)
+    preprocess = preprocess_for(model)
     param = next(model.parameters())
     k = min(topk, len(names))
     results: list[Prediction] = []

@@ -20,8 +20,9 @@ from vitkit.analysis.attention import (
 )
 from vitkit.analysis.distance import mean_attention_distance, uniform_attention_distance
 from vitkit.analysis.filters import PAPER_COMPONENTS, filter_components, pixel_filters, to_display
-from vitkit.analysis.images import as_uint8_batch, model_preprocess
+from vitkit.analysis.images import as_uint8_batch
 from vitkit.analysis.posembed import position_similarity, similarity_by_distance
+from vitkit.data.preprocess import preprocess_for
 from vitkit.errors import ConfigError, InputError
 
 JSON_FILE = "explain.json"
@@ -47,7 +48,7 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     config = model.config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    preprocess = model_preprocess(model)
+    preprocess = preprocess_for(model)
     batch = as_uint8_batch(images, preprocess)
     names = list(names) or [f"image {i}" for i in range(len(batch))]
     if len(names) != len(batch):
@@ -154,7 +155,7 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     files = expand_inputs(image_paths) if image_paths else []  # bad paths fail before loading
     weights = read_weights(source, weights_dir)
     model = build_model(weights)
-    preprocess = model_preprocess(model)
+    preprocess = preprocess_for(model)
     if files:
         images, names = images_from_files(files, preprocess)
     else:

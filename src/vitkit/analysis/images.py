@@ -14,16 +14,6 @@ from vitkit.data.preprocess import Preprocess
 from vitkit.errors import InputError
 
 
-def model_preprocess(model: torch.nn.Module) -> Preprocess:
-    """The model's own preprocessing, at the model's image size (mean = std = 0.5 if none)."""
-    config = model.config
-    pre = getattr(model, "preprocess", None) or Preprocess(
-        img_size=config.img_size, mean=(0.5,) * config.in_chans, std=(0.5,) * config.in_chans)
-    if tuple(pre.img_size) != tuple(config.img_size):
-        pre = pre.replace(img_size=list(config.img_size))
-    return pre
-
-
 def as_uint8_batch(images: torch.Tensor | Sequence[Image.Image], preprocess: Preprocess
                    ) -> torch.Tensor:
     """uint8 (B, C, H, W) at the model's size from PIL images or a uint8 batch (resized if

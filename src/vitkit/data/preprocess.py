@@ -110,3 +110,15 @@ class Preprocess:
 def official_preprocess(img_size: tuple[int, int], in_chans: int = 3) -> Preprocess:
     """What the official Google checkpoints expect: squash-resize, bilinear, [-1, 1]."""
     return Preprocess(img_size=img_size, mean=(0.5,) * in_chans, std=(0.5,) * in_chans)
+
+
+def preprocess_for(model: Any) -> Preprocess:
+    """The model's own preprocessing (`model.preprocess`, set by `load_pretrained`) at the
+    model's current image size; the official one when the model carries none."""
+    config = model.config
+    pre = getattr(model, "preprocess", None)
+    if pre is None:
+        return official_preprocess(config.img_size, config.in_chans)
+    if tuple(pre.img_size) != tuple(config.img_size):
+        pre = pre.replace(img_size=list(config.img_size))
+    return pre

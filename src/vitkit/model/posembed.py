@@ -7,29 +7,29 @@ import torch.nn.functional as F
 
 
 def sincos_1d(num_positions: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Transformer sinusoids: row p holds sin/cos of p / temperature^(2i/width), interleaved."""
+    """Transformer sinusoids: row p holds sin/cos of p / temperature^(2i/width), interleaved.
+
+    Tensor ops only, so an ONNX trace follows a dynamic length (`vitkit.export`)."""
     position = torch.arange(num_positions, dtype=torch.float64)[:, None]
     inv_freq = temperature ** (-torch.arange(0, width, 2, dtype=torch.float64) / width)
     angles = position * inv_freq[None]
-    table = torch.zeros(num_positions, width, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angles)
-    table[:, 1::2] = torch.cos(angles)
-    return table.float()
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1).float()
 
 
 def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10000.0) -> torch.Tensor:
     """2-D sin-cos table as in big_vision: [sin(x), cos(x), sin(y), cos(y)], width/4 each.
 
-    Rows follow the patches in raster order (row-major over the grid).
+    Rows follow the patches in raster order (row-major over the grid). Written with
+    tensor ops only, so an ONNX trace follows a dynamic grid (`vitkit.export`).
     """
     grid_h, grid_w = grid_hw
-    y, x = torch.meshgrid(torch.arange(grid_h, dtype=torch.float64),
-                          torch.arange(grid_w, dtype=torch.float64), indexing="ij")
+    y = torch.arange(grid_h, dtype=torch.float64)[:, None].expand(grid_h, grid_w).flatten()
+    x = torch.arange(grid_w, dtype=torch.float64)[None, :].expand(grid_h, grid_w).flatten()
     quarter = width // 4
     omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
     omega = 1.0 / temperature**omega
-    x_angles = x.flatten()[:, None] * omega[None]
-    y_angles = y.flatten()[:, None] * omega[None]
+    x_angles = x[:, None] * omega[None]
+    y_angles = y[:, None] * omega[None]
     table = torch.cat([x_angles.sin(), x_angles.cos(), y_angles.sin(), y_angles.cos()], dim=1)
     return table.float()
 

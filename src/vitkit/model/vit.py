@@ -131,11 +131,13 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(images))
 
     # -- utilities ------------------------------------------------------------------------------
-    def reset_classifier(self, num_classes: int, drop_pre_logits: bool = True) -> None:
+    def reset_classifier(self, num_classes: int, drop_pre_logits: bool = True,
+                         zero_init: bool | None = None) -> None:
         """Replace the head with a new one of `num_classes` outputs (0: features only).
 
-        As in the paper's fine-tuning, the pre-logits layer is dropped by default and the new
-        head starts at zero (official scheme) or trunc-normal(0.02).
+        As in the paper's fine-tuning, the pre-logits layer is dropped by default. The new
+        head starts at zero with `zero_init=True` (the paper's fine-tuning), trunc-normal(0.02)
+        with False, and by default as the model's init scheme does (zero for "jax").
         """
         device = next(self.parameters()).device
         if drop_pre_logits and self.config.pre_logits_dim:
@@ -146,7 +148,7 @@ class VisionTransformer(nn.Module):
                                     num_classes).to(device)
         if isinstance(self.head, nn.Linear):
             with torch.no_grad():
-                if self.config.init == "jax":
+                if zero_init or (zero_init is None and self.config.init == "jax"):
                     nn.init.zeros_(self.head.weight)
                 else:
                     nn.init.trunc_normal_(self.head.weight, std=0.02, a=-0.04, b=0.04)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from vitkit.config import ViTConfig
 from vitkit.data.augment import resize_batch
@@ -41,11 +40,7 @@ def pretrained_model(weights: LoadedWeights, cfg: TrainConfig, num_classes: int
     num_classes = int(overrides.pop("num_classes", num_classes))
     model = build_model(weights, cfg.pos_interpolation, **overrides)
     if cfg.new_head or num_classes != model.config.num_classes:
-        model.reset_classifier(num_classes)
-        if isinstance(model.head, nn.Linear):
-            with torch.no_grad():
-                model.head.weight.zero_()  # zero whatever the checkpoint's init scheme
-                model.head.bias.zero_()
+        model.reset_classifier(num_classes, zero_init=True)
         model.class_names = None
     return model.train()
 

@@ -22,8 +22,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from vitkit.config import ViTConfig
-from vitkit.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, official_preprocess
+from vitkit.config import HEADS_BY_WIDTH, ViTConfig
+from vitkit.data.preprocess import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Preprocess,
+    official_preprocess,
+    preprocess_for,
+)
 from vitkit.errors import ConfigError
 from vitkit.model.vit import VisionTransformer
 from vitkit.weights.hf import convert_hf
@@ -143,8 +149,6 @@ def _hf_config_from_shapes(sd: dict[str, torch.Tensor]) -> dict[str, Any]:
     width = proj.shape[0]
     side = round((pos.shape[1] - 1) ** 0.5)
     head = next((v for k, v in sd.items() if k == "classifier.weight"), None)
-    from vitkit.config import HEADS_BY_WIDTH
-
     if width not in HEADS_BY_WIDTH:
         raise CheckpointFormatError(f"width {width} is not a standard ViT width; pass the "
                                     "model folder with its config.json")
@@ -268,11 +272,11 @@ def read_weights(source: str | Path, weights_dir: str | Path | None = None,
         return LoadedWeights(config, sd, official_preprocess(config.img_size, config.in_chans),
                              "npz")
     if kind == "safetensors":
-        sd = _read_safetensors(path)
         sidecar = path.with_name(CONFIG_FILE)
         if sidecar.is_file() and json.loads(sidecar.read_text()).get("format") == FORMAT_NAME:
             return _read_folder(path.parent)
-        return _from_state_dict(sd, path, timm_cfg=_timm_hints(timm_hints, source_img_size))
+        return _from_state_dict(_read_safetensors(path), path,
+                                timm_cfg=_timm_hints(timm_hints, source_img_size))
     if kind in ("torch-zip", "pickle"):
         obj = _torch_load(path)
         if isinstance(obj, dict) and "model_config" in obj and "model" in obj:
@@ -315,7 +319,7 @@ def build_model(weights: LoadedWeights, pos_interpolation: str = "bilinear",
     class_names = weights.class_names
     num_classes = reshape.get("num_classes")
     if num_classes is not None and num_classes != config.num_classes:
-        model.reset_classifier(num_classes)
+        model.reset_classifier(num_classes, zero_init=True)
         class_names = None
     model.preprocess = preprocess
     model.class_names = class_names
@@ -356,9 +360,7 @@ def save_pretrained(model: VisionTransformer, directory: str | Path,
     """Write vitkit's format: model.safetensors + config.json (config, preprocessing, classes)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    preprocess = preprocess or getattr(model, "preprocess", None) or \
-        Preprocess(img_size=model.config.img_size, mean=(0.5,) * model.config.in_chans,
-                   std=(0.5,) * model.config.in_chans)
+    preprocess = preprocess or preprocess_for(model)
     class_names = class_names if class_names is not None else getattr(model, "class_names", None)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(state, directory / WEIGHTS_FILE, metadata={"format": FORMAT_NAME})
