@@ -87,9 +87,9 @@ def test_two_processes_under_torchrun_equal_one_process(tmp_path):
 def test_time_budget_sizes_the_schedule_and_stops_cleanly(tmp_path):
     cfg = load_train_config("digits", ["epochs=1000", "progress=false", "time_budget=6",
                                        f"out_dir={tmp_path}"])
-    start = time.perf_counter()
     result = Trainer(cfg).run()
-    assert time.perf_counter() - start < 20
+    # The trainer's own clock (start-up excluded), so a busy machine cannot fail this.
+    assert load_checkpoint(tmp_path / "last.pt")["position"]["elapsed"] < 2 * 6
     planned_without_budget = 1000 * 22
     assert result.position.total_steps < planned_without_budget / 10
     assert result.final["top1"] > 0.5
@@ -114,6 +114,26 @@ def test_sigint_saves_a_checkpoint_that_resumes(tmp_path):
     resumed = Trainer(load_train_config("digits", ["epochs=500", "progress=false",
                                                    f"out_dir={out}"]), resume=out / "last.pt")
     assert resumed.position.step == state["position"]["step"]
+
+
+def test_a_signal_during_evaluation_still_saves_and_reports(tmp_path, monkeypatch, caplog):
+    """The race the subprocess test can hit: SIGTERM lands after the in-loop check."""
+    original = Trainer._evaluate_and_log
+
+    def evaluate_then_signal(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(Trainer, "_evaluate_and_log", evaluate_then_signal)
+    cfg = load_train_config("digits", ["epochs=50", "progress=false", f"out_dir={tmp_path}"])
+    with caplog.at_level("WARNING"):
+        result = Trainer(cfg).run()
+    assert result.stopped_early == "SIGTERM"
+    assert "SIGTERM: saved" in caplog.text
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state["position"]["step"] == result.position.step == 22  # one epoch, then stopped
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
 
 
 def test_cifar10_subset_trains_above_chance(tmp_path, cifar10_dir):

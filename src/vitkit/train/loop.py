@@ -381,10 +381,11 @@ class Trainer:
                     if cfg.time_budget and not self._stop_reason:
                         self._fit_schedule_to_budget(train_seconds, epoch_tokens, eval_seconds)
                 self.save("last")
-                if interrupted:
-                    log.warning("%s: saved %s; continue with --resume", self._stop_reason,
-                                self.out_dir / "last.pt")
-                    break
+            # Checked after the loop, not inside it: a signal can land during an evaluation or a
+            # save, after the in-loop check, and must still be reported.
+            if self._stop_reason in ("SIGINT", "SIGTERM"):
+                log.warning("%s: saved %s; continue with --resume", self._stop_reason,
+                            self.out_dir / "last.pt")
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
