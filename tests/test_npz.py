@@ -8,18 +8,14 @@ epsilon 1e-5 instead of 1e-6; weight standardisation / sqrt(var + 1e-8) instead 
 / (std + 1e-5)); the reference is set to the official ones before comparing.
 """
 
-from functools import partial
-
 import numpy as np
 import pytest
 import timm
 import timm.models.vision_transformer as timm_vit
 import torch
-import torch.nn.functional as F
-from timm.layers import StdConv2dSame
-from timm.layers.padding import pad_same as timm_pad_same
 
 import vitkit
+from timm_reference import official_resnet_constants
 from vitkit.model.resnet import StdConv2d, same_padding
 from vitkit.weights import convert_npz, load_pretrained, read_npz, save_npz, to_official_arrays
 
@@ -69,7 +65,7 @@ def test_linen_layouts_match_timm_reader(tmp_path, layout):
     assert (ours - reference).abs().max().item() <= TOL
 
 
-@pytest.mark.parametrize("layout", ["original", "big_vision", "scan"])
+@pytest.mark.parametrize("layout", ["original", "opt_target", "big_vision", "scan"])
 def test_gap_models_match_timm_reader(tmp_path, layout):
     # The "gap" classifier: final LayerNorm on all tokens, then their mean; no class token.
     model = _vitkit_model(class_token=False, pool="mean_patches")
@@ -103,41 +99,42 @@ def test_pre_logits_kept_unlike_timm(tmp_path, layout):
     assert timm_alone > 1e-2  # what dropping the layer costs
 
 
-def _official_resnet_constants(model: torch.nn.Module) -> None:
-    """Set timm's ResNet to the official GroupNorm epsilon and weight standardisation."""
-    def official_forward(conv, x):
-        weight = conv.weight
-        mean = weight.mean(dim=(1, 2, 3), keepdim=True)
-        std = weight.std(dim=(1, 2, 3), keepdim=True, correction=0)
-        if conv.same_pad:
-            x = timm_pad_same(x, conv.kernel_size, conv.stride, conv.dilation)
-        return F.conv2d(x, (weight - mean) / (std + 1e-5), conv.bias, conv.stride, conv.padding,
-                        conv.dilation, conv.groups)
-
-    for module in model.modules():
-        if isinstance(module, torch.nn.GroupNorm):
-            module.eps = 1e-6
-        if isinstance(module, StdConv2dSame):
-            module.forward = partial(official_forward, module)
+PREFIXES = {"original": "", "opt_target": "opt/target/", "big_vision": "params/",
+            "scan": "params/"}
+HYBRIDS = {  # vitkit name (ViT-Ti width, one layer) -> timm model with the same ResNet stem
+    "R50+Ti/16": ("vit_base_r50_s16_224", (3, 4, 9)),
+    "R26+Ti/32": ("vit_small_r26_s32_224", (2, 2, 2, 2)),
+    "R+Ti/32": ("vit_tiny_r_s16_p8_224", ()),  # the root block only, as the released R+Ti/16
+}
 
 
-@pytest.mark.parametrize("layout", ["original", "big_vision"])
-def test_hybrid_r50_matches_timm_reader(tmp_path, layout):
-    model = _vitkit_model("R50+Ti/16", depth=1, num_classes=5)
+@pytest.mark.parametrize("layout", ["original", "opt_target", "big_vision", "scan"])
+@pytest.mark.parametrize("name", list(HYBRIDS))
+def test_hybrid_matches_timm_reader(tmp_path, layout, name):
+    timm_name, layers = HYBRIDS[name]
+    model = _vitkit_model(name, depth=1, num_classes=5)
     with torch.no_grad():  # GroupNorm scales near 1, as in trained weights
-        for name, param in model.named_parameters():
-            if "backbone" in name and "norm" in name and name.endswith("weight"):
+        for param_name, param in model.named_parameters():
+            if "backbone" in param_name and "norm" in param_name and param_name.endswith("weight"):
                 param.add_(1.0)
-    path = save_npz(model, tmp_path / "r50.npz", layout)
-    assert read_npz(path)[("params/" if layout == "big_vision" else "") + "gn_root/scale"] \
-        .shape == (1, 1, 1, 64)  # as in the released files
-    reference = timm.create_model("vit_base_r50_s16_224", img_size=IMG, embed_dim=192, depth=1,
+    path = save_npz(model, tmp_path / "hybrid.npz", layout)
+    assert read_npz(path)[PREFIXES[layout] + "gn_root/scale"].shape == (1, 1, 1, 64)  # as released
+    no_embed_class = layout in ("big_vision", "scan")  # no position added to the class token
+    reference = timm.create_model(timm_name, img_size=IMG, embed_dim=192, depth=1,
                                   num_heads=3, num_classes=5, act_layer="gelu_tanh",
-                                  **({"no_embed_class": True} if layout == "big_vision" else {}))
-    _official_resnet_constants(reference)
+                                  **({"no_embed_class": True} if no_embed_class else {}))
+    official_resnet_constants(reference)
     ours, theirs = _logits_both(path, reference.eval())
     assert (ours - theirs).abs().max().item() <= TOL
-    assert load_pretrained(path).config.resnet_layers == (3, 4, 9)
+    assert load_pretrained(path).config.resnet_layers == layers
+
+
+def test_official_root_only_hybrid_name():
+    # "R+ViT-Ti_16" is named after ViT-Ti/16 but puts 8x8 patches on the stride-4 root block.
+    config = vitkit.variant_config("R+ViT-Ti_16")
+    assert (config.name, config.patch_size, config.resnet_layers) == ("R+Ti/32", 32, ())
+    assert vitkit.count_parameters("R+ViT-Ti_16") == 6_337_704  # as timm's vit_tiny_r_s16_p8_224
+    assert vitkit.variant_config("vit_tiny_r_s16_p8_384").img_size == (384, 384)
 
 
 def test_weight_standardisation_is_the_official_formula():

@@ -28,6 +28,7 @@ CASES = {
                                                              num_classes=21)),
     "gap classifier": ("S/16", dict(depth=2, class_token=False, pool="mean_patches")),
     "hybrid R50": ("R50+Ti/16", dict(depth=1, num_classes=5)),
+    "hybrid root block only (R+ViT-Ti_16)": ("R+ViT-Ti_16", dict(depth=1, num_classes=5)),
 }
 
 

@@ -19,6 +19,7 @@ from transformers import ViTConfig as HFConfig
 from transformers import ViTForImageClassification, ViTModel
 
 import vitkit
+from timm_reference import official_resnet_constants
 from vitkit.data.preprocess import Preprocess
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.weights import (
@@ -102,13 +103,19 @@ def test_timm_state_dict_files(tmp_path, suffix):
     assert model.origin == "timm"
 
 
-def test_timm_hybrid_state_dict(tmp_path):
-    reference = _randomise(timm.create_model("vit_base_r50_s16_224", img_size=64, embed_dim=192,
+@pytest.mark.parametrize("timm_name, layers, patch", [("vit_base_r50_s16_224", (3, 4, 9), 16),
+                                                      ("vit_tiny_r_s16_p8_224", (), 32)])
+def test_timm_hybrid_state_dict(tmp_path, timm_name, layers, patch):
+    reference = _randomise(timm.create_model(timm_name, img_size=64, embed_dim=192,
                                              depth=1, num_heads=3, num_classes=4))
-    save_file(reference.state_dict(), tmp_path / "r50.safetensors")
-    model = load_pretrained(tmp_path / "r50.safetensors")
-    assert model.config.stem == "resnet" and model.config.resnet_layers == (3, 4, 9)
-    assert model.config.patch_size == 16 and model.config.img_size == (64, 64)
+    save_file(reference.state_dict(), tmp_path / "hybrid.safetensors")
+    model = load_pretrained(tmp_path / "hybrid.safetensors")
+    assert model.config.stem == "resnet" and model.config.resnet_layers == layers
+    assert model.config.patch_size == patch and model.config.img_size == (64, 64)
+    official_resnet_constants(reference)  # vitkit follows the official code's constants
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert _max_diff(model(images), reference(images)) <= TOL
 
 
 def _hf_config(**kwargs) -> HFConfig:

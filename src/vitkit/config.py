@@ -228,6 +228,13 @@ _HYBRID_RE = re.compile(r"^R(\d*)\+(.+)$", re.IGNORECASE)
 RESNET_LAYERS = {"": (), "26": (2, 2, 2, 2), "50": (3, 4, 9)}
 _RESNET_LAYERS_BY_STRIDE32 = {"50": (3, 4, 6, 3)}
 _TIMM_RE = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(\d+)_(\d+)$", re.IGNORECASE)
+# timm's hybrids: "vit_base_r50_s16_384"; the root-only ones add the patch on the stride-4 map
+# ("vit_tiny_r_s16_p8_224" is 8x8 patches on the root block, 32 pixels per token).
+_TIMM_HYBRID_RE = re.compile(r"^vit_(tiny|small|base|large|huge)_r(\d*)_s(\d+)(?:_p(\d+))?_(\d+)$",
+                             re.IGNORECASE)
+# The released root-only hybrid is named after the ViT it extends, not its token stride: the
+# official "R+ViT-Ti_16" puts 8x8 patches on the stride-4 root block (32 pixels per token).
+_OFFICIAL_HYBRID_NAMES = {"r+vit-ti_16": "R+Ti/32"}
 
 
 def _einops_tutorial() -> dict[str, Any]:
@@ -273,7 +280,13 @@ def variant_config(name: str, **overrides: Any) -> ViTConfig:
 
 
 def _variant_fields(name: str) -> dict[str, Any]:
-    key = name.strip()
+    key = _OFFICIAL_HYBRID_NAMES.get(name.strip().lower(), name.strip())
+    timm_hybrid = _TIMM_HYBRID_RE.match(key)
+    if timm_hybrid:
+        size, depth, stride, patch, img = timm_hybrid.groups()
+        tokens_stride = int(stride) if patch is None else 4 * int(patch)
+        fields = _variant_fields(f"R{depth}+{_SIZE_ALIASES[size.lower()]}/{tokens_stride}")
+        return {**fields, "img_size": int(img)}
     hybrid = _HYBRID_RE.match(key)
     if hybrid:
         depth = hybrid.group(1)

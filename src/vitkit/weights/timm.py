@@ -40,6 +40,9 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
     if unknown:
         raise ConfigError(f"not a plain timm ViT state dict: unknown keys {', '.join(unknown[:6])}")
     sd = dict(state_dict)
+    if "patch_embed.backbone.conv.weight" in sd:  # root-only hybrid: timm's stem, no stages
+        sd = {k.replace("patch_embed.backbone.", "patch_embed.backbone.stem.", 1)
+              if k.startswith("patch_embed.backbone.") else k: v for k, v in sd.items()}
     try:
         proj = sd["patch_embed.proj.weight"]
         pos = sd.get("pos_embed")
@@ -48,7 +51,7 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
         raise ConfigError(f"not a timm ViT state dict: {exc.args[0]} is missing") from exc
     width, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[2]
     hybrid: dict[str, Any] = {}
-    if "patch_embed.backbone.stem.conv.weight" in sd:  # R50+ViT: the ResNet stem
+    if "patch_embed.backbone.stem.conv.weight" in sd:  # R50+ViT etc.: the ResNet stem
         root = sd["patch_embed.backbone.stem.conv.weight"]
         units: dict[int, int] = {}
         for key in sd:
