@@ -70,6 +70,27 @@ def test_resume_continues_exactly(tmp_path):
             assert torch.equal(a[name], b[name]), f"{key}.{name} differs after resume"
 
 
+def test_resume_with_more_epochs_extends_a_finished_run(tmp_path, caplog):
+    constant = [*RANDOM_EVERYTHING, "schedule=constant", "warmup_epochs=0"]
+    straight = load_train_config("digits", [*constant, "epochs=3", f"out_dir={tmp_path / 'a'}"])
+    Trainer(straight).run()
+    short = load_train_config("digits", [*constant, "epochs=2", f"out_dir={tmp_path / 'b'}"])
+    Trainer(short).run()
+    last = tmp_path / "b" / "last.pt"
+
+    again = Trainer(short, resume=last)  # the same command: nothing left to do
+    assert again.position.step == again.position.total_steps == 2 * 22
+    longer = load_train_config("digits", [*constant, "epochs=3", f"out_dir={tmp_path / 'b'}"])
+    with caplog.at_level("WARNING"):
+        extended = Trainer(longer, resume=last)
+    assert "re-planned from 44 to 66 steps" in caplog.text
+    extended.run()
+    assert len(load_checkpoint(last)["history"]) == 3
+    # With a constant rate the extended run is the 3-epoch run, exactly.
+    a, b = _weights(tmp_path / "a" / "last.pt", "model"), _weights(last, "model")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
 def test_two_processes_under_torchrun_equal_one_process(tmp_path):
     overrides = ["epochs=1", "progress=false", "threads=1", "augment.crop_padding=1",
                  "augment.trivial_augment=true", "augment.mixup_alpha=0.8"]

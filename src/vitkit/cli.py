@@ -67,7 +67,9 @@ def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str
     """The arguments `train` and `finetune` share: overrides, resume, budget, output, data."""
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help=f"{recipe} overrides, e.g. {example}")
-    parser.add_argument("--resume", help="continue exactly from a last.pt checkpoint")
+    parser.add_argument("--resume", help="continue from a last.pt checkpoint: exactly with the "
+                        "same settings; a new epochs=/total_steps=/--time-budget re-plans the "
+                        "run (extends a finished one)")
     parser.add_argument("--time-budget", type=float, metavar="SECONDS",
                         help="size the schedule to this much training time and stop cleanly")
     parser.add_argument("--out", help=f"output folder (default: the {recipe}'s out_dir)")

@@ -276,6 +276,35 @@ class Trainer:
         self.position = Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
                                  pos["best_top1"], pos["elapsed"], list(state["history"]))
         log.info("resumed from %s at epoch %d, batch %d", path, pos["epoch"], pos["batch"])
+        self._replan_if_length_changed(state.get("train_config") or {})
+
+    def _replan_if_length_changed(self, saved: dict[str, Any]) -> None:
+        """Resuming with another `epochs`, `total_steps` or `time_budget` re-plans the run.
+
+        The same command resumes exactly; a longer one extends the run (also a finished one),
+        as in timm and Hugging Face: the schedule is stretched to the new length from the
+        current step on. A new time budget is fitted after the first steps are timed.
+        """
+        keys = ("epochs", "total_steps", "time_budget")
+        new = self.cfg.to_dict()
+        if all(saved.get(key, new[key]) == new[key] for key in keys):
+            return
+        pos, before = self.position, self.position.total_steps
+        pos.total_steps = self._planned_steps(self.cfg.epochs)
+        changed = ", ".join(f"{key} {saved.get(key)} -> {new[key]}" for key in keys
+                            if saved.get(key, new[key]) != new[key])
+        if self.cfg.time_budget and pos.elapsed >= self.cfg.time_budget:
+            log.warning("resume: %s, but the checkpoint already used %.0f s of the %.0f s "
+                        "budget; raise time_budget to train on", changed, pos.elapsed,
+                        self.cfg.time_budget)
+            pos.total_steps = pos.step
+        elif pos.total_steps <= pos.step:
+            log.warning("resume: %s, but the checkpoint is already at step %d of the %d now "
+                        "planned; nothing to train", changed, pos.step, pos.total_steps)
+        else:
+            log.warning("resume: %s; the run is re-planned from %d to %d steps (the learning "
+                        "rate schedule is stretched from step %d on)", changed, before,
+                        pos.total_steps, pos.step)
 
     # -- stopping -------------------------------------------------------------------------------
     def _install_signal_handlers(self) -> dict[int, Any]:
@@ -332,6 +361,9 @@ class Trainer:
         calibrate_at = pos.step + min(20, max(per_epoch // 4, 3))
         calibrate_from = (pos.step + 2, time.perf_counter())
         final: dict[str, float] = {}
+        if pos.step >= pos.total_steps:
+            log.warning("nothing to train: the run is at step %d of %d; a larger epochs= or "
+                        "--time-budget with --resume extends it", pos.step, pos.total_steps)
         try:
             while pos.step < pos.total_steps and not self._stop_reason:
                 bar = self._progress(pos.epoch, per_epoch, pos.batch)
