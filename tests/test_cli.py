@@ -66,3 +66,19 @@ def test_console_script_entry_point_runs():
                             capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert "119,098" in result.stdout
+
+
+def test_overrides_may_follow_flags_and_the_last_one_wins(tmp_path):
+    # total_steps=3 after --out overrides the earlier total_steps=500
+    assert main(["train", "digits", "total_steps=500", "--out", str(tmp_path), "progress=false",
+                 "total_steps=3"]) == 0
+    history = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert '"step": 3' in history[-1]
+
+
+def test_stray_arguments_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "digits", "--out", str(tmp_path), "oops"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: oops" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["models", "epochs=3"])  # a verb without overrides

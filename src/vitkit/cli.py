@@ -277,8 +277,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None
+                    ) -> argparse.Namespace:
+    """Parse, letting KEY=VALUE overrides come after --flags too (`train --out x epochs=3`)."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [item for item in extra if "=" in item and not item.startswith("-")]
+    if extra and (len(overrides) < len(extra) or not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(build_parser(), argv)
     try:
         args.run(args)
     except VitkitError as exc:
