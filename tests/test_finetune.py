@@ -2,7 +2,10 @@
 an official-layout .npz), at a higher resolution than the weights were trained at."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,3 +184,19 @@ def test_resize_random_crop_takes_a_window_of_the_resized_batch():
     for i in range(6):
         windows = big[i].unfold(1, 12, 1).unfold(2, 12, 1)  # (C, 7, 7, 12, 12)
         assert any(torch.equal(windows[:, y, x], out[i]) for y in range(7) for x in range(7))
+
+
+def test_finetune_under_torchrun_equals_one_process(tmp_path, pretrained):
+    overrides = [*SMALL, "total_steps=20", "threads=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", "2", "-m", "vitkit.cli", "finetune", str(pretrained["npz"]),
+                    *overrides, "--out", str(tmp_path / "ddp")], check=True, env=env,
+                   capture_output=True)
+    assert main(["finetune", str(pretrained["npz"]), *overrides,
+                 "--out", str(tmp_path / "single")]) == 0
+    ddp = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    single = load_checkpoint(tmp_path / "single" / "last.pt")
+    assert ddp["position"]["step"] == single["position"]["step"] == 20
+    worst = max((ddp["model"][k] - single["model"][k]).abs().max().item() for k in single["model"])
+    assert worst <= 1e-5  # same global batches of 128 (2 x 64, accumulated); all-reduce order
