@@ -15,7 +15,7 @@ import timm.models.vision_transformer as timm_vit
 import torch
 
 import vitkit
-from timm_reference import official_resnet_constants
+from reference_models import official_resnet_constants, randomise
 from vitkit.model.resnet import StdConv2d, same_padding
 from vitkit.weights import convert_npz, load_pretrained, read_npz, save_npz, to_official_arrays
 
@@ -23,16 +23,9 @@ TOL = 1e-5
 IMG = 64
 
 
-def _randomise(model: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, std)
-    return model.eval()
-
-
 def _vitkit_model(name: str = "Ti/16", **overrides) -> vitkit.VisionTransformer:
     settings = dict(img_size=IMG, depth=2, num_classes=7, act="gelu_tanh")
-    return _randomise(vitkit.create_model(name, **{**settings, **overrides}))
+    return randomise(vitkit.create_model(name, **{**settings, **overrides}))
 
 
 def _timm_model(**kwargs) -> torch.nn.Module:

@@ -9,6 +9,7 @@ import safetensors.torch as safetensors_torch
 import torch
 import transformers
 
+from reference_models import randomise
 from vitkit import VisionTransformer
 from vitkit.weights import convert_hf, load_state_dict_checked
 
@@ -21,13 +22,6 @@ def _hf_config(**kwargs):
     return transformers.ViTConfig(**{**defaults, **kwargs})
 
 
-def _randomise(model):
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.2)
-    return model.eval()
-
-
 def _vitkit(state_dict, config) -> VisionTransformer:
     vit_config, converted = convert_hf(state_dict, config)
     model = VisionTransformer(vit_config).eval()
@@ -37,7 +31,7 @@ def _vitkit(state_dict, config) -> VisionTransformer:
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
 def test_hf_classifier_logits_match(batch):
-    reference = _randomise(transformers.ViTForImageClassification(_hf_config()))
+    reference = randomise(transformers.ViTForImageClassification(_hf_config()), std=0.2)
     model = _vitkit(reference.state_dict(), reference.config)
     images = torch.randn(batch, 3, 32, 32)
     with torch.no_grad():
@@ -47,7 +41,7 @@ def test_hf_classifier_logits_match(batch):
 
 def test_hf_non_square_one_channel_without_qkv_bias():
     config = _hf_config(image_size=[32, 48], num_channels=1, qkv_bias=False)
-    reference = _randomise(transformers.ViTForImageClassification(config))
+    reference = randomise(transformers.ViTForImageClassification(config), std=0.2)
     model = _vitkit(reference.state_dict(), reference.config)
     images = torch.randn(3, 1, 32, 48)
     with torch.no_grad():
@@ -56,7 +50,7 @@ def test_hf_non_square_one_channel_without_qkv_bias():
 
 
 def test_hf_save_pretrained_folder_hub_layout(tmp_path):
-    reference = _randomise(transformers.ViTForImageClassification(_hf_config()))
+    reference = randomise(transformers.ViTForImageClassification(_hf_config()), std=0.2)
     reference.save_pretrained(tmp_path)
     state_dict = safetensors_torch.load_file(tmp_path / "model.safetensors")
     assert any(".attention.attention.query." in key for key in state_dict)  # Hub key style
@@ -71,7 +65,7 @@ def test_hf_save_pretrained_folder_hub_layout(tmp_path):
 
 def test_hf_pooler_becomes_pre_logits_and_gelu_tanh_is_mapped():
     config = _hf_config(hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)
-    reference = _randomise(transformers.ViTModel(config))
+    reference = randomise(transformers.ViTModel(config), std=0.2)
     model = _vitkit(reference.state_dict(), reference.config)
     assert model.config.act == "gelu_tanh" and model.config.pre_logits_dim == 64
     assert model.config.num_classes == 0

@@ -7,6 +7,7 @@ import pytest
 import timm.models.vision_transformer as timm_vit
 import torch
 
+from reference_models import randomise
 from vitkit import VisionTransformer
 from vitkit.weights import convert_timm, load_state_dict_checked
 from vitkit.weights.timm import config_from_timm_model
@@ -14,18 +15,10 @@ from vitkit.weights.timm import config_from_timm_model
 TOL = 1e-5
 
 
-def _randomise(model: torch.nn.Module) -> torch.nn.Module:
-    """Random values everywhere (timm zero-inits some tensors), so every weight matters."""
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.2)
-    return model.eval()
-
-
 def _timm(**kwargs) -> torch.nn.Module:
     defaults = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
                     num_classes=7)
-    return _randomise(timm_vit.VisionTransformer(**{**defaults, **kwargs}))
+    return randomise(timm_vit.VisionTransformer(**{**defaults, **kwargs}), std=0.2)
 
 
 def _vitkit_from(timm_model) -> VisionTransformer:
@@ -66,7 +59,7 @@ def test_timm_non_square_one_channel_image(case):
 
 
 def test_timm_b16_sized_model_matches():
-    reference = _randomise(timm_vit.VisionTransformer(img_size=64, num_classes=10))
+    reference = randomise(timm_vit.VisionTransformer(img_size=64, num_classes=10), std=0.2)
     for param in reference.parameters():
         param.data.mul_(0.1)
     model = _vitkit_from(reference)

@@ -19,7 +19,7 @@ from transformers import ViTConfig as HFConfig
 from transformers import ViTForImageClassification, ViTModel
 
 import vitkit
-from timm_reference import official_resnet_constants
+from reference_models import official_resnet_constants, randomise
 from vitkit.data.preprocess import Preprocess
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.weights import (
@@ -33,13 +33,6 @@ from vitkit.weights import (
 from vitkit.weights.hub import WeightsNotFoundError, local_filename
 
 TOL = 1e-5
-
-
-def _randomise(model: torch.nn.Module) -> torch.nn.Module:
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.1)
-    return model.eval()
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -72,7 +65,7 @@ def test_resampling_aligned_corners_keeps_the_corner_embeddings():
 
 
 def test_load_at_new_resolution_equals_timm_resampled_load(tmp_path):
-    model = _randomise(vitkit.create_model("Ti/16", img_size=64, depth=2, num_classes=5,
+    model = randomise(vitkit.create_model("Ti/16", img_size=64, depth=2, num_classes=5,
                                            act="gelu_tanh"))
     path = save_npz(model, tmp_path / "ti.npz")
     ours = load_pretrained(path, img_size=(96, 128))
@@ -89,7 +82,7 @@ def test_load_at_new_resolution_equals_timm_resampled_load(tmp_path):
 # -- timm and Hugging Face files ---------------------------------------------------------------
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".bin"])
 def test_timm_state_dict_files(tmp_path, suffix):
-    reference = _randomise(timm_vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=64,
+    reference = randomise(timm_vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=64,
                                                       depth=2, num_heads=4, num_classes=6))
     path = tmp_path / f"model{suffix}"
     if suffix == ".safetensors":
@@ -106,7 +99,7 @@ def test_timm_state_dict_files(tmp_path, suffix):
 @pytest.mark.parametrize("timm_name, layers, patch", [("vit_base_r50_s16_224", (3, 4, 9), 16),
                                                       ("vit_tiny_r_s16_p8_224", (), 32)])
 def test_timm_hybrid_state_dict(tmp_path, timm_name, layers, patch):
-    reference = _randomise(timm.create_model(timm_name, img_size=64, embed_dim=192,
+    reference = randomise(timm.create_model(timm_name, img_size=64, embed_dim=192,
                                              depth=1, num_heads=3, num_classes=4))
     save_file(reference.state_dict(), tmp_path / "hybrid.safetensors")
     model = load_pretrained(tmp_path / "hybrid.safetensors")
@@ -127,7 +120,7 @@ def _hf_config(**kwargs) -> HFConfig:
 
 
 def test_hf_save_pretrained_folder(tmp_path):
-    reference = _randomise(ViTForImageClassification(_hf_config()))
+    reference = randomise(ViTForImageClassification(_hf_config()))
     reference.save_pretrained(tmp_path / "hf")
     model = load_pretrained(tmp_path / "hf")
     images = torch.randn(2, 3, 32, 32)
@@ -138,7 +131,7 @@ def test_hf_save_pretrained_folder(tmp_path):
 
 
 def test_hf_vit_model_pooler_is_pre_logits(tmp_path):
-    reference = _randomise(ViTModel(_hf_config(hidden_act="gelu_pytorch_tanh")))
+    reference = randomise(ViTModel(_hf_config(hidden_act="gelu_pytorch_tanh")))
     reference.save_pretrained(tmp_path / "hf")
     model = load_pretrained(tmp_path / "hf")
     images = torch.randn(2, 3, 32, 32)
@@ -148,7 +141,7 @@ def test_hf_vit_model_pooler_is_pre_logits(tmp_path):
 
 # -- vitkit's own format and training checkpoints ------------------------------------------------
 def test_vitkit_format_round_trip(tmp_path):
-    model = _randomise(vitkit.create_model("S/16", img_size=(32, 48), depth=2, num_classes=3,
+    model = randomise(vitkit.create_model("S/16", img_size=(32, 48), depth=2, num_classes=3,
                                            pos_embed="sincos2d", class_token=False,
                                            pool="mean_patches"))
     preprocess = Preprocess(img_size=(32, 48), resize_mode="shorter_side", crop_pct=0.875,
@@ -173,7 +166,7 @@ def test_official_preprocessing_is_half_half(tmp_path):
 
 
 def test_new_head_is_zero_and_pre_logits_dropped(tmp_path):
-    model = _randomise(vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=9,
+    model = randomise(vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=9,
                                            pre_logits_dim=192))
     path = save_npz(model, tmp_path / "i21k.npz")
     tuned = load_pretrained(path, num_classes=4, img_size=64)
@@ -198,7 +191,7 @@ def test_training_checkpoint_loads(tmp_path):
 # -- named checkpoints, offline ------------------------------------------------------------------
 def test_named_checkpoint_from_weights_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "cache"))
-    model = _randomise(vitkit.create_model("Ti/16", img_size=32, depth=1, act="gelu_tanh"))
+    model = randomise(vitkit.create_model("Ti/16", img_size=32, depth=1, act="gelu_tanh"))
     save_npz(model, tmp_path / local_filename("B/16-i21k"))
     assert resolve_named("ViT-B_16-i21k", tmp_path, download=False) == \
         tmp_path / "imagenet21k_ViT-B_16.npz"

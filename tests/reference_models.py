@@ -1,4 +1,5 @@
-"""timm as a reference for the official hybrids: its ResNet set to the official constants.
+"""Helpers of the parity tests: random weights everywhere, and timm as a reference for the
+official hybrids (its ResNet set to the official constants).
 
 timm's ResNet differs from the official code in two constants (GroupNorm epsilon 1e-5 instead
 of 1e-6; weight standardisation / sqrt(var + 1e-8) instead of / (std + 1e-5)).
@@ -28,3 +29,11 @@ def official_resnet_constants(model: torch.nn.Module) -> None:
             module.eps = 1e-6
         if isinstance(module, StdConv2dSame):
             module.forward = partial(official_forward, module)
+
+
+def randomise(model: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
+    """Random values in every parameter (libraries zero-init some), so each weight matters."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, std)
+    return model.eval()
