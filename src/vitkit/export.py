@@ -89,18 +89,6 @@ def _traceable_same_padding() -> Iterator[None]:
         resnet.pad_same = _PAD_SAME
 
 
-def _feature_grid(stem: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """The stem's output before flattening: (B, D, grid_h, grid_w)."""
-    if isinstance(stem, PatchEmbed):
-        return stem.proj(images)
-    if isinstance(stem, HybridEmbed):
-        return stem.proj(stem.backbone(images))
-    if isinstance(stem, ConvStem):
-        return stem.proj(stem.convs(images))
-    raise ExportError(f"dynamic image size needs a patch, conv or ResNet stem; this model has "
-                      f"{type(stem).__name__}. Export without --dynamic-size.")
-
-
 class DynamicSizeViT(nn.Module):
     """The model's forward for any input size: positions fitted in-graph to the patch grid.
 
@@ -129,7 +117,7 @@ class DynamicSizeViT(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         model = self.model
-        features = _feature_grid(model.patch_embed, images)
+        features = model.patch_embed.feature_map(images)
         grid_h, grid_w = features.shape[-2], features.shape[-1]
         tokens = features.flatten(2).transpose(1, 2)
         if model.cls_token is not None:

@@ -14,8 +14,12 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.proj = nn.Conv2d(in_chans, width, kernel_size=patch_size, stride=patch_size)
 
+    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, D, grid_h, grid_w): the tokens before flattening."""
+        return self.proj(images)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.proj(images).flatten(2).transpose(1, 2)  # (B, N, D)
+        return self.feature_map(images).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
 class ConvStem(nn.Module):
@@ -39,8 +43,12 @@ class ConvStem(nn.Module):
         self.convs = nn.Sequential(*layers)
         self.proj = nn.Conv2d(previous, width, kernel_size=1)
 
+    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, D, grid_h, grid_w): the tokens before flattening."""
+        return self.proj(self.convs(images))
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.convs(images)).flatten(2).transpose(1, 2)  # (B, N, D)
+        return self.feature_map(images).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
 class Attention(nn.Module):

@@ -143,5 +143,9 @@ class HybridEmbed(nn.Module):
         kernel = patch_size // ResNetBackbone.total_stride(layers)
         self.proj = nn.Conv2d(self.backbone.out_chans, width, kernel_size=kernel, stride=kernel)
 
+    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, D, grid_h, grid_w): the tokens before flattening."""
+        return self.proj(self.backbone(images))
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.backbone(images)).flatten(2).transpose(1, 2)
+        return self.feature_map(images).flatten(2).transpose(1, 2)  # (B, N, D)
