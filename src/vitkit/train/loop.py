@@ -106,8 +106,9 @@ class Trainer:
             self.device = torch.device("cuda", self.info.local_rank)
         configure_cpu(cfg.threads)
         init, saved_pre = None, {}
-        if cfg.init_from and resume:  # the run's own checkpoint has the model: skip init_from
-            self.model_config, saved_pre = config_from_run(resume)
+        resume_state = self._read_resume(resume) if resume else None
+        if cfg.init_from and resume_state:  # the run's checkpoint has the model: skip init_from
+            self.model_config, saved_pre = config_from_run(resume_state)
         elif cfg.init_from:
             init = read_init(cfg)
             self.model_config = target_config(init, cfg.finetune_overrides())
@@ -139,8 +140,8 @@ class Trainer:
             raise DataError(f"{len(train_data)} training images do not fill one batch of "
                             f"{cfg.batch_size}: lower batch_size")
         self.position = Position(total_steps=self._planned_steps(cfg.epochs))
-        if resume:
-            self._resume(resume)
+        if resume_state:
+            self._resume(resume_state, resume)
         self.train_model: torch.nn.Module = self.model
         if self.info.enabled:
             self.train_model = DistributedDataParallel(self.model)
@@ -246,11 +247,15 @@ class Trainer:
             return None
         return save_atomic(self.state(), self.out_dir / f"{name}.pt")
 
-    def _resume(self, path: str | Path) -> None:
+    @staticmethod
+    def _read_resume(path: str | Path) -> dict[str, Any]:
         state = load_checkpoint(path)
         if state.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{path} is not a vitkit training checkpoint (format "
                                   f"{state.get('format')!r})")
+        return state
+
+    def _resume(self, state: dict[str, Any], path: str | Path) -> None:
         used = (state.get("train_config") or {}).get("optimizer", "adamw")
         if used != self.cfg.optimizer:
             raise CheckpointError(f"cannot resume from {path}: it was trained with optimizer="
