@@ -1,9 +1,10 @@
 """Images/s of vitkit, timm and Hugging Face in one run, with ratios and MFU.
 
 Each library runs in its own worker process (so one library's process settings never leak
-into another's), all with the same thread count. The parent measures this machine's fp32
-matmul peak, then asks the workers for one timed repetition at a time, in rotating order,
-so slow phases of a noisy machine hit every library alike; medians are reported.
+into another's), all with the same thread count. The parent asks the workers for one timed
+repetition at a time, in rotating order, so slow phases of a noisy machine hit every library
+alike, and reports medians; it times this machine's fp32 matmul peak before and between the
+rounds and keeps the best, the denominator of MFU.
 
 Tasks:
   infer  ViT-B/16 inference at 224, batch 8 (1000 classes)
@@ -146,14 +147,24 @@ def worker(library: str, threads: int, conn) -> None:
             return
 
 
-def matmul_peak(threads: int, size: int = 2048, reps: int = 10) -> float:
-    """Best fp32 GFLOP/s of a square matmul on `threads` threads."""
-    torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(3):
-        a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(reps))
-    return 2 * size**3 / best / 1e9
+class MatmulPeak:
+    """Best fp32 GFLOP/s of a square matmul on `threads` threads, sampled between the
+    repetitions as well, so a busy moment at start-up does not lower the peak (and raise MFU)."""
+
+    def __init__(self, threads: int, size: int = 2048) -> None:
+        torch.set_num_threads(threads)
+        self.size, self.samples, self.best = size, 0, float("inf")
+        self.a, self.b = torch.randn(size, size), torch.randn(size, size)
+        for _ in range(3):
+            self.a @ self.b
+
+    def sample(self, reps: int) -> None:
+        self.best = min([self.best, *(_timed(lambda: self.a @ self.b) for _ in range(reps))])
+        self.samples += reps
+
+    @property
+    def gflops(self) -> float:
+        return 2 * self.size**3 / self.best / 1e9
 
 
 def _timed(fn) -> float:
@@ -162,7 +173,9 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def run_task(task: Task, pipes: dict, reps: int, peak: float) -> list[str]:
+def time_task(task: Task, pipes: dict, reps: int, peak: MatmulPeak) -> dict[str, list[float]]:
+    """Seconds per batch of each library: `reps` rounds in rotating order, the peak sampled
+    after each round."""
     for conn in pipes.values():
         conn.send(("setup", task.name))
     for conn in pipes.values():
@@ -173,14 +186,20 @@ def run_task(task: Task, pipes: dict, reps: int, peak: float) -> list[str]:
         for lib in order[rep % len(order):] + order[:rep % len(order)]:
             pipes[lib].send(("time", None))
             times[lib].append(pipes[lib].recv())
+        peak.sample(2)
+    return times
+
+
+def report(task: Task, times: dict[str, list[float]], peak_gflops: float) -> list[str]:
     flops = task_flops(task)
     base = statistics.median(times["timm"]) if "timm" in times else None
+    reps = len(next(iter(times.values())))
     lines = [f"{task.title} -- median of {reps} interleaved repetitions",
              f"{'library':<24}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}{'MFU':>7}"]
     for lib, samples in times.items():
         med = statistics.median(samples)
         ratio = f"{base / med:.2f}x" if base else "-"
-        mfu = flops / med / 1e9 / peak
+        mfu = flops / med / 1e9 / peak_gflops
         lines.append(f"{LABELS[lib]:<24}{med * 1e3:>10.1f}{task.batch / med:>10.1f}{ratio:>9}"
                      f"{mfu:>7.0%}")
     return lines
@@ -194,9 +213,8 @@ def main() -> None:
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     args = parser.parse_args()
 
-    peak = matmul_peak(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
-          f"{peak:.0f} GFLOP/s (2048x2048, best of 10); MFU = matmul FLOPs / time / peak\n")
+    peak = MatmulPeak(args.threads)
+    peak.sample(10)
     ctx = mp.get_context("spawn")
     pipes, procs = {}, []
     for lib in args.libraries.split(","):
@@ -205,8 +223,13 @@ def main() -> None:
         proc.start()
         pipes[lib], procs = parent, [*procs, proc]
     try:
-        for name in args.tasks.split(","):
-            print("\n".join(run_task(TASKS[name], pipes, args.reps, peak)), "\n", flush=True)
+        timings = {name: time_task(TASKS[name], pipes, args.reps, peak)
+                   for name in args.tasks.split(",")}
+        print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
+              f"{peak.gflops:.0f} GFLOP/s (2048x2048, best of {peak.samples} timed before and "
+              "between the repetitions); MFU = matmul FLOPs / time / peak\n")
+        for name, times in timings.items():
+            print("\n".join(report(TASKS[name], times, peak.gflops)), "\n", flush=True)
     finally:
         for conn in pipes.values():
             conn.send(("stop", None))
