@@ -10,6 +10,7 @@ import signal
 import time
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,18 @@ class Trainer:
                 size = (int(side), int(side))
         return size
 
+    def _tokens_between(self, first: int, total: int) -> int:
+        """Tokens per image summed over steps `first`..`total - 1` of a `total`-step run,
+        stage by stage of the resolution schedule (a stage starts at ceil(fraction * total))."""
+        starts = {math.ceil(start * total) for start, _ in self.cfg.resolution_schedule}
+        bounds = [*sorted(starts | {0}), total]
+        tokens = 0
+        for low, high in pairwise(bounds):
+            steps = min(high, total) - max(low, first)
+            if steps > 0:
+                tokens += steps * self._tokens(self.resolution_at(low, total))
+        return tokens
+
     def _tokens(self, size: tuple[int, int]) -> int:
         patch = self.model_config.patch_size
         return (size[0] // patch) * (size[1] // patch) + self.model_config.num_prefix_tokens
@@ -290,14 +303,14 @@ class Trainer:
         as in timm and Hugging Face: the schedule is stretched to the new length from the
         current step on. A new time budget is fitted after the first steps are timed.
         """
-        keys = ("epochs", "total_steps", "time_budget")
         new = self.cfg.to_dict()
-        if all(saved.get(key, new[key]) == new[key] for key in keys):
+        changed = ", ".join(f"{key} {saved[key]} -> {new[key]}"
+                            for key in ("epochs", "total_steps", "time_budget")
+                            if key in saved and saved[key] != new[key])
+        if not changed:
             return
         pos, before = self.position, self.position.total_steps
         pos.total_steps = self._planned_steps(self.cfg.epochs)
-        changed = ", ".join(f"{key} {saved.get(key)} -> {new[key]}" for key in keys
-                            if saved.get(key, new[key]) != new[key])
         if self.cfg.time_budget and pos.elapsed >= self.cfg.time_budget:
             log.warning("resume: %s, but the checkpoint already used %.0f s of the %.0f s "
                         "budget; raise time_budget to train on", changed, pos.elapsed,
@@ -342,8 +355,7 @@ class Trainer:
         per_epoch = self.order.batches_per_epoch()
 
         def predicted(total: int) -> float:
-            steps = range(step, total)
-            train = sum(self._tokens(self.resolution_at(s, total)) for s in steps) * per_token
+            train = self._tokens_between(step, total) * per_token
             return train + eval_seconds * (total - step) / per_epoch / self.cfg.eval_every
 
         low, high = step + 1, step + 2
