@@ -1,15 +1,27 @@
 """vitkit: the Vision Transformer of "An Image Is Worth 16x16 Words", faithful and fast."""
 
 from vitkit.config import ViTConfig, list_model_names, variant_config
-from vitkit.errors import ConfigError, InputError, VitkitError
+from vitkit.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    ExportError,
+    InputError,
+    TrainingError,
+    VitkitError,
+)
 from vitkit.model import VisionTransformer, count_parameters, create_model
 from vitkit.weights import load_pretrained, save_pretrained
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
+    "DataError",
+    "ExportError",
     "InputError",
+    "TrainingError",
     "ViTConfig",
     "VisionTransformer",
     "VitkitError",

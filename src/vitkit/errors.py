@@ -1,4 +1,18 @@
-"""Exceptions raised for bad input: each message names the problem and the fix."""
+"""Every exception vitkit raises on purpose, in one hierarchy.
+
+Each message names the problem and the fix. Catch `VitkitError` for all of them; the CLI
+prints their message without a traceback. A file that is damaged, not a checkpoint, or does
+not fit is a `CheckpointError` whatever its format.
+
+    VitkitError
+      ConfigError          a model or training setting that cannot be used
+      InputError           a tensor or image a model cannot take
+      CheckpointError      a weights or training file: missing, damaged, foreign or unfitting
+        WeightsNotFoundError   a named checkpoint neither on disk nor downloadable
+      DataError            a dataset that is missing, malformed or does not fit the model
+      TrainingError        a run that cannot go on (a diverging loss)
+      ExportError          a model that cannot be exported, or an export that does not match
+"""
 
 from __future__ import annotations
 
@@ -8,8 +22,37 @@ class VitkitError(Exception):
 
 
 class ConfigError(VitkitError, ValueError):
-    """A model configuration, variant name or config file that cannot be used."""
+    """A model configuration, variant name, training setting or config file that cannot be used."""
 
 
 class InputError(VitkitError, ValueError):
     """A tensor given to a model whose rank, channels or size do not fit its config."""
+
+
+class CheckpointError(VitkitError, ValueError):
+    """A weights or checkpoint file that is missing, damaged, of an unknown format, or made
+    for another model."""
+
+
+# The name used before the hierarchy was unified; the same class.
+CheckpointFormatError = CheckpointError
+
+
+class WeightsNotFoundError(CheckpointError, FileNotFoundError):
+    """A named checkpoint that is neither on disk nor downloadable."""
+
+
+class DataError(VitkitError, ValueError):
+    """A dataset that is missing, malformed, or does not fit the model."""
+
+
+class TrainingError(VitkitError, RuntimeError):
+    """A training run that cannot go on, such as a loss that stopped being finite."""
+
+
+class ExportError(VitkitError):
+    """A model that cannot be exported, a missing exporter, or an export that does not match."""
+
+
+__all__ = ["CheckpointError", "CheckpointFormatError", "ConfigError", "DataError", "ExportError",
+           "InputError", "TrainingError", "VitkitError", "WeightsNotFoundError"]

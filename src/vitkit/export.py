@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.errors import VitkitError
+from vitkit.errors import ExportError
 from vitkit.model import resnet
 from vitkit.model.layers import ConvStem, PatchEmbed
 from vitkit.model.posembed import sincos_1d, sincos_2d
@@ -43,10 +43,6 @@ FORMATS = ("onnx",)
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 MIN_OPSET = 14  # scaled_dot_product_attention
 INSTALL_HINT = "pip install 'vitkit[export]'"
-
-
-class ExportError(VitkitError):
-    """A model that cannot be exported, a missing exporter, or an export that does not match."""
 
 
 def require(module: str) -> Any:

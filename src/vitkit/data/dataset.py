@@ -6,11 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitkit.errors import VitkitError
-
-
-class DataError(VitkitError, ValueError):
-    """A dataset that is missing, malformed, or does not fit the model."""
+from vitkit.errors import DataError
 
 
 @dataclass

@@ -155,18 +155,20 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(self.head.bias)
 
     @torch.no_grad()
-    def set_image_size(self, img_size: int | tuple[int, int], mode: str = "bicubic") -> None:
+    def set_image_size(self, img_size: int | tuple[int, int], mode: str = "bicubic",
+                       align_corners: bool = False, antialias: bool = False) -> None:
         """Take images of another size from now on (the patch size stays).
 
         Learned position embeddings are resampled to the new grid in place (the same
-        Parameter, so optimizers keep tracking it); fixed sin-cos tables are rebuilt.
+        Parameter, so optimizers keep tracking it) with `resample_grid_embed(mode,
+        align_corners, antialias)`; fixed sin-cos tables are rebuilt.
         """
         old, new = self.config, self.config.replace(img_size=img_size)
         if new.grid_size != old.grid_size and self.pos_embed is not None:
             if isinstance(self.pos_embed, nn.Parameter):
                 self.pos_embed.data = resample_grid_embed(self.pos_embed.data, old.grid_size,
                                                           new.grid_size, old.num_prefix_tokens,
-                                                          mode)
+                                                          mode, antialias, align_corners)
             else:
                 table = self._make_pos_embed(new)
                 self.pos_embed = nn.Buffer(table.data.to(self.pos_embed.device),

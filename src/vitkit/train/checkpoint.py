@@ -10,11 +10,7 @@ from typing import Any
 
 import torch
 
-from vitkit.errors import VitkitError
-
-
-class CheckpointError(VitkitError, ValueError):
-    """A checkpoint that is missing, unreadable or made for another model."""
+from vitkit.errors import CheckpointError
 
 
 def save_atomic(state: dict[str, Any], path: str | Path) -> Path:

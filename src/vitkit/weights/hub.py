@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from vitkit.config import _did_you_mean
-from vitkit.errors import VitkitError
+from vitkit.errors import WeightsNotFoundError
 
 BASE_URL = "https://storage.googleapis.com/vit_models"
 
@@ -39,10 +39,6 @@ _OFFICIAL = {
     "R50+B/16-i21k-i1k-384": "imagenet21k+imagenet2012/R50+ViT-B_16.npz",
 }
 _ALIASES = {"R50+ViT-B/16-i21k": "R50+B/16-i21k"}
-
-
-class WeightsNotFoundError(VitkitError, FileNotFoundError):
-    """A named checkpoint that is neither on disk nor downloadable."""
 
 
 def named_checkpoints() -> dict[str, str]:

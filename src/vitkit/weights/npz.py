@@ -28,16 +28,12 @@ import numpy as np
 import torch
 
 from vitkit.config import ViTConfig, variant_name
-from vitkit.errors import ConfigError, VitkitError
+from vitkit.errors import CheckpointFormatError, ConfigError
 from vitkit.model.resnet import ResNetBackbone
 
 LAYOUTS = ("original", "opt_target", "big_vision", "scan")
 _PREFIXES = {"original": "", "opt_target": "opt/target/", "big_vision": "params/",
              "scan": "params/"}
-
-
-class CheckpointFormatError(VitkitError, ValueError):
-    """A weights file that is not what it claims to be, or that fits no ViT."""
 
 
 # -- reading files ------------------------------------------------------------------------------
