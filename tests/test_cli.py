@@ -82,3 +82,88 @@ def test_stray_arguments_are_refused(tmp_path, capsys):
     assert exit_info.value.code == 2 and "unrecognized arguments: oops" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["models", "epochs=3"])  # a verb without overrides
+
+
+# -- summary of checkpoints and named checkpoints --------------------------------------------
+def _total(out: str) -> int:
+    line = next(line for line in out.splitlines() if line.startswith("Total params:"))
+    return int(line.split()[2].replace(",", ""))
+
+
+def test_summary_of_a_training_checkpoint(tmp_path, capsys):
+    from vitkit.train.checkpoint import load_checkpoint
+    from vitkit.train.config import load_train_config
+    from vitkit.train.loop import Trainer
+
+    cfg = load_train_config("digits", ["model.depth=3", f"out_dir={tmp_path}", "progress=false"])
+    Trainer(cfg).save("best")  # a checkpoint as training writes it (no steps needed)
+    code, out, err = run(capsys, "summary", str(tmp_path / "best.pt"))
+    assert code == 0, err
+    assert "image 8x8x1, patch 2, 17 tokens, width 64, depth 3" in out and "blocks.2" in out
+    stored = load_checkpoint(tmp_path / "best.pt")["model"]
+    assert _total(out) == sum(t.numel() for t in stored.values())  # every tensor is a parameter
+
+
+def test_summary_of_a_named_checkpoint_needs_no_download(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VITKIT_OFFLINE", "1")
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))  # empty: nothing cached
+    code, out, err = run(capsys, "summary", "B/16-i21k-i1k-384")
+    assert code == 0, err
+    # ViT-B/16 at 384 px: 577 positions instead of 197, the 1000-way head.
+    assert _total(out) == 86_567_656 + (577 - 197) * 768
+    code, out, err = run(capsys, "summary", "R50+B/16-i21k")
+    assert code == 0, err
+    assert "(1, 21843)" in out
+    timm = pytest.importorskip("timm")
+    import torch
+
+    with torch.device("meta"):  # timm's R50+ViT-B/16 (no pre-logits layer) + ours (768 x 768)
+        reference = timm.create_model("vit_base_r50_s16_224", num_classes=21843)
+    assert _total(out) == sum(p.numel() for p in reference.parameters()) + 768 * 768 + 768
+    assert list(tmp_path.iterdir()) == []  # nothing downloaded
+
+
+def test_summary_of_a_binary_file_given_as_json_config(tmp_path, capsys):
+    path = tmp_path / "weights.json"
+    path.write_bytes(b"\x80\x02\xff\xfe binary")
+    code, _, err = run(capsys, "summary", str(path))
+    assert code == 2 and "is not a JSON config file (it is binary)" in err
+
+
+# -- every verb: a VitkitError is one line and exit 2; anything else is a reported bug ---------
+@pytest.mark.parametrize("argv", [
+    ["summary", "B/16", "--set", "depth=two"],
+    ["train", "digits", "epochs=-1"],
+    ["finetune", "{tmp}/missing.npz"],
+    ["eval", "{tmp}/not-a-checkpoint.pt"],
+    ["predict", "{tmp}/not-a-checkpoint.pt", "{tmp}/not-a-checkpoint.pt"],
+    ["export", "{tmp}/not-a-checkpoint.pt"],
+    ["explain", "{tmp}/not-a-checkpoint.pt", "--out", "{tmp}/explain"],
+])
+def test_every_verb_reports_bad_input_in_one_line(argv, tmp_path, capsys):
+    (tmp_path / "not-a-checkpoint.pt").write_bytes(b"GIF89a not a checkpoint")
+    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    code, _, err = run(capsys, *argv, *(["--out", str(tmp_path / "run")]
+                                        if argv[0] in ("train", "finetune") else []))
+    assert code == 2, err
+    assert err.startswith(f"vitkit {argv[0]}: error: ") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and "please report" not in err
+
+
+def test_an_unexpected_exception_keeps_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
+    import vitkit.cli
+
+    def broken(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(vitkit.cli, "cmd_models", broken)
+    code, _, err = run(capsys, "models")
+    assert code == 1
+    assert "Traceback" in err and "RuntimeError: boom" in err
+    assert err.strip().splitlines()[-1].startswith("vitkit models: this is a bug in vitkit")
+    assert "please report this bug with the command you ran" in err
+
+
+def test_overrides_can_come_first_without_a_recipe(tmp_path):
+    assert main(["train", "total_steps=2", "progress=false", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "last.pt").exists()  # the default digits recipe

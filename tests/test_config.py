@@ -96,3 +96,41 @@ def test_resolution_schedule_must_start_at_zero_and_increase():
     assert load_train_config("digits", ["resolution_schedule=[[0, 4], [0.5, 8]]"])
     with pytest.raises(ConfigError, match="must start at fraction 0"):
         load_train_config("digits", ["resolution_schedule=[[0.2, 4], [0.5, 8]]"])
+
+
+def test_image_smaller_than_the_patch_is_refused_and_the_advice_works():
+    with pytest.raises(ConfigError, match=r"8x8 is smaller than the patch size 16.*at least "
+                                          r"16x16"):
+        ViTConfig(img_size=8)
+    assert ViTConfig(img_size=16).num_patches == 1
+
+
+def test_named_checkpoints_imply_their_config():
+    from vitkit.config import named_checkpoint_config
+
+    # SPEC: ImageNet-21k checkpoints keep the pre-logits layer; i21k-i1k are fine-tuned at 384
+    # (or 224 where named) with a 1000-way head; the official port uses tanh GELU, eps 1e-6.
+    i21k = named_checkpoint_config("ViT-B_16-i21k")
+    assert (i21k.num_classes, i21k.pre_logits_dim, i21k.img_size) == (21843, 768, (224, 224))
+    assert (i21k.act, i21k.norm_eps) == ("gelu_tanh", 1e-6)
+    hybrid = named_checkpoint_config("R50+B/16-i21k")
+    assert hybrid.stem == "resnet" and hybrid.resnet_layers == (3, 4, 9)
+    tuned = named_checkpoint_config("L/16-i21k-i1k-224")
+    assert (tuned.num_classes, tuned.pre_logits_dim, tuned.img_size, tuned.width) == \
+        (1000, 0, (224, 224), 1024)
+    assert named_checkpoint_config("B/16-i21k-i1k-384").img_size == (384, 384)
+    assert named_checkpoint_config("B/16") is None
+
+
+def test_config_of_reads_names_json_and_checkpoints(tmp_path):
+    from vitkit import save_pretrained
+    from vitkit.config import config_of
+
+    assert config_of("S/16", img_size=32).img_size == (32, 32)
+    path = tmp_path / "tiny.json"
+    ViTConfig(img_size=32, patch_size=4, width=48, depth=1, num_heads=4, mlp_dim=96).to_json(path)
+    assert config_of(path).width == 48
+    folder = save_pretrained(create_model(path, num_classes=3), tmp_path / "weights")
+    assert config_of(folder) == ViTConfig.from_json(path).replace(num_classes=3)
+    with pytest.raises(ConfigError, match=r"config file .*missing\.json does not exist"):
+        config_of(tmp_path / "missing.json")

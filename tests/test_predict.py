@@ -124,8 +124,9 @@ def test_cli_json_lines_match_the_library(weights: Path, images: Path, tmp_path:
                                           capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"\x00not a jpeg" * 10)
+    # Some inputs unreadable: the others are predicted, the bad one is named, exit status 1.
     assert main(["predict", str(weights), str(images), str(bad), "--json", "--topk", "3",
-                 "--batch-size", "2"]) == 0
+                 "--batch-size", "2"]) == 1
     captured = capsys.readouterr()
     lines = [json.loads(line) for line in captured.out.splitlines()]
     expected = predict(load_pretrained(weights), [images], topk=3)
@@ -135,7 +136,7 @@ def test_cli_json_lines_match_the_library(weights: Path, images: Path, tmp_path:
         assert [t["label"] for t in line["topk"]] == result.labels
         assert np.allclose([t["prob"] for t in line["topk"]], result.probs, atol=1e-6)
     assert "error" in lines[-1] and "topk" not in lines[-1]
-    assert "1 of 7 files could not be read" in captured.err
+    assert f"1 of 7 files could not be read: {bad}" in captured.err
 
 
 def test_cli_human_output(weights: Path, images: Path,
@@ -225,3 +226,59 @@ def test_prediction_dict_and_format() -> None:
     bad = Prediction("y.jpg", error="cannot read image (broken)")
     assert bad.to_dict() == {"path": "y.jpg", "error": "cannot read image (broken)"}
     assert bad.format() == "y.jpg: error: cannot read image (broken)"
+
+
+def test_a_training_checkpoint_shows_its_stored_class_names(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """A 10-way head trained on 3 named classes: the names are shown, not "class 2"."""
+    from vitkit.data.dataset import ImageDataset
+    from vitkit.predict import class_names_for
+    from vitkit.train.config import load_train_config
+    from vitkit.train.loop import Trainer
+
+    images = torch.randint(0, 255, (8, 1, 8, 8), dtype=torch.uint8)
+    data = ImageDataset(images, torch.arange(8) % 3, ["cat", "horse", "ship"])
+    trainer = Trainer(load_train_config("digits", [f"out_dir={tmp_path}", "batch_size=8",
+                                                   "progress=false"]),
+                      train_data=data, test_data=data)
+    with torch.no_grad():  # make "ship" the clear winner for every image
+        trainer.model.head.bias.copy_(torch.tensor([0.0, 1, 9, 0, 0, 0, 0, 0, 0, 0]))
+        trainer.model.head.weight.zero_()
+    trainer.save("last")
+    model = load_pretrained(tmp_path / "last.pt")
+    assert class_names_for(model) == ["cat", "horse", "ship"] + [f"class {i}"
+                                                                 for i in range(3, 10)]
+    file = _png(tmp_path / "x.png", (8, 8), 0)
+    assert main(["predict", str(tmp_path / "last.pt"), str(file), "--topk", "2"]) == 0
+    assert capsys.readouterr().out.startswith(f"{file}: ship (")
+    result = predict(model, [file], topk=2)[0]
+    assert result.labels == ["ship", "horse"] and result.indices == [2, 1]
+
+
+def test_a_file_reached_twice_is_predicted_once(weights: Path, images: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    model = load_pretrained(weights)
+    first = _files(images)[0]
+    again = images / "sub" / ".." / first.name  # the same file by another path
+    results = predict(model, [first, images, first, again], topk=1)
+    assert [r.path for r in results] == [str(first)] + [str(f) for f in _files(images)[1:]]
+    assert main(["predict", str(weights), str(first), str(first), str(images)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(RELS)
+
+
+def test_cli_names_each_unreadable_file_and_exits_1(weights: Path, images: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    bad = [_bad(tmp_path), tmp_path / "empty.png"]
+    bad[1].write_bytes(b"")
+    good = _files(images)[:2]
+    assert main(["predict", str(weights), str(good[0]), str(bad[0]), str(good[1]),
+                 str(bad[1])]) == 1
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert [line.split(": ")[0] for line in lines] == [str(good[0]), str(bad[0]), str(good[1]),
+                                                       str(bad[1])]
+    assert "error" not in lines[0] and "error" in lines[1] and "error" not in lines[2]
+    assert f"2 of 4 files could not be read: {bad[0]}, {bad[1]}" in err
+    # Following the advice (pass valid images) gives a clean exit.
+    assert main(["predict", str(weights), *map(str, good)]) == 0

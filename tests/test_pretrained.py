@@ -179,7 +179,8 @@ def test_training_checkpoint_loads(tmp_path):
     from vitkit.train.config import load_train_config
     from vitkit.train.loop import train
 
-    cfg = load_train_config("digits", ["epochs=1", "progress=false", f"out_dir={tmp_path}",
+    cfg = load_train_config("digits", ["epochs=1", "warmup_epochs=0.5", "progress=false",
+                                       f"out_dir={tmp_path}",
                                        "train_limit=256", "test_limit=128"])
     train(cfg)
     model = load_pretrained(tmp_path / "last.pt")

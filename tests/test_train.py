@@ -92,8 +92,9 @@ def test_resume_with_more_epochs_extends_a_finished_run(tmp_path, caplog):
 
 
 def test_two_processes_under_torchrun_equal_one_process(tmp_path):
-    overrides = ["epochs=1", "progress=false", "threads=1", "augment.crop_padding=1",
-                 "augment.trivial_augment=true", "augment.mixup_alpha=0.8"]
+    overrides = ["epochs=1", "warmup_epochs=0.5", "progress=false", "threads=1",
+                 "augment.crop_padding=1", "augment.trivial_augment=true",
+                 "augment.mixup_alpha=0.8"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                     "--nproc-per-node", "2", "-m", "vitkit.cli", "train", "digits", *overrides,
@@ -190,7 +191,8 @@ def test_images_of_another_size_than_the_model_are_refused():
 
 
 def test_resume_from_another_model_config_is_refused(tmp_path):
-    main(["train", "digits", "epochs=1", "progress=false", "--out", str(tmp_path)])
+    assert main(["train", "digits", "epochs=1", "warmup_epochs=0.5", "progress=false",
+                 "--out", str(tmp_path)]) == 0
     cfg = load_train_config("digits", ["model.depth=2", "progress=false"])
     with pytest.raises(CheckpointError, match=r"another model config \(depth: checkpoint 4"):
         Trainer(cfg, resume=tmp_path / "last.pt")

@@ -1,46 +1,70 @@
-"""`vitkit <verb>`: a thin command-line layer over the library."""
+"""`vitkit <verb>`: a thin command-line layer over the library.
+
+Exit status: 0 on success; 1 when some inputs failed but the rest were done (`predict`);
+2 for a usage error or a `VitkitError` (one line on stderr, no traceback). Anything else is
+a bug: its traceback is kept and the user is asked to report it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from vitkit.config import SIZES, list_model_names
+from vitkit.config import SIZES, ViTConfig, list_model_names
 from vitkit.errors import VitkitError
+from vitkit.fieldtypes import parse_size, parse_text
 from vitkit.model.create import count_parameters, resolve_config
+
+if TYPE_CHECKING:
+    from vitkit.train.config import TrainConfig
+
+EXIT_PARTIAL = 1  # some inputs failed, the others were done
+EXIT_BUG = 1  # an unexpected exception (as Python's own exit status for one)
+EXIT_ERROR = 2  # a usage error or a VitkitError
+BUG_REPORT = ("vitkit {verb}: this is a bug in vitkit, not a problem with your input: please "
+              "report this bug with the command you ran and the traceback above.")
 
 
 def parse_img_size(text: str) -> int | tuple[int, int]:
-    """"224" -> 224; "60x100" or "60,100" -> (60, 100)."""
-    parts = text.lower().replace(",", "x").split("x")
-    try:
-        sizes = [int(p) for p in parts]
-    except ValueError:
+    """"224" -> 224; "60x100", "60,100" or "[60, 100]" -> (60, 100)."""
+    size = parse_size(text)
+    if size is None:
         raise argparse.ArgumentTypeError(
-            f"image size {text!r} is not an int or HxW (e.g. 224 or 60x100)") from None
-    if len(sizes) == 1:
-        return sizes[0]
-    if len(sizes) == 2:
-        return (sizes[0], sizes[1])
-    raise argparse.ArgumentTypeError(f"image size {text!r} has more than two sides")
+            f"image size {text!r} is not an int or HxW (e.g. 224 or 60x100)")
+    return size[0] if text.strip().isdigit() else size
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """"key=value": the value is read as JSON when it parses, else kept as a string."""
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """"key=value" -> (key, value text); the value is typed later by the field it sets."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"override {text!r} is not KEY=VALUE")
     key, value = text.split("=", 1)
-    try:
-        return key.strip(), json.loads(value)
-    except json.JSONDecodeError:
-        return key.strip(), value
+    return key.strip(), value
 
 
 def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = dict(args.set or [])
+    """--set KEY=VALUE (or model.KEY=VALUE, as in `train`) and the size flags, typed by the
+    ViTConfig field each one sets."""
+    overrides = {}
+    for key, text in args.set or []:
+        name = key.removeprefix("model.")
+        overrides[name] = parse_text(ViTConfig, name, text, label=key)
     for key in ("img_size", "num_classes", "in_chans", "patch_size"):
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
@@ -49,7 +73,8 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="variant ('B/16', 'S/32', ...), tutorial model name, "
-                                      "or a JSON config file")
+                                      "JSON config file, checkpoint file or folder, or named "
+                                      "checkpoint ('R50+B/16-i21k')")
     parser.add_argument("--img-size", type=parse_img_size, help="224, or HxW like 60x100")
     parser.add_argument("--num-classes", type=int, help="classifier outputs (0: features only)")
     parser.add_argument("--in-chans", type=int, help="input channels")
@@ -67,9 +92,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str
     """The arguments `train` and `finetune` share: overrides, resume, budget, output, data."""
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help=f"{recipe} overrides, e.g. {example}")
-    parser.add_argument("--resume", help="continue from a last.pt checkpoint: exactly with the "
-                        "same settings; a new epochs=/total_steps=/--time-budget re-plans the "
-                        "run (extends a finished one)")
+    parser.add_argument("--resume", help="continue from a last.pt checkpoint, in its folder "
+                        "unless --out says otherwise: exactly with the same settings (without a "
+                        "recipe, the checkpoint's own); a new epochs=/total_steps=/--time-budget "
+                        "re-plans the run (extends a finished one)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in an --out folder that holds a run (deletes its "
+                        "checkpoints and metrics)")
     parser.add_argument("--time-budget", type=float, metavar="SECONDS",
                         help="size the schedule to this much training time and stop cleanly")
     parser.add_argument("--out", help=f"output folder (default: the {recipe}'s out_dir)")
@@ -97,26 +126,48 @@ def cmd_models(args: argparse.Namespace) -> None:
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
+    from vitkit.config import config_of
     from vitkit.summary import summarize
 
-    config = resolve_config(args.model, **model_overrides(args))
+    config = config_of(args.model, **model_overrides(args))
     print(summarize(config, max_depth=args.max_depth).format())
+
+
+def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The run's TrainConfig: the recipe (with --resume and no recipe, the checkpoint's),
+    then KEY=VALUE overrides, then the flags. With --resume and no --out, the run goes on in
+    the checkpoint's folder."""
+    from vitkit.train.config import checkpoint_train_config, load_train_config
+
+    recipe, overrides = args.recipe, list(args.overrides)
+    if recipe and "=" in recipe and not Path(recipe).exists():  # `train epochs=3`: no recipe
+        recipe, overrides = None, [recipe, *overrides]
+    out = args.out
+    if out is None and args.resume and not any(o.startswith("out_dir=") for o in overrides):
+        out = str(Path(args.resume).parent)
+    for flag, key in ((args.time_budget, "time_budget"), (out, "out_dir"),
+                      (args.data_dir, "data_dir")):
+        if flag is not None:
+            overrides.append(f"{key}={json.dumps(flag)}")
+    if recipe is None and args.resume:
+        return load_train_config(None, overrides, base=checkpoint_train_config(args.resume))
+    return load_train_config(recipe or "digits", overrides)
 
 
 def cmd_train(args: argparse.Namespace) -> None:
     import logging
 
-    from vitkit.train.config import load_train_config
+    from vitkit.errors import TrainingError
     from vitkit.train.loop import train
+    from vitkit.train.rundir import prepare_run_dir
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    overrides = list(args.overrides)
-    for flag, key in ((args.time_budget, "time_budget"), (args.out, "out_dir"),
-                      (args.data_dir, "data_dir")):
-        if flag is not None:
-            overrides.append(f"{key}={json.dumps(flag)}")
-    cfg = load_train_config(args.recipe, overrides)
-    result = train(cfg, resume=args.resume)
+    cfg = train_config_from_args(args)
+    prepare_run_dir(cfg.out_dir, args.resume, args.overwrite)
+    try:
+        result = train(cfg, resume=args.resume)
+    except FloatingPointError as exc:  # the loop's "loss is not finite": a setting, not a bug
+        raise TrainingError(str(exc)) from exc
     if not result.is_main:
         return
     final = result.final
@@ -147,7 +198,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
     print(report)
 
 
-def cmd_predict(args: argparse.Namespace) -> None:
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Exit 0 when every input was predicted, 1 when some could not be read (named on
+    stderr after the others' predictions), 2 when none could."""
     from vitkit.errors import InputError
     from vitkit.predict import expand_inputs, predict
     from vitkit.weights import load_pretrained
@@ -157,13 +210,15 @@ def cmd_predict(args: argparse.Namespace) -> None:
     results = predict(model, files, topk=args.topk, batch_size=args.batch_size)
     for result in results:
         print(json.dumps(result.to_dict()) if args.json else result.format())
-    failed = sum(not result.ok for result in results)
-    if failed == len(results):
-        raise InputError(f"none of the {failed} file(s) could be read as an image; check "
+    failed = [result.path for result in results if not result.ok]
+    if len(failed) == len(results):
+        raise InputError(f"none of the {len(failed)} file(s) could be read as an image; check "
                          "they are valid image files")
     if failed:
-        print(f"vitkit predict: {failed} of {len(results)} files could not be read",
-              file=sys.stderr)
+        print(f"vitkit predict: {len(failed)} of {len(results)} files could not be read: "
+              + ", ".join(failed), file=sys.stderr)
+        return EXIT_PARTIAL
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -217,8 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     summary.set_defaults(run=cmd_summary)
 
     train = verbs.add_parser("train", help="train from scratch (default: the embedded digits)")
-    train.add_argument("recipe", nargs="?", default="digits",
-                       help="recipe JSON file or shipped recipe name (digits, cifar10, ...)")
+    train.add_argument("recipe", nargs="?", default=None,
+                       help="recipe JSON file or shipped recipe name (digits, cifar10, ...); "
+                            "default: digits, or with --resume the checkpoint's recipe")
     add_run_arguments(train, "recipe", "epochs=5 model.depth=4 augment.flip=false")
     train.set_defaults(run=cmd_train)
 
@@ -237,8 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="digits, cifar10, cifar100 or folder (default: as trained)")
     evaluate.add_argument("--data-dir", help="local dataset folder")
     evaluate.add_argument("--split", default="test", choices=("train", "test"))
-    evaluate.add_argument("--limit", type=int, help="evaluate only the first N images")
-    evaluate.add_argument("--batch-size", type=int, default=500)
+    evaluate.add_argument("--limit", type=positive_int, help="evaluate only the first N images")
+    evaluate.add_argument("--batch-size", type=positive_int, default=500)
     evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
     evaluate.set_defaults(run=cmd_eval)
 
@@ -292,11 +348,14 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
     try:
-        args.run(args)
-    except VitkitError as exc:
+        return args.run(args) or 0
+    except VitkitError as exc:  # bad input: the message says what to change
         print(f"vitkit {args.verb}: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_ERROR
+    except Exception:  # anything else is a bug in vitkit: keep the traceback for the report
+        traceback.print_exc()
+        print(BUG_REPORT.format(verb=args.verb), file=sys.stderr)
+        return EXIT_BUG
 
 
 if __name__ == "__main__":

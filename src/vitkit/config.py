@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.errors import ConfigError
+from vitkit.fieldtypes import ImageSize, check_fields
 
 POOLS = ("class_token", "mean_patches", "mean_all_tokens")
 FINAL_NORMS = ("tokens", "pooled", "none")
@@ -51,15 +52,6 @@ COMMON_VARIANTS = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/14", "L/16
                    "R50+B/16")
 
 
-def _image_hw(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    if isinstance(value, int):
-        return (value, value)
-    hw = tuple(int(v) for v in value)
-    if len(hw) != 2:
-        raise ConfigError(f"img_size must be an int or (height, width), got {value!r}")
-    return hw  # type: ignore[return-value]
-
-
 @dataclass
 class ViTConfig:
     """Everything that defines a Vision Transformer; round-trips through JSON.
@@ -68,7 +60,7 @@ class ViTConfig:
     `depth` the number of layers L. `num_classes=0` builds a features-only model.
     """
 
-    img_size: tuple[int, int] = (224, 224)
+    img_size: ImageSize = (224, 224)  # (height, width); 224 and "60x100" are read as sizes
     patch_size: int = 16
     in_chans: int = 3
     stem: str = "patch"  # "patch": one P x P projection; "conv": a small CNN (hybrid)
@@ -95,9 +87,7 @@ class ViTConfig:
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        self.img_size = _image_hw(self.img_size)
-        self.stem_channels = tuple(int(c) for c in self.stem_channels)
-        self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
+        check_fields(self)  # each value has its field's type: depth=4, qkv_bias=False, ...
         self._validate()
 
     # -- derived sizes -------------------------------------------------------------------
@@ -144,6 +134,11 @@ class ViTConfig:
                 f"gets width / num_heads channels. Use num_heads in {near} or change width.")
         height, width = self.img_size
         patch = self.patch_size
+        if min(height, width) < patch:
+            raise ConfigError(
+                f"image size {height}x{width} is smaller than the patch size {patch}: each "
+                f"token is a {patch}x{patch} patch. Use an image size of at least "
+                f"{patch}x{patch} (a multiple of {patch}) or a smaller patch_size.")
         if height % patch or width % patch:
             near = f"{_nearest_multiple(height, patch)}x{_nearest_multiple(width, patch)}"
             raise ConfigError(
@@ -204,7 +199,13 @@ class ViTConfig:
             path = Path(path_or_text)
             if not path.is_file():
                 raise ConfigError(f"config file {path} does not exist")
-            text = path.read_text()
+            try:
+                text = path.read_text()
+            except UnicodeDecodeError:
+                raise ConfigError(
+                    f"{path} is not a JSON config file (it is binary). A checkpoint's config "
+                    "is read with vitkit.weights.read_weights(path).config; `vitkit summary` "
+                    "takes checkpoints directly.") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -316,6 +317,51 @@ def _variant_fields(name: str) -> dict[str, Any]:
     patch = int(match.group(2))
     return dict(img_size=img_size, patch_size=patch, width=spec.width, depth=spec.depth,
                 num_heads=spec.num_heads, mlp_dim=spec.mlp_dim, name=f"{size}/{patch}")
+
+
+# What the tag of an official checkpoint name says about its model (weights/hub.py holds the
+# names): "-i21k" is ImageNet-21k pre-training at 224 px, with a pre-logits layer of width D
+# and a 21,843-way head; "-i21k-i1k-N" is fine-tuned on ImageNet-2012 at N px (1000 classes,
+# pre-logits dropped). The weights are the official JAX port: tanh GELU, LayerNorm eps 1e-6.
+_CHECKPOINT_TAG_RE = re.compile(r"^(?P<variant>.+)-i21k(?:-i1k-(?P<size>\d+))?$")
+_OFFICIAL_FIELDS = {"act": "gelu_tanh", "norm_eps": 1e-6, "init": "jax"}
+
+
+def named_checkpoint_config(name: str) -> ViTConfig | None:
+    """The config of a named official checkpoint ("R50+B/16-i21k", "B/16-i21k-i1k-384"),
+    from the name alone (nothing is downloaded); None when `name` names no checkpoint."""
+    from vitkit.weights.hub import normalize_name  # the registry of names; it imports us
+
+    key = normalize_name(name)
+    match = _CHECKPOINT_TAG_RE.match(key) if key else None
+    if match is None:
+        return None
+    variant, size = match["variant"], match["size"]
+    if size is None:
+        width = variant_config(variant).width
+        return variant_config(variant, img_size=224, num_classes=21843, pre_logits_dim=width,
+                              **_OFFICIAL_FIELDS)
+    return variant_config(variant, img_size=int(size), num_classes=1000, **_OFFICIAL_FIELDS)
+
+
+def config_of(source: str | Path, **overrides: Any) -> ViTConfig:
+    """The model a name or file describes, without building it or downloading anything.
+
+    `source` is a JSON config file, a checkpoint file or folder (its stored config), a named
+    official checkpoint ("R50+B/16-i21k", from the name) or a variant name ("B/16").
+    """
+    path = Path(source)
+    if path.suffix.lower() == ".json":
+        config = ViTConfig.from_json(path)
+    elif path.exists():
+        from vitkit.weights import read_weights  # weights build on this module
+
+        config = read_weights(path).config
+    else:
+        config = named_checkpoint_config(str(source))
+        if config is None:
+            return variant_config(str(source), **overrides)
+    return config.replace(**overrides) if overrides else config
 
 
 def variant_name(config: ViTConfig) -> str:

@@ -1,7 +1,8 @@
 """Classify image files with a model, using the checkpoint's own preprocessing and class names.
 
-Folders are searched recursively for images (sorted); files run in batches. A file Pillow
-cannot decode gets a `Prediction` with `error` set and does not stop the others.
+Folders are searched recursively for images (sorted); a file reached twice (named twice, or
+through a folder and by name) is predicted once; files run in batches. A file Pillow cannot
+decode gets a `Prediction` with `error` set and does not stop the others.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class Prediction:
 
 
 def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
-    """Files as given; folders replaced by their image files (recursive, sorted, no hidden)."""
+    """Files as given; folders replaced by their image files (recursive, sorted, no hidden).
+
+    Each file appears once, where it is first reached (paths are compared resolved)."""
     files: list[Path] = []
     for item in inputs:
         path = Path(item).expanduser()
@@ -75,19 +78,32 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
         files.extend(found)
     if not files:
         raise InputError("no inputs: pass at least one image file or folder")
-    return files
+    return _unique(files)
+
+
+def _unique(files: list[Path]) -> list[Path]:
+    seen: set[Path] = set()
+    unique = []
+    for path in files:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(path)
+    return unique
 
 
 def class_names_for(model: VisionTransformer) -> list[str]:
-    """`model.class_names`, else ImageNet-1k/21k names by head size, else "class N"."""
+    """`model.class_names` (the checkpoint's), else ImageNet-1k/21k names by head size, else
+    "class N". A head larger than the stored names (a 10-way head trained on 3 classes) keeps
+    the names and calls the outputs past them "class N"."""
     num_classes = model.config.num_classes
     if num_classes <= 0:
         raise ConfigError("this model has no classification head (num_classes=0), so it "
                           "cannot predict classes; load weights that include a head, or "
                           "fine-tune one first")
-    names = getattr(model, "class_names", None)
-    if names is not None and len(names) == num_classes:
-        return list(names)
+    names = list(getattr(model, "class_names", None) or [])
+    if 0 < len(names) <= num_classes:
+        return names + [f"class {i}" for i in range(len(names), num_classes)]
     return imagenet_class_names(num_classes) or [f"class {i}" for i in range(num_classes)]
 
 

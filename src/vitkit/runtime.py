@@ -1,4 +1,7 @@
-"""Process settings that make CPU training and inference faster.
+"""Process settings: which device to run on, and what makes CPU training faster.
+
+`check_device` refuses a device name that torch does not know or this machine does not
+have, before any data is loaded.
 
 glibc returns large freed blocks to the operating system at once, so every training step
 allocates its activations on fresh pages and pays ~100k page faults (measured here on a
@@ -14,6 +17,8 @@ import ctypes.util
 import os
 
 import torch
+
+from vitkit.errors import ConfigError
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -49,3 +54,31 @@ def configure_cpu(threads: int | None = None) -> None:
     if threads:
         torch.set_num_threads(threads)
     tune_cpu_allocator()
+
+
+def check_device(name: str) -> None:
+    """Refuse a `device=` setting this machine cannot run: unknown names ("gpu"), CUDA
+    without a GPU, a GPU index past the last one, MPS off Apple silicon."""
+    choices = "use device=auto (a GPU when there is one, else the CPU), cpu, cuda, cuda:N or mps"
+    if name == "auto":
+        return
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"device={name!r} is not a device name: {choices}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else \
+                f"built for CUDA {torch.version.cuda}, but no GPU or driver was found"
+            raise ConfigError(f"device={name!r} but this machine has no usable CUDA GPU (torch "
+                              f"{torch.__version__}: {build}); use device=cpu or device=auto")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"device={name!r} but this machine has {count} GPU(s), "
+                              f"cuda:0 to cuda:{count - 1}; use one of those or device=cuda")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"device={name!r} but MPS (Apple silicon GPUs) is not available "
+                              "here; use device=cpu or device=auto")
+    elif device.type != "cpu":
+        raise ConfigError(f"device={name!r} is not supported for training: {choices}")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for truncated or foreign files
+        # torch's own text advises weights_only=False, which would run the file's code: unsafe.
+        reason = "not a PyTorch file, or one holding objects that would run code" \
+            if isinstance(exc, pickle.UnpicklingError) else \
+            (str(exc).splitlines() or [type(exc).__name__])[0]
         raise CheckpointError(
-            f"cannot read checkpoint {path}: {exc}. It may be truncated or not a vitkit "
-            "checkpoint; pickles that run code are refused.") from exc
+            f"{path} is not a vitkit training checkpoint ({reason}). Pass the last.pt or "
+            "best.pt that `vitkit train` wrote; if it is one, it is damaged or truncated.") \
+            from None

@@ -10,14 +10,28 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.config import ViTConfig, _did_you_mean, check_known_keys, variant_config
-from vitkit.errors import ConfigError
+from vitkit.data.augment import AugmentConfig
+from vitkit.errors import CheckpointError, ConfigError
+from vitkit.fieldtypes import check_fields, check_value, parse_text
+from vitkit.runtime import check_device
+
+LOG_FORMATS = ("csv", "jsonl", "tensorboard")
+# Overrides with keys inside: model.depth=4 (a ViTConfig field), augment.flip=false.
+NESTED_KEYS = {"model": ViTConfig, "augment": AugmentConfig}
+
+
+def _require(ok: bool, message: str, value: Any) -> None:
+    """Raise ConfigError(message with `value` filled in) unless `ok`."""
+    if not ok:
+        raise ConfigError(message.format(value))
 
 
 @dataclass
 class TrainConfig:
     """Everything a training run needs besides the data files themselves."""
 
-    model: Any = "Ti/4"  # variant name, or a dict: {"variant": "Ti/4", ...overrides} / full config
+    # A variant name, or a dict: {"variant": "Ti/4", ...ViTConfig overrides} or a full config.
+    model: str | dict[str, Any] | None = "Ti/4"
     data: str = "digits"  # digits | cifar10 | cifar100 | folder
     data_dir: str | None = None
     train_limit: int | None = None  # use only the first N training images (quick runs)
@@ -53,9 +67,9 @@ class TrainConfig:
     weights_dir: str | None = None  # where named checkpoints ("B/16-i21k") are looked up
     new_head: bool = True  # a new zero-initialised head (pre-logits dropped), as in the paper
     pos_interpolation: str = "bilinear"  # resampling of learned positions (official: bilinear)
-    ema_decay: float = 0.0  # 0 = no weight EMA
+    ema_decay: float | None = 0.0  # 0 or None = no weight EMA
     amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int | None = None
     seed: int = 0
     time_budget: float = 0.0  # seconds of training wall time; 0 = none
@@ -67,25 +81,84 @@ class TrainConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # type: ignore[assignment]
-        self.mean = tuple(self.mean) if self.mean is not None else None
-        self.std = tuple(self.std) if self.std is not None else None
-        self.log = tuple(self.log)
-        if self.batch_size % self.accum_steps:
-            raise ConfigError(f"batch_size {self.batch_size} is not divisible by accum_steps "
-                              f"{self.accum_steps}")
-        if self.schedule not in ("cosine", "constant"):
-            raise ConfigError(f"schedule={self.schedule!r}: use 'cosine' or 'constant'")
-        from vitkit.data.augment import AugmentConfig
-
-        check_known_keys(AugmentConfig, self.augment, "augment")
-        stages = [float(start) for start, _ in self.resolution_schedule]
-        if stages and (stages[0] != 0 or stages != sorted(stages)):
-            raise ConfigError("resolution_schedule must start at fraction 0 and increase, e.g. "
-                              "[[0, 16], [0.6, 32]]")
-        if self.amp not in ("auto", "bf16", "off"):
-            raise ConfigError(f"amp={self.amp!r}: use 'auto', 'bf16' or 'off'")
+        check_fields(self)  # every value has its field's type (epochs=five is refused here)
+        self._check_model_keys()
+        self._check_augment()
+        self._check_length()
         self._check_optimization()
+        self._check_evaluation_and_output()
+        check_device(self.device)
+        if not self.init_from:  # with init_from the architecture comes from the checkpoint
+            self._check_against_model(self.model_config())
+
+    # -- checks (each names the setting and a value that works) ------------------------------
+    def _check_model_keys(self) -> None:
+        """`model` as a dict: "variant" plus ViTConfig fields, each of its field's type."""
+        if not isinstance(self.model, dict):
+            return
+        fields = {key: value for key, value in self.model.items() if key != "variant"}
+        check_known_keys(ViTConfig, fields, "model")
+        for key, value in fields.items():  # kept as written: ViTConfig converts them
+            check_value(ViTConfig, key, value, f"model.{key}")
+        variant = self.model.get("variant")
+        if variant is not None and not isinstance(variant, str):
+            raise ConfigError(f"model.variant={variant!r} is not valid: it takes a model name "
+                              "such as 'Ti/4' or 'B/16'")
+
+    def _check_augment(self) -> None:
+        """`augment` holds AugmentConfig fields, each of its type and range."""
+        check_known_keys(AugmentConfig, self.augment, "augment")
+        aug = {key: check_value(AugmentConfig, key, value, f"augment.{key}")
+               for key, value in self.augment.items()}
+        self.augment = aug
+        _require(aug.get("crop_padding", 0) >= 0, "augment.crop_padding={} must be >= 0 "
+                 "(pixels of padding before the random crop; 0 = no crop)",
+                 aug.get("crop_padding"))
+        _require(0 <= aug.get("random_erasing", 0) <= 1, "augment.random_erasing={} is a "
+                 "probability: use a value in [0, 1], e.g. 0.25", aug.get("random_erasing"))
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            _require(aug.get(key, 0) >= 0, f"augment.{key}={{}} must be >= 0 (0 = off, "
+                     "e.g. 0.8)", aug.get(key))
+        _require(0 <= aug.get("label_smoothing", 0) < 1, "augment.label_smoothing={} must be "
+                 "in [0, 1), e.g. 0.1", aug.get("label_smoothing"))
+
+    def _check_length(self) -> None:
+        """Epochs, steps, batch, warmup, time budget and data limits that make a run."""
+        _require(self.epochs > 0, "epochs={} must be > 0 (0.5 trains half an epoch); or set "
+                 "the length in optimizer steps with total_steps=N", self.epochs)
+        _require(self.total_steps >= 0, "total_steps={} must be >= 0 (0 = the length comes "
+                 "from epochs)", self.total_steps)
+        _require(self.batch_size >= 1, "batch_size={} must be >= 1 (images per optimizer "
+                 "step), e.g. batch_size=64", self.batch_size)
+        _require(self.accum_steps >= 1, "accum_steps={} must be >= 1 (1 = no gradient "
+                 "accumulation)", self.accum_steps)
+        if self.batch_size % self.accum_steps:
+            divisors = [d for d in range(1, min(self.batch_size, 64) + 1)
+                        if self.batch_size % d == 0]
+            raise ConfigError(f"batch_size {self.batch_size} is not divisible by accum_steps "
+                              f"{self.accum_steps}: each optimizer step splits the batch into "
+                              f"accum_steps equal micro-batches. Use accum_steps in {divisors} "
+                              "or change batch_size.")
+        _require(self.warmup_epochs >= 0, "warmup_epochs={} must be >= 0 (0 = no warmup)",
+                 self.warmup_epochs)
+        _require(self.warmup_steps is None or self.warmup_steps >= 0, "warmup_steps={} must "
+                 "be >= 0 (0 = no warmup; null = use warmup_epochs)", self.warmup_steps)
+        if self.warmup_steps is not None and self.total_steps:
+            _require(self.warmup_steps <= self.total_steps, "warmup_steps={} is longer than the "
+                     f"run (total_steps={self.total_steps}), so the learning rate would never "
+                     "reach lr: lower warmup_steps (about 5-10% of the steps is usual) or raise "
+                     "total_steps", self.warmup_steps)
+        elif self.warmup_steps is None and not self.total_steps:
+            _require(self.warmup_epochs <= self.epochs, "warmup_epochs={} is longer than the "
+                     f"run (epochs={self.epochs}), so the learning rate would never reach lr: "
+                     f"lower warmup_epochs (e.g. warmup_epochs={self.epochs / 10:g}) or raise "
+                     "epochs", self.warmup_epochs)
+        _require(self.time_budget >= 0, "time_budget={} must be >= 0 seconds (0 = no budget)",
+                 self.time_budget)
+        for key in ("train_limit", "test_limit"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"{key}={{}} must be >= 1 images (or null for "
+                     "all of them)", value)
 
     def _check_optimization(self) -> None:
         from vitkit.train.optim import OPTIMIZERS
@@ -94,10 +167,23 @@ class TrainConfig:
             raise ConfigError(f"optimizer={self.optimizer!r}: use one of "
                               f"{', '.join(OPTIMIZERS)}." + _did_you_mean(self.optimizer,
                                                                         list(OPTIMIZERS)))
+        if self.schedule not in ("cosine", "constant"):
+            raise ConfigError(f"schedule={self.schedule!r}: use 'cosine' or 'constant'")
+        if self.amp not in ("auto", "bf16", "off"):
+            raise ConfigError(f"amp={self.amp!r}: use 'auto', 'bf16' or 'off'")
+        _require(self.lr >= 0, "lr={} must be >= 0, e.g. lr=0.001", self.lr)
+        _require(self.weight_decay >= 0, "weight_decay={} must be >= 0 (0 = none), e.g. 0.05",
+                 self.weight_decay)
+        _require(all(0 <= beta < 1 for beta in self.betas), "betas={} must both be in [0, 1), "
+                 "e.g. betas=[0.9,0.999]", list(self.betas))
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum={self.momentum} must be in [0, 1), e.g. 0.9")
-        if self.total_steps < 0 or (self.warmup_steps or 0) < 0:
-            raise ConfigError("total_steps and warmup_steps must be >= 0")
+        _require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio={} must be in [0, 1] (the final "
+                 "learning rate as a fraction of lr)", self.min_lr_ratio)
+        _require(self.clip_grad >= 0, "clip_grad={} must be >= 0 (a global gradient norm; 0 = "
+                 "off)", self.clip_grad)
+        _require(self.ema_decay is None or 0 <= self.ema_decay < 1, "ema_decay={} must be in "
+                 "[0, 1), e.g. 0.9999 (0 or null = no weight EMA)", self.ema_decay)
         if self.resize_crop < 1.0:
             raise ConfigError(f"resize_crop={self.resize_crop} must be >= 1 (1 = resize only; "
                               "512/384 = the official resize 512, random crop 384)")
@@ -106,6 +192,48 @@ class TrainConfig:
                               "(official) or 'bicubic'")
         if (self.mean is None) != (self.std is None):
             raise ConfigError("set mean and std together (or neither, to use the defaults)")
+        if self.mean is not None and self.std is not None:
+            _require(len(self.mean) == len(self.std), "mean and std need one value per "
+                     "channel each; got {}", f"mean={list(self.mean)}, std={list(self.std)}")
+            _require(all(s > 0 for s in self.std), "std={} must be > 0 for every channel",
+                     list(self.std))
+
+    def _check_evaluation_and_output(self) -> None:
+        from vitkit.data.sources import SOURCES
+
+        if self.data not in SOURCES:
+            raise ConfigError(f"data={self.data!r} is not a data source: use one of "
+                              f"{', '.join(SOURCES)}." + _did_you_mean(self.data, SOURCES))
+        _require(self.eval_every >= 1, "eval_every={} must be >= 1 (evaluate every N epochs; "
+                 "the end of the run is always evaluated)", self.eval_every)
+        _require(self.eval_batch_size >= 1, "eval_batch_size={} must be >= 1, e.g. 500",
+                 self.eval_batch_size)
+        _require(self.threads is None or self.threads >= 1, "threads={} must be >= 1 (or null "
+                 "for all cores)", self.threads)
+        unknown_logs = sorted(set(self.log) - set(LOG_FORMATS))
+        _require(not unknown_logs, "log={} holds unknown formats: use any of "
+                 + ", ".join(LOG_FORMATS), list(self.log))
+        _require(bool(self.out_dir.strip()), "out_dir={!r} is empty: name a folder for the "
+                 "checkpoints and metrics", self.out_dir)
+        stages = [float(entry[0]) if len(entry) == 2 else -1.0
+                  for entry in self.resolution_schedule]
+        if stages and (stages[0] != 0 or stages != sorted(stages) or stages[-1] >= 1
+                       or min(stages) < 0):
+            raise ConfigError("resolution_schedule must start at fraction 0 and increase, e.g. "
+                              "[[0, 16], [0.6, 32]] ([fraction of training, image side] pairs, "
+                              "fractions below 1)")
+
+    def _check_against_model(self, model: ViTConfig) -> None:
+        """Settings that must fit the model: schedule sides, normalisation channels."""
+        patch = model.patch_size
+        for _, side in self.resolution_schedule:
+            _require(side >= patch and float(side).is_integer() and int(side) % patch == 0,
+                     "resolution_schedule side {} must be a multiple of the patch size "
+                     f"{patch} (each token is a {patch}x{patch} patch), e.g. {2 * patch}", side)
+        if self.mean is not None:
+            _require(len(self.mean) in (1, model.in_chans), "mean and std have {} values but the "
+                     f"model takes {model.in_chans} channel(s): give one value per channel (or "
+                     "one for all)", len(self.mean))
 
     def finetune_overrides(self) -> dict[str, Any]:
         """With `init_from`: `model` as overrides of the checkpoint's config (img_size, ...)."""
@@ -146,41 +274,74 @@ def recipe_names() -> list[str]:
                   if p.name.endswith(".json"))
 
 
-def load_train_config(path_or_name: str | None, overrides: list[str] | None = None
-                      ) -> TrainConfig:
-    """A recipe file or shipped recipe name, then `key=value` overrides (`model.depth=4`)."""
-    data: dict[str, Any] = {}
+def load_train_config(path_or_name: str | None, overrides: list[str] | None = None,
+                      base: dict[str, Any] | None = None) -> TrainConfig:
+    """A recipe file or shipped recipe name (or `base`, a recipe as a dict, such as the one a
+    checkpoint stores), then `key=value` overrides (`model.depth=4`, `augment.flip=false`),
+    each read by the type of the field it sets."""
+    data: dict[str, Any] = dict(base or {})
     if path_or_name:
-        path = Path(path_or_name)
-        if path.is_file():
-            text = path.read_text()
-        elif path_or_name in recipe_names():
-            text = resources.files("vitkit.recipes").joinpath(f"{path_or_name}.json").read_text()
-        else:
-            raise ConfigError(f"no recipe file or shipped recipe {path_or_name!r}."
-                              + _did_you_mean(path_or_name, recipe_names())
-                              + f" Shipped recipes: {', '.join(recipe_names())}.")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"recipe {path_or_name} is not valid JSON: {exc}") from exc
-        data.pop("_comment", None)
-        data.pop("_notes", None)
+        data = read_recipe(path_or_name)
     for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not KEY=VALUE")
-        key, raw = item.split("=", 1)
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        target = data
-        *parents, leaf = key.strip().split(".")
-        for parent in parents:
-            current = target.get(parent)
-            if isinstance(current, str) and parent == "model":
-                current = {"variant": current}
-            target[parent] = current if isinstance(current, dict) else {}
-            target = target[parent]
-        target[leaf] = value
+        apply_override(data, item)
     return TrainConfig.from_dict(data)
+
+
+def read_recipe(path_or_name: str) -> dict[str, Any]:
+    """A recipe's keys from a JSON file or a shipped recipe name (comments dropped)."""
+    path = Path(path_or_name)
+    if path.is_file():
+        text = path.read_text()
+    elif path_or_name in recipe_names():
+        text = resources.files("vitkit.recipes").joinpath(f"{path_or_name}.json").read_text()
+    else:
+        raise ConfigError(f"no recipe file or shipped recipe {path_or_name!r}."
+                          + _did_you_mean(path_or_name, recipe_names())
+                          + f" Shipped recipes: {', '.join(recipe_names())}.")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"recipe {path_or_name} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path_or_name} must hold a JSON object of training keys")
+    data.pop("_comment", None)
+    data.pop("_notes", None)
+    return data
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Set one `key=value` (or `model.key=value`, `augment.key=value`) in a recipe dict."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. epochs=5)")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    *parents, leaf = key.split(".")
+    if not parents:
+        data[leaf] = parse_text(TrainConfig, leaf, raw, what="training config")
+        return
+    if len(parents) > 1 or parents[0] not in NESTED_KEYS:
+        raise ConfigError(f"override {key}=...: only model and augment have keys inside "
+                          "(model.depth=4, augment.flip=false); other keys have no dots")
+    parent = parents[0]
+    current = data.get(parent)
+    if parent == "model" and isinstance(current, str):
+        current = {"variant": current}
+    target = dict(current) if isinstance(current, dict) else {}
+    if parent == "model" and leaf == "variant":
+        target[leaf] = raw.strip()
+    else:
+        target[leaf] = parse_text(NESTED_KEYS[parent], leaf, raw, label=key, what=parent)
+    data[parent] = target
+
+
+def checkpoint_train_config(path: str | Path) -> dict[str, Any]:
+    """The recipe a training checkpoint (last.pt, best.pt) was trained with, as a dict."""
+    from vitkit.train.checkpoint import load_checkpoint
+
+    state = load_checkpoint(path)
+    recipe = state.get("train_config") if isinstance(state, dict) else None
+    if not isinstance(recipe, dict):
+        raise CheckpointError(f"{path} is not a vitkit training checkpoint (it holds no "
+                              "training recipe): --resume takes the last.pt or best.pt that "
+                              "`vitkit train` writes")
+    return dict(recipe)

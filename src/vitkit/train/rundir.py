@@ -1,0 +1,55 @@
+"""A run's output folder: which files make a run, and never writing over one by accident.
+
+A training run writes last.pt, best.pt, metrics.jsonl (appended), metrics.csv (rewritten),
+learning_curve.png and tensorboard/. Starting a new run in a folder that holds them would mix
+the two runs' metrics and overwrite the checkpoints, so it is refused unless the run is being
+continued (`resume` inside the folder) or `overwrite` clears it first.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from vitkit.errors import ConfigError
+
+RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "metrics.csv", "learning_curve.png")
+RUN_FOLDERS = ("tensorboard",)
+
+
+def run_files(out_dir: str | Path) -> list[Path]:
+    """The files and folders of an earlier run in `out_dir` (empty when there is none)."""
+    out = Path(out_dir)
+    return [out / name for name in (*RUN_FILES, *RUN_FOLDERS) if (out / name).exists()]
+
+
+def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
+                    overwrite: bool = False) -> None:
+    """Refuse to start a run over an earlier one in `out_dir`, unless it is continued from a
+    checkpoint in that folder (`resume`) or `overwrite` deletes the earlier run's files."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder: pass a folder for the run")
+    found = run_files(out)
+    resuming_here = resume is not None and _inside(Path(resume), out)
+    if overwrite and resuming_here:
+        raise ConfigError(f"--overwrite would delete {out}'s run, which --resume {resume} "
+                          "continues: use --resume to continue it, or --overwrite (without "
+                          "--resume) to start over")
+    if not found or resuming_here:
+        return
+    if not overwrite:
+        names = ", ".join(path.name for path in found)
+        raise ConfigError(
+            f"{out} already holds a run ({names}); a new run there would overwrite it. "
+            f"To continue it: --resume {out / 'last.pt'}; to start over (deletes those "
+            "files): --overwrite; to keep it: another --out folder.")
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)  # another rank (torchrun) may have removed it
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().parent == folder.resolve()

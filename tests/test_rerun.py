@@ -1,0 +1,118 @@
+"""Nothing is lost by re-running: `vitkit train --out X` over a run refuses and says how to
+continue (--resume), start over (--overwrite) or keep it (another --out); --resume without a
+recipe continues with the checkpoint's own recipe."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.cli import main
+from vitkit.train.checkpoint import load_checkpoint
+from vitkit.train.rundir import prepare_run_dir
+
+# Not the digits recipe's settings, so that a resume that fell back to it would be refused.
+FIRST_RUN = ["digits", "total_steps=2", "model.depth=2", "lr=0.002", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "first"
+    assert main(["train", *FIRST_RUN, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def run(finished_run, tmp_path) -> Path:
+    """A fresh copy of the finished run for each test."""
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _csv_rows(out: Path) -> int:
+    return len((out / "metrics.csv").read_text().splitlines()) - 1  # minus the header
+
+
+def test_a_second_run_into_the_same_folder_is_refused_and_nothing_changes(run, capsys):
+    before = {name: (run / name).read_bytes() for name in ("last.pt", "metrics.jsonl",
+                                                           "metrics.csv")}
+    assert main(["train", *FIRST_RUN, "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run} already holds a run (last.pt, best.pt, metrics.jsonl" in err
+    for advice in (f"--resume {run / 'last.pt'}", "--overwrite", "another --out"):
+        assert advice in err
+    assert "Traceback" not in err
+    assert all((run / name).read_bytes() == data for name, data in before.items())
+
+
+def test_following_resume_continues_the_run(run):
+    assert main(["train", *FIRST_RUN, "total_steps=4", "--out", str(run),
+                 "--resume", str(run / "last.pt")]) == 0
+    state = load_checkpoint(run / "last.pt")
+    assert state["position"]["step"] == 4
+    rows = _rows(run)
+    assert [row["step"] for row in rows] == [2, 4]  # the first run's row kept, one added
+    assert _csv_rows(run) == len(rows) == len(state["history"])
+
+
+def test_following_overwrite_starts_over_and_clears_the_old_files(run):
+    old = load_checkpoint(run / "last.pt")["model"]
+    assert main(["train", *FIRST_RUN, "total_steps=1", "seed=1", "--out", str(run),
+                 "--overwrite"]) == 0
+    rows = _rows(run)
+    assert [row["step"] for row in rows] == [1]  # only the new run's metrics
+    assert _csv_rows(run) == 1
+    new = load_checkpoint(run / "last.pt")
+    assert new["position"]["step"] == 1
+    assert not torch.equal(new["model"]["head.weight"], old["head.weight"])
+
+
+def test_following_another_out_keeps_both(run, tmp_path):
+    other = tmp_path / "second"
+    assert main(["train", *FIRST_RUN, "--out", str(other)]) == 0
+    assert len(_rows(run)) == 1 and len(_rows(other)) == 1
+
+
+def test_overwrite_and_resume_of_the_same_run_contradict(run):
+    from vitkit import ConfigError
+
+    with pytest.raises(ConfigError, match="--overwrite would delete"):
+        prepare_run_dir(run, resume=run / "last.pt", overwrite=True)
+    assert (run / "last.pt").exists()
+    prepare_run_dir(run, resume=run / "last.pt")  # continuing is fine
+
+
+def test_resume_without_a_recipe_uses_the_checkpoints_recipe(run, capsys):
+    # No recipe, no --out: the checkpoint's recipe (depth 2, lr 0.002), in its folder.
+    assert main(["train", "--resume", str(run / "last.pt"), "total_steps=3"]) == 0
+    state = load_checkpoint(run / "last.pt")
+    assert state["position"]["step"] == 3
+    assert state["train_config"]["lr"] == 0.002 and state["train_config"]["total_steps"] == 3
+    assert state["model_config"]["depth"] == 2
+    assert [row["step"] for row in _rows(run)] == [2, 3]
+    # The digits recipe itself has depth 4: naming it is still refused with the difference.
+    assert main(["train", "digits", "--resume", str(run / "last.pt"), "progress=false"]) == 2
+    assert "depth: checkpoint 2 vs config 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", [[], ["digits"]])
+def test_resume_from_a_file_that_is_not_a_checkpoint_says_so(recipe, run, tmp_path, capsys):
+    png = tmp_path / "cat.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    assert main(["train", *recipe, "--resume", str(png), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"{png} is not a vitkit training checkpoint" in err
+    assert "weights_only=False" not in err and "Traceback" not in err
+    # A PyTorch file that is a plain state dict, not a training checkpoint:
+    weights = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, weights)
+    assert main(["train", "--resume", str(weights), "--out", str(tmp_path / "y")]) == 2
+    assert "holds no training recipe" in capsys.readouterr().err
+    # Following the advice (the last.pt that `vitkit train` wrote) works.
+    assert main(["train", *recipe, *FIRST_RUN[1:], "total_steps=3", "--resume",
+                 str(run / "last.pt")]) == 0
