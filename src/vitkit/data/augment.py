@@ -35,6 +35,7 @@ __all__ = [
     "random_crop",
     "random_erasing",
     "random_flip",
+    "resize_batch",
     "soft_cross_entropy",
     "trivial_augment",
 ]

@@ -10,7 +10,6 @@ import signal
 import time
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from vitkit.train.finetune import (
 )
 from vitkit.train.metrics import evaluate
 from vitkit.train.optim import build_optimizer
+from vitkit.train.plan import RunPlan
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.schedule import SCHEDULES
 
@@ -140,7 +140,10 @@ class Trainer:
         if self.order.batches_per_epoch() == 0:
             raise DataError(f"{len(train_data)} training images do not fill one batch of "
                             f"{cfg.batch_size}: lower batch_size")
-        self.position = Position(total_steps=self._planned_steps(cfg.epochs))
+        self.plan = RunPlan.create(self.model_config, self.order.batches_per_epoch(),
+                                   cfg.epochs, cfg.total_steps, cfg.warmup_steps,
+                                   cfg.warmup_epochs, cfg.resolution_schedule)
+        self.position = Position(total_steps=self.plan.planned_steps)
         if resume_state:
             self._resume(resume_state, resume)
         self.train_model: torch.nn.Module = self.model
@@ -179,42 +182,12 @@ class Trainer:
             return torch.bfloat16
         return None
 
-    def _planned_steps(self, epochs: float) -> int:
-        if self.cfg.total_steps:
-            return self.cfg.total_steps
-        return max(1, math.ceil(epochs * self.order.batches_per_epoch()))
-
     @property
     def warmup_steps(self) -> int:
-        if self.cfg.warmup_steps is not None:
-            return self.cfg.warmup_steps
-        return round(self.cfg.warmup_epochs * self.order.batches_per_epoch())
+        """Warmup steps of the run as now planned (scaled into a shorter budget-fitted run)."""
+        return self.plan.warmup_for(self.position.total_steps)
 
     # -- progressive resizing ---------------------------------------------------------------------
-    def resolution_at(self, step: int, total_steps: int) -> tuple[int, int]:
-        """The training image size at `step` under the resolution schedule."""
-        size = self.model_config.img_size
-        for start, side in self.cfg.resolution_schedule:
-            if step >= start * total_steps:
-                size = (int(side), int(side))
-        return size
-
-    def _tokens_between(self, first: int, total: int) -> int:
-        """Tokens per image summed over steps `first`..`total - 1` of a `total`-step run,
-        stage by stage of the resolution schedule (a stage starts at ceil(fraction * total))."""
-        starts = {math.ceil(start * total) for start, _ in self.cfg.resolution_schedule}
-        bounds = [*sorted(starts | {0}), total]
-        tokens = 0
-        for low, high in pairwise(bounds):
-            steps = min(high, total) - max(low, first)
-            if steps > 0:
-                tokens += steps * self._tokens(self.resolution_at(low, total))
-        return tokens
-
-    def _tokens(self, size: tuple[int, int]) -> int:
-        patch = self.model_config.patch_size
-        return (size[0] // patch) * (size[1] // patch) + self.model_config.num_prefix_tokens
-
     @torch.no_grad()
     def set_resolution(self, size: tuple[int, int]) -> None:
         """Move the model (and the optimizer's moments of learned positions) to `size`."""
@@ -310,7 +283,7 @@ class Trainer:
         if not changed:
             return
         pos, before = self.position, self.position.total_steps
-        pos.total_steps = self._planned_steps(self.cfg.epochs)
+        pos.total_steps = self.plan.planned_steps
         if self.cfg.time_budget and pos.elapsed >= self.cfg.time_budget:
             log.warning("resume: %s, but the checkpoint already used %.0f s of the %.0f s "
                         "budget; raise time_budget to train on", changed, pos.elapsed,
@@ -343,28 +316,19 @@ class Trainer:
         return self.position.elapsed + self._elapsed()
 
     def _fit_schedule_to_budget(self, seconds: float, tokens: int, eval_seconds: float) -> None:
-        """Size the schedule so the remaining steps and evaluations end within the budget.
-
-        `seconds` of training ran `tokens` tokens (summed over steps, so a stretch that crossed
-        a resolution change is measured right). A step's cost is taken as proportional to its
-        token count, so lower-resolution stages count as the cheaper steps they are.
-        """
-        step = self.position.step
-        per_token = seconds / max(tokens, 1)
-        remaining = self.cfg.time_budget - self._time_used() - eval_seconds
-        per_epoch = self.order.batches_per_epoch()
-
-        def predicted(total: int) -> float:
-            train = self._tokens_between(step, total) * per_token
-            return train + eval_seconds * (total - step) / per_epoch / self.cfg.eval_every
-
-        low, high = step + 1, step + 2
-        while predicted(high) < remaining and high < 10**7:
-            low, high = high, high * 2
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if predicted(middle) <= remaining else (low, middle)
-        self.position.total_steps = low
+        """Re-plan the run's length so the rest ends within the budget (`seconds` of training
+        ran `tokens` tokens per image, summed over its steps)."""
+        pos, plan, cfg = self.position, self.plan, self.cfg
+        remaining = cfg.time_budget - self._time_used() - eval_seconds
+        before = pos.total_steps
+        pos.total_steps = plan.fit_to_budget(pos.step, seconds / max(tokens, 1), remaining,
+                                             eval_seconds, cfg.eval_every)
+        if pos.total_steps < plan.planned_steps <= before:
+            log.warning("the %.0f s time budget fits %d of the %d planned steps (%.2f epochs); "
+                        "the schedule and its %d warmup steps are scaled to fit (warmup %d)",
+                        cfg.time_budget, pos.total_steps, plan.planned_steps,
+                        pos.total_steps / plan.batches_per_epoch, plan.warmup,
+                        plan.warmup_for(pos.total_steps))
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -390,7 +354,7 @@ class Trainer:
                     lr = cfg.lr * schedule(pos.step, pos.total_steps, self.warmup_steps,
                                            cfg.min_lr_ratio)
                     loss = self._train_step(indices, lr)
-                    step_tokens = self._tokens(tuple(self.model.config.img_size))
+                    step_tokens = self.plan.tokens(tuple(self.model.config.img_size))
                     epoch_tokens += step_tokens
                     pos.step += 1
                     pos.batch = batch_index + 1
@@ -459,7 +423,7 @@ class Trainer:
         images, targets = self.augment(self.train_data.images[indices],
                                        self.train_data.labels[indices], self.generator,
                                        self.mean, self.std)
-        size = self.resolution_at(self.position.step, self.position.total_steps)
+        size = self.plan.resolution_at(self.position.step, self.position.total_steps)
         last = self._trained_size
         if last is not None and size[0] * size[1] < last[0] * last[1]:
             size = last  # a re-fitted budget may move a stage boundary back: never shrink
