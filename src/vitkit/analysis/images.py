@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
+from vitkit.data.images import open_image
 from vitkit.data.preprocess import Preprocess
 from vitkit.errors import InputError
 
@@ -38,16 +39,9 @@ def _to_pil(image: torch.Tensor) -> Image.Image:
 
 def images_from_files(paths: Sequence[str | Path], preprocess: Preprocess
                       ) -> tuple[torch.Tensor, list[str]]:
-    """Read image files (Pillow) into a uint8 batch at the model's size; names = the paths."""
-    pictures = []
-    for path in paths:
-        try:
-            with Image.open(path) as image:
-                image.load()
-                pictures.append(image.copy())
-        except (OSError, UnidentifiedImageError) as exc:
-            raise InputError(f"cannot read {path} as an image ({exc}); pass image files "
-                             "Pillow can decode (PNG, JPEG, ...)") from exc
+    """Read image files (`vitkit.data.images`) into a uint8 batch at the model's size; names =
+    the paths."""
+    pictures = [open_image(path, preprocess.channels) for path in paths]
     return as_uint8_batch(pictures, preprocess), [str(path) for path in paths]
 
 
