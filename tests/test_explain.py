@@ -139,8 +139,10 @@ def _vit_explain_mask(layers: list[np.ndarray], head_fusion: str, discard_ratio:
 
 
 def test_rollout_equals_vit_explain_for_mean_fusion_and_differs_only_by_its_normalisation():
-    torch.manual_seed(1)
-    _, attentions = attention_weights(_tiny_model(), torch.randn(1, 3, 24, 40))
+    # Sharp attention, as trained models have: max/min-fused rows sum far from 1.
+    generator = torch.Generator().manual_seed(1)
+    attentions = [torch.softmax(3 * torch.randn(1, 4, 16, 16, generator=generator), -1)
+                  for _ in range(3)]
     layers = [a[0].double().numpy() for a in attentions]
 
     def ours(fusion: str) -> np.ndarray:
@@ -148,10 +150,15 @@ def test_rollout_equals_vit_explain_for_mean_fusion_and_differs_only_by_its_norm
         return (row / row.max()).double().numpy()
 
     np.testing.assert_allclose(ours("mean"), _vit_explain_mask(layers, "mean", 0.0), atol=1e-6)
-    for fusion in ("max", "min"):  # fused rows no longer sum to 1: the conventions part
-        assert np.abs(ours(fusion) - _vit_explain_mask(layers, fusion, 0.0)).max() > 1e-3
+    for fusion in ("max", "min"):  # measured: 0.16 and 0.016 apart at most
+        assert np.abs(ours(fusion) - _vit_explain_mask(layers, fusion, 0.0)).max() > 5e-3
         np.testing.assert_allclose(ours(fusion), _vit_explain_mask(layers, fusion, 0.0, True),
                                    atol=1e-6)
+    # And on a model's own attention weights (mean fusion).
+    _, attentions = attention_weights(_tiny_model(), torch.randn(1, 3, 24, 40))
+    row = attention_rollout(attentions, "mean", 0.0, num_prefix_tokens=1)[0, 0, 1:]
+    expected = _vit_explain_mask([a[0].double().numpy() for a in attentions], "mean", 0.0)
+    np.testing.assert_allclose((row / row.max()).numpy(), expected, atol=1e-6)
 
 
 def test_explain_json_states_the_conventions_and_when_they_match_vit_explain(tmp_path):
