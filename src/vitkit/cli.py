@@ -194,12 +194,14 @@ def cmd_explain(args: argparse.Namespace) -> None:
     from vitkit.analysis.explain import explain_weights
 
     report = explain_weights(args.weights, args.images, args.out, args.data, args.data_dir,
-                             args.num_images, args.weights_dir, head_fusion=args.head_fusion,
-                             discard_ratio=args.discard_ratio)
-    layers = ", ".join(f"{d:.1f}" for d in report["mean_attention_distance_px"]["per_layer"])
-    print(f"{len(report['images'])} image(s); rollout from the "
-          f"{report['rollout']['map_source'].replace('_', ' ')}; mean attention distance per "
-          f"layer (px): {layers}")
+                             args.num_images, args.weights_dir, args.seed,
+                             head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+                             show=args.show)
+    distance = report["mean_attention_distance_px"]
+    layers = ", ".join(f"{d:.1f}" for d in distance["per_layer"])
+    print(f"{len(report['images'])} image(s), {report['rollout']['images_shown']} drawn; rollout "
+          f"from the {report['rollout']['map_source'].replace('_', ' ')}; mean attention "
+          f"distance per layer over {distance['images']} image(s) (px): {layers}")
     print(f"wrote {len(report['files'])} figures and explain.json to {args.out}")
 
 
@@ -268,8 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"))
     explain.add_argument("--discard-ratio", type=float, default=0.0,
                          help="zero this fraction of the weakest attentions (rollout)")
-    explain.add_argument("--num-images", type=int, default=8,
-                         help="test images to use when no IMAGE is given (default 8)")
+    explain.add_argument("--num-images", type=int,
+                         help="test images to sample across classes when no IMAGE is given; "
+                              "all count in the mean attention distance (default 128, the "
+                              "paper's; fewer when the test split is smaller)")
+    explain.add_argument("--show", type=int, default=8,
+                         help="images drawn in the rollout figure (default 8)")
+    explain.add_argument("--seed", type=int, default=0,
+                         help="seed of the class-stratified sample of test images")
     explain.add_argument("--data", help="digits, cifar10, cifar100 or folder (default: as "
                                         "trained)")
     explain.add_argument("--data-dir", help="local dataset folder")

@@ -12,6 +12,9 @@ from vitkit.model.layers import ConvStem, PatchEmbed
 from vitkit.model.resnet import HybridEmbed
 
 PAPER_COMPONENTS = 28
+SIGN_CONVENTION = ("each component's largest-magnitude entry is positive (scikit-learn's PCA "
+                   "convention since 1.5), so a run, a re-run and other libraries draw the "
+                   "same colours")
 
 
 @dataclass
@@ -47,7 +50,8 @@ def pixel_filters(model: nn.Module) -> tuple[torch.Tensor, str]:
 
 def filter_components(filters: torch.Tensor, count: int = PAPER_COMPONENTS,
                       source: str = "") -> FilterComponents:
-    """PCA over the filters (each a point): centre, SVD, the first min(count, rank) axes."""
+    """PCA over the filters (each a point): centre, SVD, the first min(count, rank) axes,
+    signs fixed by `fix_signs` (an SVD may return any axis negated)."""
     flat = filters.reshape(filters.shape[0], -1).double()
     flat = flat - flat.mean(dim=0, keepdim=True)
     _, singular, axes = torch.linalg.svd(flat, full_matrices=False)
@@ -55,8 +59,18 @@ def filter_components(filters: torch.Tensor, count: int = PAPER_COMPONENTS,
     total = variance.sum().clamp(min=1e-30)
     rank = int((singular > singular[0] * 1e-5).sum()) if singular.numel() else 0
     keep = min(count, rank)
-    components = axes[:keep].reshape(keep, *filters.shape[1:]).float()
+    components = fix_signs(axes[:keep]).reshape(keep, *filters.shape[1:]).float()
     return FilterComponents(components, (variance[:keep] / total).float(), source)
+
+
+def fix_signs(components: torch.Tensor) -> torch.Tensor:
+    """Flip each component (a row, or a (C, kh, kw) filter) so that its largest-magnitude
+    entry is positive; the first such entry decides a tie. A component and its negation
+    give the same result."""
+    flat = components.reshape(components.shape[0], -1)
+    strongest = flat.gather(1, flat.abs().argmax(dim=1, keepdim=True))
+    signs = torch.where(strongest < 0, -1.0, 1.0).to(flat.dtype)
+    return (flat * signs).reshape(components.shape)
 
 
 def to_display(components: torch.Tensor) -> torch.Tensor:
