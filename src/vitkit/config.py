@@ -69,6 +69,7 @@ class ViTConfig:
     """
 
     img_size: tuple[int, int] = (224, 224)
+    dynamic_img_size: bool = False  # forward takes any size the stem tokenises (see the model)
     patch_size: int = 16
     in_chans: int = 3
     stem: str = "patch"  # "patch": one P x P projection; "conv": a small CNN (hybrid)
