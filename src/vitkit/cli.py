@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -59,7 +60,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    parser.add_argument("weights", help="weights file, model folder, training run folder or "
+                                        "checkpoint name (e.g. B/16-i21k)")
     parser.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
 
 
@@ -142,8 +144,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from vitkit.evaluate import evaluate_checkpoint
 
-    report = evaluate_checkpoint(args.checkpoint, args.data, args.data_dir, args.split,
-                                 args.out, args.limit, args.batch_size)
+    report = evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split, args.out,
+                                 args.limit, args.batch_size, args.weights_dir)
     print(report)
 
 
@@ -234,12 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.set_defaults(run=cmd_finetune)
 
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
-    evaluate.add_argument("checkpoint", help="a checkpoint written by `vitkit train`")
+    add_weights_argument(evaluate)
     evaluate.add_argument("--data", default=None,
-                          help="digits, cifar10, cifar100 or folder (default: as trained)")
+                          help="digits, cifar10, cifar100 or folder (default: the data a "
+                               "training checkpoint records; required for other weights)")
     evaluate.add_argument("--data-dir", help="local dataset folder")
     evaluate.add_argument("--split", default="test", choices=("train", "test"))
-    evaluate.add_argument("--limit", type=int, help="evaluate only the first N images")
+    evaluate.add_argument("--limit", type=int, help="evaluate only the first N images "
+                                                    "(default: as the training run did)")
     evaluate.add_argument("--batch-size", type=int, default=500)
     evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
     evaluate.set_defaults(run=cmd_eval)
@@ -299,6 +303,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # what was loaded, and how
     try:
         args.run(args)
     except VitkitError as exc:

@@ -55,10 +55,12 @@ def resample_grid_embed(pos_embed: torch.Tensor, old_grid: tuple[int, int],
 
     The prefix (class token) rows are kept as they are; the grid, square or not, is
     interpolated in 2-D with `mode` ("bilinear" or "bicubic"). The defaults sample pixel
-    centres (align_corners=False) without antialiasing, as timm and big_vision do when
-    growing the grid; `align_corners=True` with bilinear reproduces the original vit_jax
-    code (scipy.ndimage.zoom, order 1). `new_grid` may hold sizes traced as tensors (a
-    dynamic-size model under `torch.jit.trace`): the resampling then stays in the graph.
+    centres (align_corners=False) without antialiasing: with bilinear, timm's reader of the
+    official .npz files. `align_corners=True` with bilinear is the official code (vit_jax
+    and big_vision: scipy.ndimage.zoom, order 1); bicubic with `antialias=True` is timm's
+    `resample_abs_pos_embed` default. `vitkit.weights.resampling` names these conventions.
+    `new_grid` may hold sizes traced as tensors (a dynamic-size model under
+    `torch.jit.trace`): the resampling then stays in the graph.
     """
     if mode not in ("bilinear", "bicubic"):
         raise ValueError(f"mode={mode!r}: use 'bilinear' or 'bicubic'")
