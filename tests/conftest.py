@@ -1,7 +1,11 @@
-"""Shared test settings: deterministic seeds, and where the real CIFAR-10 copy lives."""
+"""Shared test settings: deterministic seeds, where the real CIFAR-10 copy lives, and the
+data fuzzer of tools/fuzz_data.py."""
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -31,3 +35,13 @@ def cifar10_dir() -> Path:
             pytest.fail(f"CI needs the real CIFAR-10 copy at {path}")
         pytest.skip(f"real CIFAR-10 not found at {path} (set VITKIT_CIFAR10_DIR to run)")
     return path
+
+
+@pytest.fixture(scope="session")
+def fuzzer() -> ModuleType:
+    """tools/fuzz_data.py, the fuzzer of the long runs, for bounded runs in the suite."""
+    spec = importlib.util.spec_from_file_location("fuzz_data", REPO / "tools" / "fuzz_data.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_data"] = module  # its dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module

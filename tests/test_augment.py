@@ -343,6 +343,18 @@ def test_normalize() -> None:
     assert torch.allclose(out.flatten(), torch.tensor([0.0, 1.0, 0.0]), atol=1e-6)
 
 
+def test_one_normalize_for_training_and_inference() -> None:
+    """Training (augment), evaluation and predict (Preprocess) share one function."""
+    from vitkit.data import preprocess
+
+    assert normalize is preprocess.normalize
+    x = noise(2, 3, 4, 4)
+    pre = preprocess.Preprocess(img_size=4, mean=(0.1, 0.2, 0.3), std=(0.5, 0.6, 0.7))
+    assert torch.equal(pre.normalize(x), normalize(x, pre.mean, pre.std))
+    with pytest.raises(InputError, match="uint8"):
+        normalize(x.float(), pre.mean, pre.std)
+
+
 # ------------------------------------------------------------------ pipeline
 
 

@@ -6,6 +6,7 @@ import hashlib
 import io
 import tarfile
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -136,6 +137,47 @@ def test_wrong_number_of_class_names(tmp_path: Path) -> None:
     (folder / "fine_label_names.txt").write_text("a\nb\n")
     with pytest.raises(DataError, match="lists 2 class names but cifar100 has 100"):
         load_cifar(folder, "test", dataset="cifar100")
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (np.random.default_rng(0).bytes(300), r"is not UTF-8 text \(byte \d+: invalid"),
+    ("\n".join(CIFAR10_CLASSES).encode("utf-16"), r"is not UTF-8 text \(byte 0"),
+    ("\n".join(["caf\xe9", *CIFAR10_CLASSES[1:]]).encode("latin-1"), r"is not UTF-8 text"),
+    ("\n".join(["a\x00b", *CIFAR10_CLASSES[1:]]).encode(), r"has a control character in "
+                                                           r"the name 'a\\x00b'"),
+    ("\n".join(CIFAR10_CLASSES[:7]).encode(), r"lists 7 class names but cifar10 has 10"),
+    ("\n".join(CIFAR10_CLASSES * 2).encode(), r"lists 20 class names"),
+    (b"x\n" * 40_000, r"has 80,000 bytes, too many for a list of class names"),
+], ids=["random-bytes", "utf-16", "latin-1", "control-char", "too-few", "too-many", "huge"])
+def test_garbage_meta_file_names_file_and_fix(tmp_path: Path, content: bytes,
+                                              problem: str) -> None:
+    folder = _write_cifar10(tmp_path / "cifar-10-batches-bin",
+                            {"test_batch.bin": _records([1, 2])})
+    meta = folder / "batches.meta.txt"
+    meta.write_bytes(content)
+    with pytest.raises(DataError, match=rf"batches\.meta\.txt {problem}.*Restore it from the "
+                                        rf"official cifar10 tarball, or delete it to name the "
+                                        rf"classes 0\.\.9"):
+        load_cifar(tmp_path, "test")
+    meta.unlink()  # the advice, first half: delete it
+    assert load_cifar(tmp_path, "test").classes == [str(i) for i in range(10)]
+    meta.write_text("\n".join(CIFAR10_CLASSES) + "\n")  # second half: restore it
+    assert load_cifar(tmp_path, "test").classes == CIFAR10_CLASSES
+
+
+def test_meta_file_with_bom_and_crlf(tmp_path: Path) -> None:
+    folder = _write_cifar10(tmp_path, {"test_batch.bin": _records([0])}, meta=False)
+    (folder / "batches.meta.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(CIFAR10_CLASSES)
+                                              .encode())
+    assert load_cifar(tmp_path, "test").classes == CIFAR10_CLASSES
+
+
+def test_fuzzed_cifar_folders_load_or_fail_clearly(fuzzer: ModuleType) -> None:
+    """Truncated, flipped-byte, resized and garbage batch and class-name files (seeded; at most
+    500 or ~3 s): each loads a valid dataset or raises a VitkitError that names the file."""
+    counts = fuzzer.fuzz_cifar(500, seed=2, seconds=3.0)
+    assert counts.other == 0, counts.examples
+    assert counts.cases >= 100 and counts.clear_error > 0 and counts.loaded > 0
 
 
 def test_missing_folder_explains_fix(tmp_path: Path) -> None:

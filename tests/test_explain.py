@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from matplotlib.text import Text
 from PIL import Image
 
 from vitkit import create_model, save_pretrained
+from vitkit.analysis import figures
 from vitkit.analysis.attention import (
     attention_rollout,
     attention_weights,
@@ -22,13 +25,23 @@ from vitkit.analysis.attention import (
     map_source,
     output_token_map,
 )
-from vitkit.analysis.distance import mean_attention_distance, uniform_attention_distance
+from vitkit.analysis.distance import (
+    PAPER_IMAGES,
+    mean_attention_distance,
+    uniform_attention_distance,
+)
 from vitkit.analysis.explain import FILES, explain
-from vitkit.analysis.filters import filter_components, pixel_filters, to_display
+from vitkit.analysis.filters import filter_components, fix_signs, pixel_filters, to_display
+from vitkit.analysis.images import stratified_indices
 from vitkit.analysis.posembed import cosine_similarity_grid, position_similarity
 from vitkit.cli import main
 from vitkit.errors import ConfigError
 from vitkit.model.posembed import sincos_2d
+
+
+def _true_class(name: str) -> str:
+    """The class in a sampled image's name, "data test #i: class -> prediction (p%)"."""
+    return name.split(": ", 1)[1].split(" -> ")[0]
 
 
 def _layers(*matrices: list[list[float]]) -> list[torch.Tensor]:
@@ -104,6 +117,72 @@ def test_map_source_follows_the_pooling():
     assert map_source(gap.config) == "mean_of_tokens"
 
 
+def _vit_explain_mask(layers: list[np.ndarray], head_fusion: str, discard_ratio: float,
+                      rows_by_their_own_sums: bool = False) -> np.ndarray:
+    """jacobgil/vit-explain's `rollout` (vit_rollout.py) restated in numpy for one image:
+    fuse the heads, zero the weakest `discard_ratio` of all T x T entries except entry
+    (0, 0), a = (A + I) / 2, then `a / a.sum(-1)`, which divides column j by the sum of
+    row j; layers multiplied first layer first; the class token's row over the patches
+    divided by its max. `rows_by_their_own_sums` swaps in vitkit's normalisation."""
+    tokens = layers[0].shape[-1]
+    result = np.eye(tokens)
+    for heads in layers:
+        fused = {"mean": heads.mean(0), "max": heads.max(0), "min": heads.min(0)}[head_fusion]
+        flat = fused.copy().reshape(-1)
+        weakest = np.argsort(flat, kind="stable")[:int(flat.size * discard_ratio)]
+        flat[weakest[weakest != 0]] = 0
+        a = (flat.reshape(tokens, tokens) + np.eye(tokens)) / 2
+        a = a / a.sum(-1, keepdims=True) if rows_by_their_own_sums else a / a.sum(-1)
+        result = a @ result
+    mask = result[0, 1:]
+    return mask / mask.max()
+
+
+def test_rollout_equals_vit_explain_for_mean_fusion_and_differs_only_by_its_normalisation():
+    # Sharp attention, as trained models have: max/min-fused rows sum far from 1.
+    generator = torch.Generator().manual_seed(1)
+    attentions = [torch.softmax(3 * torch.randn(1, 4, 16, 16, generator=generator), -1)
+                  for _ in range(3)]
+    layers = [a[0].double().numpy() for a in attentions]
+
+    def ours(fusion: str) -> np.ndarray:
+        row = attention_rollout(attentions, fusion, 0.0, num_prefix_tokens=1)[0, 0, 1:]
+        return (row / row.max()).double().numpy()
+
+    np.testing.assert_allclose(ours("mean"), _vit_explain_mask(layers, "mean", 0.0), atol=1e-6)
+    for fusion in ("max", "min"):  # measured: 0.16 and 0.016 apart at most
+        assert np.abs(ours(fusion) - _vit_explain_mask(layers, fusion, 0.0)).max() > 5e-3
+        np.testing.assert_allclose(ours(fusion), _vit_explain_mask(layers, fusion, 0.0, True),
+                                   atol=1e-6)
+    # And on a model's own attention weights (mean fusion).
+    _, attentions = attention_weights(_tiny_model(), torch.randn(1, 3, 24, 40))
+    row = attention_rollout(attentions, "mean", 0.0, num_prefix_tokens=1)[0, 0, 1:]
+    expected = _vit_explain_mask([a[0].double().numpy() for a in attentions], "mean", 0.0)
+    np.testing.assert_allclose((row / row.max()).numpy(), expected, atol=1e-6)
+
+
+def test_explain_json_states_the_conventions_and_when_they_match_vit_explain(tmp_path):
+    model = _tiny_model()
+    images = torch.randint(0, 256, (1, 3, 24, 40), dtype=torch.uint8)
+    mean = explain(model, images, tmp_path / "mean")["conventions"]
+    other = explain(model, images, tmp_path / "max", head_fusion="max", discard_ratio=0.5)
+    assert mean["vit_explain"].startswith("equal to jacobgil/vit-explain")
+    assert other["conventions"]["vit_explain"].startswith("differs")
+    assert "divides column j by the sum of row j" in other["conventions"]["vit_explain"]
+    assert "50% of the entries zeroed" in other["conventions"]["rollout"]
+    assert "class token's column is never discarded" in mean["discard"]
+    assert "T x (T - 1)" in mean["discard"]
+    assert "renormalised to sum 1 over the patch keys" in mean["mean_attention_distance"]
+    assert "largest-magnitude entry is positive" in mean["filter_sign"]
+    assert "scaled per map" in mean["figures"]
+    saved = json.loads((tmp_path / "max" / "explain.json").read_text())
+    assert saved["conventions"] == other["conventions"]
+    gap = _tiny_model(class_token=False, pool="mean_patches")
+    gap_conventions = explain(gap, images, tmp_path / "gap")["conventions"]
+    assert "all T x T entries" in gap_conventions["discard"]
+    assert "mean of the patch tokens' rows" in gap_conventions["vit_explain"]
+
+
 # -- mean attention distance --------------------------------------------------------------------
 def _analytic_uniform_distance(rows: int, cols: int, patch: int) -> float:
     """Mean distance between all pairs of patch centres, by an explicit double loop."""
@@ -146,6 +225,31 @@ def test_attending_to_the_next_patch_is_one_patch_size_away():
     for query in range(5):
         attention[0, 0, query, query + 1 if query < 4 else 3] = 1.0
     assert mean_attention_distance([attention], (1, 5), 14).item() == pytest.approx(14.0)
+
+
+def _probing_vits_distance(attention: np.ndarray, side: int, patch: int) -> np.ndarray:
+    """sayakpaul/probing-vits' compute_mean_attention_dist restated: drop the class token's
+    row and column (no renormalisation), weight by the patch-centre distances of a square
+    grid, sum over keys, mean over queries -> (batch, heads)."""
+    count = side * side
+    distance = np.zeros((count, count))
+    for i, j in itertools.product(range(count), repeat=2):
+        distance[i, j] = patch * math.hypot(i // side - j // side, i % side - j % side)
+    return (attention[..., 1:, 1:] * distance).sum(-1).mean(-1)
+
+
+def test_mean_distance_is_probing_vits_formula_on_rows_renormalised_over_the_patches():
+    _, attentions = attention_weights(_tiny_model(img_size=(32, 32)), torch.randn(4, 3, 32, 32))
+    ours = mean_attention_distance(attentions, (4, 4), 8, num_prefix_tokens=1).double().numpy()
+    raw = [a.double().numpy() for a in attentions]
+    theirs = np.stack([_probing_vits_distance(a, 4, 8).mean(0) for a in raw])
+    assert (theirs < ours).all()  # the class token's share of each row counts as distance 0
+    renormalised = []
+    for a in raw:
+        a = a.copy()
+        a[..., 1:, 1:] /= a[..., 1:, 1:].sum(-1, keepdims=True)
+        renormalised.append(_probing_vits_distance(a, 4, 8).mean(0))
+    np.testing.assert_allclose(ours, np.stack(renormalised), rtol=1e-5)
 
 
 # -- position embeddings -------------------------------------------------------------------------
@@ -212,6 +316,36 @@ def test_pixel_filters_name_the_layer_they_come_from():
     assert filters.shape == (8, 3, 3, 3) and "3x3 conv" in source
 
 
+def test_filter_component_signs_do_not_depend_on_the_sign_the_svd_returns():
+    generator = torch.Generator().manual_seed(5)
+    components = torch.randn(6, 3, 4, 4, generator=generator)
+    fixed = fix_signs(components)
+    assert torch.equal(fixed, fix_signs(-components))
+    flipped = components.clone()
+    flipped[[1, 4]] *= -1  # any subset of components negated
+    assert torch.equal(fix_signs(flipped), fixed)
+    flat = fixed.reshape(6, -1)
+    assert (flat.gather(1, flat.abs().argmax(1, keepdim=True)) > 0).all()
+    filters = torch.randn(64, 3, 4, 4, generator=generator)
+    assert torch.allclose(filter_components(filters).components,
+                          filter_components(-filters).components, atol=1e-6)
+
+
+def test_filter_components_equal_scikit_learns_pca_with_its_sign_convention():
+    from sklearn.decomposition import PCA  # >= 1.5: largest-magnitude entry positive
+
+    generator = torch.Generator().manual_seed(7)
+    decay = torch.logspace(0, -2, 48, dtype=torch.float64)  # distinct variances
+    basis, _ = torch.linalg.qr(torch.randn(48, 48, generator=generator, dtype=torch.float64))
+    flat = (torch.randn(96, 48, generator=generator, dtype=torch.float64) * decay) @ basis.T
+    result = filter_components(flat.reshape(96, 3, 4, 4), count=28)
+    pca = PCA(n_components=28, svd_solver="full").fit(flat.numpy())
+    np.testing.assert_allclose(result.components.reshape(28, 48).numpy(), pca.components_,
+                               atol=1e-6)
+    np.testing.assert_allclose(result.explained_variance_ratio.numpy(),
+                               pca.explained_variance_ratio_, rtol=1e-5)
+
+
 # -- figures and explain() ----------------------------------------------------------------------
 def _png_pixels(path: str | Path) -> np.ndarray:
     with Image.open(path) as image:
@@ -234,8 +368,8 @@ def test_explain_writes_every_figure_at_its_size_and_not_blank(tmp_path):
     model = _tiny_model()  # 24x40 images, 3x5 patch grid, 2 layers, 3 heads
     images = torch.randint(0, 256, (2, 3, 24, 40), dtype=torch.uint8)
     report = explain(model, images, tmp_path, names=["a", "b"])
-    sizes = {"rollout": (480, 2 * 160 + 40), "heads": (4 * 120, 2 * 120 + 40),
-             "distance": (500, 400), "positions": (650, 600), "filters": (630, 4 * 105 + 40)}
+    sizes = {"rollout": (3 * 160 + 90, 70 + 2 * 180), "heads": (30 + 4 * 120 + 90, 70 + 2 * 120),
+             "distance": (500, 400), "positions": (650, 600), "filters": (630, 4 * 105 + 50)}
     assert set(report["files"]) == set(FILES)
     for key, (width, height) in sizes.items():
         pixels = _png_pixels(tmp_path / report["files"][key])
@@ -263,6 +397,96 @@ def test_explain_without_position_embeddings_skips_that_figure(tmp_path):
     assert "positions" not in report["files"]
     assert "no position embeddings" in report["position_embedding"]["skipped"]
     assert report["rollout"]["map_source"] == "mean_of_tokens"
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> dict[str, dict[str, list]]:
+    """Each figure saved, by file name: all its texts, and every title or label that
+    overlaps a panel it does not belong to (colour bars count as panels)."""
+    seen: dict[str, dict[str, list]] = {}
+    save = figures._save
+
+    def inspect_then_save(fig, path):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        labels = [(text, None) for text in fig.texts]
+        labels += [(ax.title, ax) for ax in fig.axes if ax.get_title()]
+        overlaps = [(text.get_text(), index) for text, owner in labels
+                    for index, ax in enumerate(fig.axes) if ax is not owner and
+                    text.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))]
+        seen[Path(path).name] = {"texts": [t.get_text() for t in fig.findobj(Text)],
+                                 "overlaps": overlaps}
+        return save(fig, path)
+
+    monkeypatch.setattr(figures, "_save", inspect_then_save)
+    return seen
+
+
+@pytest.mark.parametrize("size", [(24, 40), (32, 32)])  # square tiles: the old labels overlapped
+def test_figures_state_fusion_discard_scale_and_image_count_with_no_label_over_a_panel(
+        tmp_path, drawn, size):
+    model = _tiny_model(img_size=size)  # 2 layers, 3 heads
+    images = torch.randint(0, 256, (3, 3, *size), dtype=torch.uint8)
+    explain(model, images, tmp_path, head_fusion="max", discard_ratio=0.25,
+            names=["a", "b", "c"], show=2)
+    rollout = drawn[FILES["rollout"]]["texts"]
+    assert any("head fusion max, discard ratio 0.25" in text for text in rollout)
+    assert {"image", "rollout map", "overlay", "rollout, scaled per map"} <= set(rollout)
+    assert sum(text.startswith(("a -> ", "b -> ", "c -> ")) for text in rollout) == 2  # show=2
+    heads = drawn[FILES["heads"]]["texts"]
+    assert {"image", "head 1", "head 3", "layer 1", "layer 2",
+            "attention, scaled per map"} <= set(heads)
+    assert any("averaged over 3 images" in text for text in drawn[FILES["distance"]]["texts"])
+    assert any("largest entry positive" in text for text in drawn[FILES["filters"]]["texts"])
+    assert set(drawn) == set(FILES.values())
+    for name, figure in drawn.items():
+        assert figure["overlaps"] == [], name
+
+
+def test_flat_kind_tells_all_zero_and_constant_maps_from_drawable_ones():
+    assert figures.flat_kind(torch.zeros(3, 5)) == "all zero"
+    assert figures.flat_kind(torch.full((3, 5), 0.2)) == "constant"
+    assert figures.flat_kind(torch.rand(3, 5) + 0.1) is None
+    assert figures.flat_kind(torch.tensor([[0.0, 1e-9]])) is None
+
+
+def _class_token_keeps_to_itself(batch: int, heads: int, tokens: int) -> torch.Tensor:
+    """The class token keeps 0.9 of its attention and spreads 0.1 unevenly over the patches;
+    each patch gives 0.5 to the class token and 0.5 evenly to the patches."""
+    attention = torch.zeros(batch, heads, tokens, tokens)
+    attention[..., 1:, 0] = 0.5
+    attention[..., 1:, 1:] = 0.5 / (tokens - 1)
+    spread = torch.rand(batch, heads, tokens - 1, generator=torch.Generator().manual_seed(0))
+    attention[..., 0, 1:] = 0.1 * (spread + 0.5) / (spread + 0.5).sum(-1, keepdim=True)
+    attention[..., 0, 0] = 0.9
+    return attention
+
+
+def test_an_all_zero_rollout_map_is_logged_kept_in_the_json_and_marked_on_the_figure(
+        tmp_path, drawn, monkeypatch, caplog):
+    model = _tiny_model()  # 1 class token + 3x5 patches, 2 layers, 3 heads
+
+    def crafted_attention(model, images):
+        return model(images), [_class_token_keeps_to_itself(len(images), 3, 16)] * 2
+
+    monkeypatch.setattr("vitkit.analysis.explain.attention_weights", crafted_attention)
+    images = torch.randint(0, 256, (2, 3, 24, 40), dtype=torch.uint8)
+    # Discarding 90% of the 240 non-class entries removes all 15 class-to-patch entries.
+    with caplog.at_level(logging.WARNING, logger="vitkit.analysis.explain"):
+        report = explain(model, images, tmp_path / "max", head_fusion="max", discard_ratio=0.9,
+                         names=["first", "second"])
+    assert len(report["warnings"]) == 1
+    warning = report["warnings"][0]
+    assert "rollout map of 2 image(s) is all zero" in warning and "first" in warning
+    assert warning in caplog.text
+    assert json.loads((tmp_path / "max" / "explain.json").read_text())["warnings"] == [warning]
+    assert drawn[FILES["rollout"]]["texts"].count("all zero") == 2
+    # The warning's advice: mean head fusion with discard ratio 0 keeps every path.
+    assert "mean head fusion with discard ratio 0 keeps every path" in warning
+    report = explain(model, images, tmp_path / "mean", names=["first", "second"])
+    assert report["warnings"] == []
+    assert "all zero" not in drawn[FILES["rollout"]]["texts"]
+    assert np.array(report["rollout"]["maps"]).min() > 0
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -304,9 +528,16 @@ def test_cli_explains_a_training_checkpoint_on_its_own_test_data(tmp_path, capsy
     assert main(["explain", str(run / "last.pt"), "--out", str(out), "--num-images", "3"]) == 0
     report = json.loads((out / "explain.json").read_text())
     assert report["rollout"]["map_source"] == "mean_of_tokens"
-    assert len(report["images"]) == 3 and report["images"][0].startswith("digits test #0")
+    assert len(report["images"]) == 3 and report["images"][0].startswith("digits test #")
+    assert len({_true_class(name) for name in report["images"]}) == 3  # sampled across classes
     assert report["model"]["grid"] == [4, 4]
     assert len(report["mean_attention_distance_px"]["per_layer"]) == 4
+    # Without --num-images the distance averages over the paper's 128 (digits has 359).
+    assert main(["explain", str(run / "last.pt"), "--out", str(out)]) == 0
+    report = json.loads((out / "explain.json").read_text())
+    assert report["mean_attention_distance_px"]["images"] == PAPER_IMAGES == 128
+    assert len(report["images"]) == 128 and report["rollout"]["images_shown"] == 8
+    assert "128 image(s)" in capsys.readouterr().out
 
 
 def test_cli_explains_an_official_npz_hybrid_with_its_root_filters(tmp_path):
@@ -324,3 +555,45 @@ def test_cli_explains_an_official_npz_hybrid_with_its_root_filters(tmp_path):
     assert "7x7 root conv" in report["filters"]["source"]
     assert report["model"]["stem"] == "resnet" and report["model"]["grid"] == [2, 2]
     assert _png_pixels(out / FILES["filters"]).std() > 20
+
+
+def test_stratified_sample_of_a_class_sorted_split_covers_min_of_count_and_classes():
+    sizes = [7, 3, 12, 1, 9, 5, 5, 8, 2, 10]
+    labels = torch.cat([torch.full((n,), c) for c, n in enumerate(sizes)])  # sorted by class
+    assert set(labels[:7].tolist()) == {0}  # what "the first N" used to give
+    for count in (1, 4, 10, 13, 40, 62, 100):
+        chosen = stratified_indices(labels, count, seed=0)
+        assert len(chosen) == min(count, len(labels)) == len(set(chosen.tolist()))
+        classes = labels[chosen].tolist()
+        assert len(set(classes[:10])) == len(set(classes)) == min(count, 10)
+        for label, size in enumerate(sizes):
+            assert classes.count(label) >= min(size, count // 10)
+    assert torch.equal(stratified_indices(labels, 20, 1), stratified_indices(labels, 20, 1))
+    assert not torch.equal(stratified_indices(labels, 20, 0), stratified_indices(labels, 20, 1))
+
+
+def test_cli_samples_a_class_sorted_folder_across_classes_and_says_how_many(
+        tmp_path, capsys, drawn):
+    weights = save_pretrained(_tiny_model(), tmp_path / "weights", class_names=list("abcde"))
+    data = tmp_path / "data"
+    for split, count in (("train", 1), ("val", 4)):
+        for label in "abcde":
+            (data / split / label).mkdir(parents=True)
+            for i in range(count):
+                _png(data / split / label / f"{i}.png", (40, 24), ord(label) * 10 + i)
+    out = tmp_path / "out"
+    assert main(["explain", str(weights), "--data", "folder", "--data-dir", str(data),
+                 "--num-images", "5", "--show", "3", "--out", str(out)]) == 0
+    report = json.loads((out / "explain.json").read_text())
+    assert {_true_class(name) for name in report["images"]} == set("abcde")
+    assert report["rollout"]["images_shown"] == 3
+    assert np.array(report["rollout"]["maps"]).shape == (3, 3, 5)
+    # By default the paper's 128, here capped at the 20 test images there are.
+    assert main(["explain", str(weights), "--data", "folder", "--data-dir", str(data),
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "explain.json").read_text())
+    assert report["mean_attention_distance_px"]["images"] == 20
+    assert report["images_source"].startswith("20 test images sampled across classes")
+    assert "128 asked" in report["images_source"]
+    assert any("averaged over 20 images" in text for text in drawn[FILES["distance"]]["texts"])
+    assert "over 20 image(s)" in capsys.readouterr().out

@@ -37,6 +37,9 @@ def random_model(name: str = "Ti/16", **overrides) -> vitkit.VisionTransformer:
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, 0.1)
+    for module in model.modules():  # buffers of to_empty() hold garbage
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.reset_running_stats()
     if model.config.pos_embed in ("sincos1d", "sincos2d"):  # non-persistent: rebuild
         model.pos_embed = torch.nn.Buffer(vitkit.VisionTransformer._make_pos_embed(model.config),
                                           persistent=False)
@@ -100,6 +103,34 @@ def test_hybrid_r50_exports_and_matches(tmp_path):
     assert check_onnx(model, path, batch_sizes=(1,), sizes=[(96, 64)]) <= TOL  # traced at 2
 
 
+@pytest.mark.parametrize(("stem", "odd_size"), [
+    ({"stem": "conv", "stem_channels": (8, 16)}, (13, 18)),  # padded 3x3 convs: ceil grid
+    ({"stem": "resnet", "resnet_layers": (1,)}, (18, 13)),   # SAME padding in-graph: ceil grid
+])
+def test_dynamic_export_is_the_models_own_forward_at_odd_sizes(tmp_path, stem, odd_size):
+    model = random_model("Ti/4", img_size=16, depth=1, dynamic_img_size=True, **stem)
+    path = export_onnx(model, tmp_path / "m.onnx")  # dynamic because the model is
+    assert read_metadata(path)["input"]["dynamic_size"] is True
+    for size in [(16, 16), odd_size, (24, 20)]:
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            expected = model(images)
+        assert (run_onnx(path, images) - expected).abs().max() <= TOL, size
+    assert check_onnx(model, path, batch_sizes=(1,), sizes=[(24, 20)]) <= TOL
+
+
+def test_dynamic_size_argument_switches_the_model_or_exports_the_fixed_size(tmp_path):
+    model = random_model()
+    export_onnx(model, tmp_path / "static.onnx")
+    assert not model.config.dynamic_img_size
+    export_onnx(model, tmp_path / "dynamic.onnx", dynamic_size=True)
+    assert model.config.dynamic_img_size  # switched on in place, as documented
+    static = export_onnx(model, tmp_path / "static_again.onnx", dynamic_size=False)
+    assert read_metadata(static)["input"]["dynamic_size"] is False
+    with pytest.raises(ExportError, match="--dynamic-size for other resolutions"):
+        check_onnx(model, static, batch_sizes=(1,), sizes=[64])
+
+
 def test_no_class_token_mean_pool_exports(tmp_path):
     model = random_model(pool="mean_patches", class_token=False)
     static = export_onnx(model, tmp_path / "static.onnx")
@@ -128,6 +159,7 @@ def test_unknown_stem_refuses_dynamic_size(tmp_path):
     model.patch_embed = torch.nn.Sequential(model.patch_embed)
     with pytest.raises(ExportError, match="without --dynamic-size"):
         export_onnx(model, tmp_path / "m.onnx", dynamic_size=True)
+    assert check_onnx(model, export_onnx(model, tmp_path / "m.onnx")) <= TOL  # the advice
 
 
 def test_opset_too_old_is_refused_and_a_chosen_opset_used(tmp_path):

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import scipy.ndimage
 import torch
 
 from vitkit.cli import main
@@ -53,7 +55,9 @@ def test_recipe_holds_the_official_numbers():
     assert (cfg.lr, cfg.schedule, cfg.warmup_steps, cfg.total_steps) == (0.03, "cosine", 500,
                                                                          10_000)
     assert (cfg.batch_size, cfg.accum_steps, cfg.model["img_size"]) == (512, 8, 384)
-    assert cfg.new_head and cfg.pos_interpolation == "bilinear" and cfg.mean is None
+    # positions resampled as the weights' own code does: vit_jax's corner-aligned bilinear
+    # for official .npz files (test_pretrained.py checks it against scipy.ndimage.zoom)
+    assert cfg.new_head and cfg.pos_interpolation == "auto" and cfg.mean is None
     assert cfg.augment == {"crop_padding": 0, "flip": True}
     assert cfg.resize_crop == pytest.approx(512 / 384)
     assert cfg.ema_decay == 0 and cfg.init_from is None
@@ -63,7 +67,7 @@ def test_training_from_scratch_keeps_adamw_and_takes_warmup_in_steps():
     trainer = Trainer(load_train_config("digits", ["progress=false"]))
     assert isinstance(trainer.optimizer, torch.optim.AdamW)
     assert trainer.warmup_steps == 2 * trainer.order.batches_per_epoch()
-    assert trainer.mean == (0.5,)
+    assert trainer.preprocess.mean == (0.5,)
     sgd = Trainer(load_train_config("digits", ["optimizer=sgd", "momentum=0.8",
                                                "warmup_steps=7", "progress=false"]))
     assert isinstance(sgd.optimizer, torch.optim.SGD) and sgd.warmup_steps == 7
@@ -98,16 +102,28 @@ def test_finetune_from_a_vitkit_folder(tmp_path, pretrained):
     state = load_checkpoint(tmp_path / "last.pt")
     assert state["model"]["head.weight"].shape == (10, 64)
     assert not any(key.startswith("pre_logits") for key in state["model"])
-    assert state["preprocess"] == {"img_size": [16, 16], "mean": [0.5], "std": [0.5]}
+    saved = Preprocess.from_dict(state["preprocess"])
+    assert (saved.img_size, saved.mean, saved.std) == ((16, 16), (0.5,), (0.5,))
     assert (tmp_path / "best.pt").stat().st_size > 0
+
+
+def test_finetune_from_an_npz_resamples_positions_as_vit_jax(pretrained):
+    """The recipe's pos_interpolation "auto" follows the official code for official files:
+    vit_jax's scipy.ndimage.zoom(order=1) on the grid, the class token's row kept."""
+    cfg = load_train_config("finetune", [f"init_from={pretrained['npz']}", *SMALL])
+    tuned = Trainer(cfg).model.pos_embed.detach()[0]
+    source = pretrained["model"].pos_embed.detach()[0]
+    zoomed = scipy.ndimage.zoom(source[1:].numpy().reshape(4, 4, -1), (2, 2, 1), order=1)
+    assert torch.equal(tuned[0], source[0])
+    assert np.abs(tuned[1:].numpy() - zoomed.reshape(64, -1)).max() <= 1e-5
 
 
 def test_normalisation_comes_from_the_checkpoint_unless_set(tmp_path, pretrained):
     base = [f"init_from={pretrained['custom']}", *SMALL, f"out_dir={tmp_path}"]
     trainer = Trainer(load_train_config("finetune", base))
-    assert (trainer.mean, trainer.std) == ((0.3,), (0.2,))
+    assert (trainer.preprocess.mean, trainer.preprocess.std) == ((0.3,), (0.2,))
     trainer = Trainer(load_train_config("finetune", [*base, "mean=[0.4]", "std=[0.25]"]))
-    assert (trainer.mean, trainer.std) == ((0.4,), (0.25,))
+    assert (trainer.preprocess.mean, trainer.preprocess.std) == ((0.4,), (0.25,))
 
 
 def test_finetune_cli_from_an_official_npz(tmp_path, pretrained, capsys):
@@ -147,7 +163,7 @@ def test_finetune_resumes_exactly_without_reading_init_from_again(tmp_path, pret
     assert load_checkpoint(tmp_path / "b" / "last.pt")["position"]["step"] == 15
     shutil.rmtree(weights)  # resuming reads the run's checkpoint, not init_from
     resumed = Trainer(split, resume=tmp_path / "b" / "last.pt")
-    assert resumed.mean == (0.3,)
+    assert resumed.preprocess.mean == (0.3,)
     resumed.run()
     a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
     assert a["position"]["step"] == b["position"]["step"] == 30

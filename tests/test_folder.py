@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import logging
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,10 @@ import torch
 from PIL import Image
 
 from vitkit.data.dataset import DataError
-from vitkit.data.folder import load_image_folder
+from vitkit.data.folder import load_image_folder, write_skipped_files
+from vitkit.data.images import decode_image
+from vitkit.data.skipped import count_by_kind, read_skipped_files
+from vitkit.data.sources import load_source
 
 
 def _pixels(h: int, w: int, seed: int) -> np.ndarray:
@@ -112,10 +117,14 @@ def test_corrupt_and_truncated_files_are_skipped(
     assert ds.labels.tolist() == [0, 0, 0, 1, 1]
     assert len(ds.notes) == 1
     note = ds.notes[0]
-    assert note.startswith("skipped 2 unreadable files (e.g. cat/bad.jpg: cannot identify image")
-    assert "dog/cut.jpg: image file is truncated" in note
+    assert note.startswith("skipped 2 of 7 files (1 not an image, 1 truncated): cat/bad.jpg "
+                           "(not an image: no image format recognised)")
+    assert "dog/cut.jpg (truncated: image file is truncated" in note
     assert str(root) not in note  # reasons are short: no full paths
-    assert any("skipped 2 unreadable files" in r.getMessage() for r in caplog.records)
+    assert any("skipped 2 of 7 files" in r.getMessage() for r in caplog.records)
+    assert [(Path(p).relative_to(root).as_posix(), r.partition(":")[0])
+            for p, r in ds.skipped_files] == [("cat/bad.jpg", "not an image"),
+                                              ("dog/cut.jpg", "truncated")]
 
 
 def test_all_unreadable(tmp_path: Path) -> None:
@@ -165,3 +174,96 @@ def test_auto_workers_on_a_larger_folder(tmp_path: Path) -> None:
     serial = load_image_folder(tmp_path, workers=0)
     assert auto.images.shape == (80, 3, 4, 4)
     assert torch.equal(auto.images, serial.images) and torch.equal(auto.labels, serial.labels)
+
+
+# -- every skipped file named, and written beside a run --------------------------------------
+
+def _bomb_header() -> bytes:
+    """A PNG header claiming 100000x100000 pixels (no pixel data): a decompression bomb."""
+    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    ihdr = b"IHDR" + header
+    return (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(header)) + ihdr
+            + struct.pack(">I", zlib.crc32(ihdr)) + b"\x00\x00\x00\x00IEND\xaeB`\x82")
+
+
+def test_every_skipped_file_named_written_and_fixed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "pets"
+    for split, count in (("train", 3), ("val", 1)):
+        for name in ("cat", "dog"):
+            for i in range(count):
+                _save(root / split / name / f"{i}.png", _pixels(8, 8, i))
+    bad = {
+        "train/cat/empty.png": (b"", "empty file"),
+        "train/cat/notes.png": (b"just some text\n", "not an image"),
+        "train/cat/cut.jpg": (_jpeg_bytes(32, 32, 1)[:300], "truncated"),
+        "train/dog/bomb.png": (_bomb_header(), "too many pixels"),
+        "train/dog/noise.jpg": (np.random.default_rng(0).bytes(400), "not an image"),
+        "val/dog/cut.jpg": (_jpeg_bytes(32, 32, 2)[:300], "truncated"),
+    }
+    for rel, (data, _) in bad.items():
+        (root / rel).write_bytes(data)
+
+    with caplog.at_level(logging.WARNING, logger="vitkit.data"):
+        train, test = load_source("folder", str(root), image_size=(8, 8))
+    assert len(train) == 6 and len(test) == 2 and train.skipped == 5 and test.skipped == 1
+    listed = train.skipped_files + test.skipped_files
+    assert {Path(p).relative_to(root).as_posix(): r.partition(":")[0] for p, r in listed} == {
+        rel: kind for rel, (_, kind) in bad.items()}
+    assert count_by_kind(train.skipped_files) == {"not an image": 2, "empty file": 1,
+                                                  "truncated": 1, "too many pixels": 1}
+    summary = [r.getMessage() for r in caplog.records if "skipped 5 of 11 files" in r.getMessage()]
+    assert len(summary) == 1
+    assert "(2 not an image, 1 empty file, 1 too many pixels, 1 truncated)" in summary[0]
+
+    written = write_skipped_files(tmp_path / "run", train, test)
+    assert written == tmp_path / "run" / "skipped_files.txt"
+    assert read_skipped_files(written) == listed  # every file, in load order
+    text = written.read_text()
+    assert text.startswith("# 6 unreadable files skipped (path<TAB>reason); by kind:\n")
+    assert "#   2 truncated: the file was cut short" in text
+
+    for path, _ in listed:  # the advice for each: fetch a good copy of the file
+        _save(Path(path), _pixels(8, 8, 5), "PNG")
+    train, test = load_source("folder", str(root), image_size=(8, 8))
+    assert (len(train), len(test), train.skipped_files, test.skipped_files) == (11, 3, [], [])
+    assert write_skipped_files(tmp_path / "run2", train, test) is None
+    assert not (tmp_path / "run2").exists()
+
+
+def test_skips_named_by_pool_workers_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes refuse the same files for the same reasons, with the caller's
+    decompression-bomb limit."""
+    for i in range(4):
+        _save(tmp_path / f"c{i % 2}/{i}.png", _pixels(4, 4, i))
+    _save(tmp_path / "c0/big.png", _pixels(8, 8, 9))
+    (tmp_path / "c1/empty.jpg").write_bytes(b"")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 20)  # 4x4 fits, 8x8 does not
+    serial = load_image_folder(tmp_path, image_size=4, workers=0)
+    pooled = load_image_folder(tmp_path, image_size=4, workers=2)
+    assert serial.skipped_files == pooled.skipped_files
+    assert [(Path(p).name, r) for p, r in pooled.skipped_files] == [
+        ("big.png", "too many pixels: 64 pixels is over Pillow's decompression-bomb limit of 20"),
+        ("empty.jpg", "empty file: 0 bytes")]
+    assert torch.equal(serial.images, pooled.images) and len(pooled) == 4
+
+
+def test_folder_converts_like_the_decoder(tmp_path: Path) -> None:
+    """16-bit, transparent and EXIF-rotated files: the folder's pixels are the decoder's."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    Image.fromarray(np.full((6, 6), 40000, dtype=np.uint16)).save(tmp_path / "a/g16.png")
+    Image.fromarray(_pixels(6, 6, 7).repeat(2, axis=2)[..., :4], mode="RGBA").save(
+        tmp_path / "a/rgba.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(_pixels(6, 6, 8)).save(tmp_path / "b/rotated.png", exif=exif)
+    ds = load_image_folder(tmp_path, workers=0)
+    for index, rel in enumerate(["a/g16.png", "a/rgba.png", "b/rotated.png"]):
+        expected = np.asarray(decode_image(tmp_path / rel).image)
+        assert np.array_equal(ds.images[index].permute(1, 2, 0).numpy(), expected), rel
+    assert (ds.images[0] == 40000 >> 8).all()  # 156: scaled, not clipped to 255
+    with Image.open(tmp_path / "b/rotated.png") as stored:
+        assert np.array_equal(ds.images[2].permute(1, 2, 0).numpy(),
+                              np.rot90(np.asarray(stored), k=-1))

@@ -8,11 +8,14 @@ epsilon 1e-5 instead of 1e-6; weight standardisation / sqrt(var + 1e-8) instead 
 / (std + 1e-5)); the reference is set to the official ones before comparing.
 """
 
+import re
+
 import numpy as np
 import pytest
 import timm
 import timm.models.vision_transformer as timm_vit
 import torch
+from safetensors.torch import save_file
 
 import vitkit
 from reference_models import official_resnet_constants, randomise
@@ -174,6 +177,47 @@ def test_non_square_grid_needs_and_takes_the_training_size(tmp_path):
     images = torch.randn(2, 3, 32, 64)
     with torch.no_grad():
         assert (loaded(images) - model(images)).abs().max().item() <= TOL
+
+
+def _follow_non_square_message(path, true_size: tuple[int, int]) -> torch.nn.Module:
+    """Load `path`, read the error, make the call it suggests, and return what it loads."""
+    with pytest.raises(vitkit.VitkitError) as info:
+        load_pretrained(path)
+    message = str(info.value)
+    listed = [(int(h), int(w)) for h, w in re.findall(r"\((\d+), (\d+)\)", message)]
+    assert true_size in listed, message
+    example = re.search(r"load_pretrained\(path, source_img_size=\(\d+, \d+\)\)", message)
+    assert example is not None, message
+    suggested = eval(example.group(0), {"load_pretrained": load_pretrained, "path": path})
+    assert suggested.config.img_size in listed
+    return load_pretrained(path, source_img_size=true_size)
+
+
+def test_non_square_npz_message_names_the_call_that_works(tmp_path):
+    model = _vitkit_model(img_size=(32, 64))
+    path = save_npz(model, tmp_path / "wide.npz")
+    images = torch.randn(2, 3, 32, 64)
+    loaded = _follow_non_square_message(path, (32, 64))
+    alone = load_pretrained(path, img_size=(32, 64))  # as many cells: the training size
+    with torch.no_grad():
+        assert (loaded(images) - model(images)).abs().max().item() <= TOL
+        assert torch.equal(alone(images), loaded(images))
+    # another cell count cannot be the training size: the same advice, which then works
+    with pytest.raises(vitkit.VitkitError, match=r"source_img_size=\(height, width\)"):
+        load_pretrained(path, img_size=(64, 64))
+    resized = load_pretrained(path, source_img_size=(32, 64), img_size=(64, 64))
+    assert resized.pos_embed.shape == (1, 1 + 16, 192)
+
+
+def test_non_square_timm_file_message_names_the_call_that_works(tmp_path):
+    reference = randomise(_timm_model(img_size=(32, 64), depth=1))
+    save_file(reference.state_dict(), tmp_path / "wide.safetensors")
+    path = tmp_path / "wide.safetensors"
+    loaded = _follow_non_square_message(path, (32, 64))
+    images = torch.randn(2, 3, 32, 64)
+    with torch.no_grad():
+        assert (loaded(images) - reference(images)).abs().max().item() <= TOL
+        assert torch.equal(load_pretrained(path, img_size=(32, 64))(images), loaded(images))
 
 
 def test_scan_layout_stacks_layers(tmp_path):

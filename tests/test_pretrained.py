@@ -68,11 +68,11 @@ def test_load_at_new_resolution_equals_timm_resampled_load(tmp_path):
     model = randomise(vitkit.create_model("Ti/16", img_size=64, depth=2, num_classes=5,
                                            act="gelu_tanh"))
     path = save_npz(model, tmp_path / "ti.npz")
-    ours = load_pretrained(path, img_size=(96, 128))
+    ours = load_pretrained(path, img_size=(96, 128), pos_interpolation="bilinear")
     reference = timm_vit.VisionTransformer(img_size=(96, 128), patch_size=16, embed_dim=192,
                                            depth=2, num_heads=3, num_classes=5,
                                            act_layer="gelu_tanh").eval()
-    timm_vit._load_weights(reference, str(path))  # bilinear, no antialias: the official way
+    timm_vit._load_weights(reference, str(path))  # timm's .npz reader: bilinear, half-pixel
     images = torch.randn(2, 3, 96, 128)
     with torch.no_grad():
         assert _max_diff(ours(images), reference(images)) <= TOL

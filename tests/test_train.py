@@ -18,6 +18,7 @@ from vitkit.errors import ConfigError
 from vitkit.train.checkpoint import CheckpointError, load_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
+from vitkit.weights import read_weights
 
 # Every source of randomness in one run: dropout, drop path, crop, TrivialAugment, erasing,
 # mixup/cutmix, EMA and gradient accumulation.
@@ -68,6 +69,40 @@ def test_resume_continues_exactly(tmp_path):
         assert a.keys() == b.keys()
         for name in a:
             assert torch.equal(a[name], b[name]), f"{key}.{name} differs after resume"
+
+
+def _as_version_1(state: dict) -> dict:
+    """The layout vitkit wrote before format 2: no "weights", preprocess as img_size/mean/std."""
+    old = {key: value for key, value in state.items() if key != "weights"}
+    pre = state["preprocess"]
+    old.update(format="vitkit-train-1",
+               preprocess={"img_size": pre["img_size"], "mean": pre["mean"], "std": pre["std"]})
+    return old
+
+
+def test_version_1_checkpoints_still_read_and_resume_exactly(tmp_path):
+    overrides = [*RANDOM_EVERYTHING, "total_steps=12"]
+    Trainer(load_train_config("digits", [*overrides, f"out_dir={tmp_path / 'a'}"])).run()
+    split = load_train_config("digits", [*overrides, f"out_dir={tmp_path / 'b'}"])
+    first = Trainer(split)
+    step = first._train_step
+
+    def stop_halfway(indices, lr):
+        if first.position.step == 5:
+            first._stop_reason = "SIGTERM"
+        return step(indices, lr)
+
+    first._train_step = stop_halfway
+    first.run()
+    old = tmp_path / "b" / "v1.pt"
+    torch.save(_as_version_1(load_checkpoint(tmp_path / "b" / "last.pt")), old)
+    record = read_weights(old)
+    assert (record.origin, record.weights, record.preprocess.mean) == ("vitkit-train", "raw",
+                                                                       (0.5,))
+    Trainer(split, resume=old).run()
+    for key in ("model", "ema"):
+        a, b = _weights(tmp_path / "a" / "last.pt", key), _weights(tmp_path / "b" / "last.pt", key)
+        assert all(torch.equal(a[name], b[name]) for name in a), key
 
 
 def test_resume_with_more_epochs_extends_a_finished_run(tmp_path, caplog):

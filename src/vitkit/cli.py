@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import traceback
 from collections.abc import Sequence
@@ -84,7 +85,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("weights", help="checkpoint file, folder or name (e.g. B/16-i21k)")
+    parser.add_argument("weights", help="weights file, model folder, training run folder or "
+                                        "checkpoint name (e.g. B/16-i21k)")
     parser.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
 
 
@@ -193,8 +195,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from vitkit.evaluate import evaluate_checkpoint
 
-    report = evaluate_checkpoint(args.checkpoint, args.data, args.data_dir, args.split,
-                                 args.out, args.limit, args.batch_size)
+    report = evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split, args.out,
+                                 args.limit, args.batch_size, args.weights_dir)
     print(report)
 
 
@@ -249,12 +251,14 @@ def cmd_explain(args: argparse.Namespace) -> None:
     from vitkit.analysis.explain import explain_weights
 
     report = explain_weights(args.weights, args.images, args.out, args.data, args.data_dir,
-                             args.num_images, args.weights_dir, head_fusion=args.head_fusion,
-                             discard_ratio=args.discard_ratio)
-    layers = ", ".join(f"{d:.1f}" for d in report["mean_attention_distance_px"]["per_layer"])
-    print(f"{len(report['images'])} image(s); rollout from the "
-          f"{report['rollout']['map_source'].replace('_', ' ')}; mean attention distance per "
-          f"layer (px): {layers}")
+                             args.num_images, args.weights_dir, args.seed,
+                             head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+                             show=args.show)
+    distance = report["mean_attention_distance_px"]
+    layers = ", ".join(f"{d:.1f}" for d in distance["per_layer"])
+    print(f"{len(report['images'])} image(s), {report['rollout']['images_shown']} drawn; rollout "
+          f"from the {report['rollout']['map_source'].replace('_', ' ')}; mean attention "
+          f"distance per layer over {distance['images']} image(s) (px): {layers}")
     print(f"wrote {len(report['files'])} figures and explain.json to {args.out}")
 
 
@@ -288,12 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.set_defaults(run=cmd_finetune)
 
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
-    evaluate.add_argument("checkpoint", help="a checkpoint written by `vitkit train`")
+    add_weights_argument(evaluate)
     evaluate.add_argument("--data", default=None,
-                          help="digits, cifar10, cifar100 or folder (default: as trained)")
+                          help="digits, cifar10, cifar100 or folder (default: the data a "
+                               "training checkpoint records; required for other weights)")
     evaluate.add_argument("--data-dir", help="local dataset folder")
     evaluate.add_argument("--split", default="test", choices=("train", "test"))
-    evaluate.add_argument("--limit", type=positive_int, help="evaluate only the first N images")
+    evaluate.add_argument("--limit", type=positive_int, help="evaluate only the first N images "
+                                                              "(default: as the training run did)")
     evaluate.add_argument("--batch-size", type=positive_int, default=500)
     evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
     evaluate.set_defaults(run=cmd_eval)
@@ -324,8 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"))
     explain.add_argument("--discard-ratio", type=float, default=0.0,
                          help="zero this fraction of the weakest attentions (rollout)")
-    explain.add_argument("--num-images", type=int, default=8,
-                         help="test images to use when no IMAGE is given (default 8)")
+    explain.add_argument("--num-images", type=int,
+                         help="test images to sample across classes when no IMAGE is given; "
+                              "all count in the mean attention distance (default 128, the "
+                              "paper's; fewer when the test split is smaller)")
+    explain.add_argument("--show", type=int, default=8,
+                         help="images drawn in the rollout figure (default 8)")
+    explain.add_argument("--seed", type=int, default=0,
+                         help="seed of the class-stratified sample of test images")
     explain.add_argument("--data", help="digits, cifar10, cifar100 or folder (default: as "
                                         "trained)")
     explain.add_argument("--data-dir", help="local dataset folder")
@@ -347,6 +359,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # what was loaded, and how
     try:
         return args.run(args) or 0
     except VitkitError as exc:  # bad input: the message says what to change

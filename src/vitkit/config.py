@@ -61,6 +61,7 @@ class ViTConfig:
     """
 
     img_size: ImageSize = (224, 224)  # (height, width); 224 and "60x100" are read as sizes
+    dynamic_img_size: bool = False  # forward takes any size the stem tokenises (see the model)
     patch_size: int = 16
     in_chans: int = 3
     stem: str = "patch"  # "patch": one P x P projection; "conv": a small CNN (hybrid)

@@ -1,49 +1,93 @@
-"""Evaluate a trained checkpoint: top-1, top-5, loss, per-class accuracy, confusion PNG."""
+"""Evaluate any weights vitkit reads on a data set: top-1, top-5, loss, per-class accuracy,
+and a confusion-matrix PNG."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
-from vitkit.config import ViTConfig
-from vitkit.data.sources import load_source
-from vitkit.model.vit import VisionTransformer
-from vitkit.train.checkpoint import CheckpointError, load_checkpoint
+from vitkit.data.dataset import ImageDataset
+from vitkit.data.sources import SOURCES, load_source
+from vitkit.errors import DataError
 from vitkit.train.metrics import evaluate
+from vitkit.weights import WeightsRecord, build_model, read_weights
+
+log = logging.getLogger("vitkit.evaluate")
+
+
+def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, split: str,
+             limit: int | None) -> tuple[str, str | None, int | None]:
+    """(data, data_dir, limit) to evaluate on: as given, else as the training run recorded
+    (its data, folder and image limit, so a run's own score is reproduced)."""
+    recipe: dict[str, Any] = weights.train_config or {}
+    if data is None:
+        data = recipe.get("data")
+        if data is None:
+            raise DataError(
+                f"{weights.path} does not record the data it was trained on (only vitkit "
+                f"training checkpoints do): pass the data to evaluate on, e.g. --data digits, "
+                f"or --data cifar10 --data-dir DIR (one of {', '.join(SOURCES)})")
+        if limit is None:
+            limit = recipe.get("test_limit" if split == "test" else "train_limit")
+    if data_dir is None and data == recipe.get("data"):
+        data_dir = recipe.get("data_dir")
+    return data, data_dir, limit
+
+
+def _check_fits(dataset: ImageDataset, num_classes: int, in_chans: int, data: str) -> None:
+    if num_classes <= 0:
+        raise DataError("these weights have no classification head (num_classes=0), so there "
+                        f"is nothing to evaluate: fine-tune a head first (vitkit finetune "
+                        f"WEIGHTS --data {data})")
+    if dataset.channels != in_chans:
+        raise DataError(f"the {data} images have {dataset.channels} channel(s) but the model "
+                        f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
+    top = int(dataset.labels.max())
+    if top >= num_classes:
+        raise DataError(f"{data} has labels up to {top} but the model has {num_classes} "
+                        f"outputs: fine-tune it on this data first (vitkit finetune WEIGHTS "
+                        f"--data {data})")
 
 
 def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str | None = None,
                         split: str = "test", out: str | Path | None = None,
-                        limit: int | None = None, batch_size: int = 500) -> str:
-    """Evaluate and write eval.json + confusion_matrix.png; returns a printable report."""
+                        limit: int | None = None, batch_size: int = 500,
+                        weights_dir: str | Path | None = None) -> str:
+    """Evaluate weights (any format `load_pretrained` reads) and write eval.json +
+    confusion_matrix.png; returns a printable report.
+
+    The data defaults to a training checkpoint's own (data, folder and image limit); other
+    weights need `data`. Images go through the weights' preprocessing (mean/std) and are
+    resized to the model's size when theirs differs.
+    """
     from vitkit.analysis.plots import plot_confusion
 
-    state = load_checkpoint(path)
-    if "model_config" not in state or "model" not in state:
-        raise CheckpointError(f"{path} holds no vitkit model (no model_config/model entries)")
-    config = ViTConfig.from_dict(state["model_config"])
-    trained = state.get("train_config", {})
-    data = data or trained.get("data", "digits")
-    data_dir = data_dir or trained.get("data_dir")
+    weights = read_weights(path, weights_dir)
+    model = build_model(weights)
+    config = model.config
+    data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
     train_set, test_set = load_source(data, data_dir, config.img_size, config.in_chans,
                                       limit if split == "train" else None,
                                       limit if split == "test" else None)
     dataset = train_set if split == "train" else test_set
-    model = VisionTransformer(config)
-    model.load_state_dict(state["model"])
-    pre = state.get("preprocess", {})
-    mean = tuple(pre.get("mean", (0.5,) * config.in_chans))
-    std = tuple(pre.get("std", (0.5,) * config.in_chans))
-    result = evaluate(model, dataset, config.num_classes, mean, std, batch_size,
+    _check_fits(dataset, config.num_classes, config.in_chans, data)
+    if tuple(dataset.image_size) != tuple(config.img_size):
+        log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
+                 "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
+    result = evaluate(model, dataset, config.num_classes, weights.preprocess, batch_size,
                       image_size=config.img_size)
-    classes = list(state.get("classes") or dataset.classes)
-    out_dir = Path(out) if out else Path(path).parent
+    classes = list(dataset.classes) if len(dataset.classes) == config.num_classes else \
+        list(weights.class_names or [f"class {i}" for i in range(config.num_classes)])
+    out_dir = Path(out) if out else _default_out(path, weights)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_class = {name: round(float(acc), 4) for name, acc in zip(classes, result.per_class,
                                                                  strict=False)}
-    report = {"checkpoint": str(path), "data": data, "split": split, "images": result.count,
-              "top1": result.top1, "top5": result.top5, "loss": result.loss,
-              "per_class_accuracy": per_class, "confusion": result.confusion.tolist()}
+    report = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
+              "data": data, "split": split, "images": result.count, "top1": result.top1,
+              "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
+              "confusion": result.confusion.tolist()}
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     png = plot_confusion(result.confusion, classes, out_dir / "confusion_matrix.png",
                          f"{data} {split}: top-1 {100 * result.top1:.2f}%")
@@ -52,3 +96,10 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     lines += [f"  {name:<12} {100 * acc:6.2f}%" for name, acc in per_class.items()]
     lines.append(f"wrote {out_dir / 'eval.json'} and {png}")
     return "\n".join(lines)
+
+
+def _default_out(source: str | Path, weights: WeightsRecord) -> Path:
+    """Beside the weights file (for a folder or a run folder: in it); ./eval for a name."""
+    if not Path(source).exists() or weights.path is None:
+        return Path("eval")
+    return weights.path.parent

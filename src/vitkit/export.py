@@ -5,15 +5,11 @@ Exporter: torch's TorchScript-based exporter (`torch.onnx.export(..., dynamo=Fal
 and the dynamo exporter give the same outputs here (max abs diff ~2e-7 on Ti/16 and R50+Ti/16),
 but the TorchScript one is far faster (busy 2-core CPU): 0.5 s vs 4 s (Ti/16, static), 3 s vs 13 s
 (R50+Ti/16, static), and under a second vs 210 s for the R50 backbone with a dynamic height and
-width (torch.export's symbolic-shape reasoning), and it needs no onnxscript. Its one trap: it
-records the hybrid's TF-SAME padding, computed in Python from the input size, half as constants
-and half as graph ops, which is wrong at other sizes; export therefore swaps in a padding
-function written with tensor ops while tracing (`_traceable_same_padding`).
+width (torch.export's symbolic-shape reasoning), and it needs no onnxscript.
 
-Dynamic resolution runs a small wrapper (`DynamicSizeViT`) that embeds the image with the
-position grid fitted in-graph to the input's patch grid, as `set_image_size(..., "bilinear")`
-does in PyTorch: learned grids are resampled bilinearly (align_corners=False, class-token row
-kept), sin-cos tables are recomputed for the new grid (as `set_image_size` rebuilds them).
+Dynamic resolution is the model's own: export traces a model with a dynamic image size
+(`VisionTransformer.set_dynamic_img_size`), whose forward fits the positions to each input's
+token grid and whose stem pads with sizes traced as tensors, so the graph follows the input.
 """
 
 from __future__ import annotations
@@ -23,20 +19,13 @@ import importlib
 import json
 import math
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from vitkit.errors import ExportError
-from vitkit.model import resnet
-from vitkit.model.layers import ConvStem, PatchEmbed
-from vitkit.model.posembed import sincos_1d, sincos_2d
-from vitkit.model.resnet import HybridEmbed
+from vitkit.errors import ExportError, VitkitError
 from vitkit.model.vit import VisionTransformer
 
 FORMATS = ("onnx",)
@@ -52,95 +41,6 @@ def require(module: str) -> Any:
     except ImportError as exc:
         raise ExportError(f"ONNX export needs the '{module}' package, which is not installed: "
                           f"{INSTALL_HINT}") from exc
-
-
-# -- dynamic resolution -------------------------------------------------------------------------
-def _pad_same_traceable(x: torch.Tensor, kernel: int, stride: int,
-                        value: float = 0.0) -> torch.Tensor:
-    """`resnet.pad_same` with the padding computed by tensor ops, so a trace follows the size."""
-    if not torch.jit.is_tracing():
-        return _PAD_SAME(x, kernel, stride, value)
-    pads: list[Any] = []
-    for size in (x.shape[-1], x.shape[-2]):  # F.pad order: left, right, top, bottom
-        size = torch.as_tensor(size)
-        total = torch.clamp(((size + stride - 1) // stride - 1) * stride + kernel - size, min=0)
-        pads += [total // 2, total - total // 2]
-    return F.pad(x, pads, value=value)
-
-
-_PAD_SAME = resnet.pad_same
-
-
-@contextmanager
-def _traceable_same_padding() -> Iterator[None]:
-    """While exporting, let the hybrid's SAME padding follow a dynamic input size.
-
-    Swaps `resnet.pad_same` (looked up at call time by the ResNet layers) for the traceable
-    version and puts it back afterwards; eager calls meanwhile still get the original.
-    """
-    resnet.pad_same = _pad_same_traceable
-    try:
-        yield
-    finally:
-        resnet.pad_same = _PAD_SAME
-
-
-class DynamicSizeViT(nn.Module):
-    """The model's forward for any input size: positions fitted in-graph to the patch grid.
-
-    Outputs equal `model` after `set_image_size(size, "bilinear")` for sides that are
-    multiples of the patch size.
-    """
-
-    def __init__(self, model: VisionTransformer) -> None:
-        super().__init__()
-        check_dynamic_size(model)
-        self.model = model
-
-    def positions(self, grid_h: Any, grid_w: Any) -> torch.Tensor:
-        model, config = self.model, self.model.config
-        prefix, width = config.num_prefix_tokens, config.width
-        if config.pos_embed == "sincos1d":
-            return sincos_1d(prefix + grid_h * grid_w, width)[None]
-        if config.pos_embed == "sincos2d":
-            table = sincos_2d((grid_h, grid_w), width)
-            return torch.cat([table.new_zeros(prefix, width), table])[None]
-        pos = model.pos_embed
-        old_h, old_w = config.grid_size
-        grid = pos[:, prefix:].reshape(1, old_h, old_w, width).permute(0, 3, 1, 2)
-        grid = F.interpolate(grid, size=(grid_h, grid_w), mode="bilinear", align_corners=False)
-        return torch.cat([pos[:, :prefix], grid.flatten(2).transpose(1, 2)], dim=1)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        model = self.model
-        features = model.patch_embed.feature_map(images)
-        grid_h, grid_w = features.shape[-2], features.shape[-1]
-        tokens = features.flatten(2).transpose(1, 2)
-        if model.cls_token is not None:
-            tokens = torch.cat([model.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
-        if model.pos_embed is not None:
-            tokens = tokens + self.positions(grid_h, grid_w)
-        x = model.pos_drop(tokens)
-        for block in model.blocks:
-            x, _ = block(x)
-        return model.forward_head(model.norm(x))
-
-
-def check_dynamic_size(model: VisionTransformer) -> None:
-    """Raise ExportError unless the model's positions and stem can follow the input size."""
-    config = model.config
-    if not isinstance(model.patch_embed, (PatchEmbed, HybridEmbed, ConvStem)):
-        stem = type(model.patch_embed).__name__
-        raise ExportError(f"dynamic image size is not supported for a {stem} stem; export "
-                          "without --dynamic-size.")
-    if config.pos_embed not in ("learned", "sincos1d", "sincos2d", "none"):
-        raise ExportError(f"dynamic image size is not supported for pos_embed="
-                          f"{config.pos_embed!r}; export without --dynamic-size.")
-    expected = (1, config.seq_len, config.width)
-    if model.pos_embed is not None and tuple(model.pos_embed.shape) != expected:
-        raise ExportError(f"the position embedding has shape {tuple(model.pos_embed.shape)}, not "
-                          f"{expected} from the config, so it cannot be resampled to another "
-                          "grid; export without --dynamic-size.")
 
 
 # -- export -------------------------------------------------------------------------------------
@@ -160,28 +60,36 @@ def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
         "input": json.dumps({"name": INPUT_NAME, "layout": "NCHW", "dtype": "float32",
                              "img_size": list(config.img_size), "dynamic_batch": dynamic_batch,
                              "dynamic_size": dynamic_size,
-                             "size_multiple_of": config.patch_size if dynamic_size else None}),
+                             "size_multiple_of": model.patch_embed.size_step if dynamic_size
+                             else None}),
         "output": json.dumps({"name": OUTPUT_NAME, "num_classes": config.num_classes}),
     }
 
 
 def export_onnx(model: VisionTransformer, path: str | Path, *, dynamic_batch: bool = True,
-                dynamic_size: bool = False, opset: int | None = None) -> Path:
+                dynamic_size: bool | None = None, opset: int | None = None) -> Path:
     """Write `model` to an ONNX file at `path` (input "images" NCHW float32, output "logits").
 
-    `dynamic_size` lets the file take any height and width that are multiples of the patch
-    size (positions fitted in-graph, see `DynamicSizeViT`). Preprocessing, class names and
-    the config go into the file's metadata_props as JSON strings. Puts `model` in eval mode.
+    The height and width are dynamic when the model's image size is
+    (`config.dynamic_img_size`): the file then takes every size the model does. With
+    `dynamic_size=True` the model's dynamic image size is switched on first (in place);
+    False exports the fixed size. Preprocessing, class names and the config go into the
+    file's metadata_props as JSON strings. Puts `model` in eval mode.
     """
     onnx = require("onnx")
     if opset is not None and opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old: the attention (scaled_dot_product_attention)"
                           f" needs opset {MIN_OPSET} or newer; leave --opset out for torch's "
                           "default")
+    if dynamic_size:
+        try:
+            model.set_dynamic_img_size()
+        except VitkitError as exc:
+            raise ExportError(f"{exc} Export without --dynamic-size.") from exc
+    dynamic_size = model.config.dynamic_img_size if dynamic_size is None else dynamic_size
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()
-    module: nn.Module = DynamicSizeViT(model) if dynamic_size else model
     dims = {0: "batch"} if dynamic_batch else {}
     in_dims = {**dims, **({2: "height", 3: "width"} if dynamic_size else {})}
     dynamic_axes = {INPUT_NAME: in_dims, OUTPUT_NAME: dims} if in_dims else None
@@ -192,9 +100,9 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, dynamic_batch: bo
     example = torch.zeros(2 if dynamic_batch else 1, model.config.in_chans,
                           *model.config.img_size, device=param.device)
     try:
-        with torch.no_grad(), warnings.catch_warnings(), _traceable_same_padding():
+        with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(module, (example,), str(path), dynamo=False,
+            torch.onnx.export(model, (example,), str(path), dynamo=False,
                               input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                               dynamic_axes=dynamic_axes, opset_version=opset)
     except (RuntimeError, ValueError) as exc:
@@ -234,7 +142,8 @@ def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence
     """Run the ONNX file with onnxruntime on random inputs and compare with PyTorch.
 
     Checks each batch size at the model's resolution and at each of `sizes`; the reference
-    for another size is a copy of `model` after `set_image_size(size, mode="bilinear")`.
+    for another size is a copy of `model` with a fixed size, after
+    `set_image_size(size, mode="bilinear")`.
     Returns the max abs difference; raises ExportError above `atol`. Puts `model` in eval mode.
     """
     ort = require("onnxruntime")
@@ -250,6 +159,7 @@ def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence
         reference = model
         if hw != native:
             reference = copy.deepcopy(model)
+            reference.set_dynamic_img_size(False)
             reference.set_image_size(hw, mode="bilinear")
         for batch in batch_sizes:
             images = torch.randn(batch, model.config.in_chans, *hw, generator=generator)

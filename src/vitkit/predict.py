@@ -7,17 +7,16 @@ decode gets a `Prediction` with `error` set and does not stop the others.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 
 from vitkit.data.classnames import imagenet_class_names
 from vitkit.data.folder import IMAGE_EXTENSIONS
+from vitkit.data.images import decode_image
 from vitkit.data.preprocess import Preprocess, preprocess_for
 from vitkit.errors import ConfigError, InputError
 from vitkit.model.vit import VisionTransformer
@@ -109,15 +108,10 @@ def class_names_for(model: VisionTransformer) -> list[str]:
 
 def _open(path: Path, preprocess: Preprocess) -> torch.Tensor | str:
     """(C, H, W) uint8 tensor of one file, or a short reason it could not be read."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # palette-transparency notes and the like
-            with Image.open(path) as image:
-                image.load()  # decode fully: truncation and corruption show up here
-                return preprocess.to_uint8(image)
-    except Exception as err:  # Pillow raises many types for bad files; all mean "skip it"
-        text = str(err).replace(repr(str(path)), "").replace(str(path), "").strip(" :")
-        return f"cannot read image ({text or type(err).__name__})"
+    decoded = decode_image(path, preprocess.channels)
+    if decoded.image is None:
+        return f"cannot read image ({decoded.reason}); {decoded.fix}"
+    return preprocess.to_uint8(decoded.image)
 
 
 def _chunks(items: Sequence[Path], size: int) -> Iterable[Sequence[Path]]:

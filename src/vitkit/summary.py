@@ -3,6 +3,8 @@
 Shapes come from a forward pass on the meta device, so even ViT-H costs no memory.
 The totals split parameters held by layers (Conv2d/Linear/LayerNorm: what torchsummary
 counts) from those held directly by the model (class token, position embeddings).
+FLOPs count what torch.utils.flop_counter counts, 2 per multiply-add: the stem's
+convolutions (the stem works them out, `Stem.flops`) and the encoder's and head's matmuls.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import nn
 
 from vitkit.config import ViTConfig
 from vitkit.model.layers import DropPath
+from vitkit.model.stems import Stem, build_stem
 from vitkit.model.vit import VisionTransformer
 
 
@@ -34,6 +37,7 @@ class Summary:
     direct: dict[str, int]
     trainable: int
     flops: int
+    stem_flops: int
 
     def format(self) -> str:
         header = ("Layer", "Type", "Output shape", "Params")
@@ -58,7 +62,10 @@ class Summary:
                + (f"  ({direct})" if direct else ""),
                f"Size (fp32):                       {self.total * 4 / 2**20:,.2f} MB",
                f"Forward FLOPs per image:           {_flops_text(self.flops)} "
-               "(matmuls; 1 multiply-add = 2 FLOPs)"]
+               "(2 per multiply-add, as torch's FlopCounterMode counts)",
+               f"  {self.config.stem} stem convolutions:".ljust(35) + _flops_text(self.stem_flops),
+               f"  encoder and head matmuls:        {_flops_text(self.flops - self.stem_flops)}"
+               "  (norms, activations and softmax not counted)"]
         return "\n".join(out)
 
 
@@ -105,35 +112,33 @@ def summarize(config: ViTConfig, max_depth: int = 1) -> Summary:
     total = sum(p.numel() for p in model.parameters())
     return Summary(config, rows, total, total - sum(direct.values()), direct,
                    sum(p.numel() for p in model.parameters() if p.requires_grad),
-                   forward_flops(config))
+                   forward_flops(config, stem=model.patch_embed),
+                   model.patch_embed.flops(config.img_size))
 
 
 def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def forward_flops(config: ViTConfig) -> int:
-    """Matmul FLOPs of one image's forward pass (2 per multiply-add; norms etc. left out)."""
-    tokens, width, mlp = config.seq_len, config.width, config.mlp_dim
+def forward_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = None,
+                  stem: Stem | None = None) -> int:
+    """FLOPs of one image's forward pass at `img_size` (default: the config's), counted as
+    torch.utils.flop_counter does: 2 per multiply-add of the stem's convolutions and of the
+    encoder's and head's matmuls; norms, activations and softmax left out.
+
+    `stem` is the model's stem if at hand; otherwise one is built on the meta device.
+    """
+    size = config.img_size if img_size is None else \
+        (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    if stem is None:
+        with torch.device("meta"):
+            stem = build_stem(config)
+    grid_h, grid_w = stem.token_grid(size)
+    tokens, width, mlp = grid_h * grid_w + config.num_prefix_tokens, config.width, config.mlp_dim
     per_block = (2 * tokens * width * 3 * width      # qkv
                  + 2 * 2 * tokens * tokens * width   # q k^T and A v
                  + 2 * tokens * width * width        # output projection
                  + 2 * 2 * tokens * width * mlp)     # MLP
     head_in = config.pre_logits_dim or width
     head = 2 * width * config.pre_logits_dim + 2 * head_in * config.num_classes
-    return _stem_flops(config) + config.depth * per_block + head
-
-
-def _stem_flops(config: ViTConfig) -> int:
-    """The patch projection, or the conv stem's 3x3 convolutions and 1x1 projection."""
-    if config.stem != "conv":
-        return 2 * config.num_patches * config.in_chans * config.patch_size**2 * config.width
-    height, width = config.img_size
-    halvings = config.patch_size.bit_length() - 1
-    flops, previous = 0, config.in_chans
-    for index, channels in enumerate(config.stem_channels):
-        if index >= len(config.stem_channels) - halvings:
-            height, width = (height + 1) // 2, (width + 1) // 2
-        flops += 2 * height * width * previous * 9 * channels
-        previous = channels
-    return flops + 2 * config.num_patches * previous * config.width
+    return stem.flops(size) + config.depth * per_block + head

@@ -1,8 +1,10 @@
 """Attention weights on request, and attention rollout (Abnar & Zuidema, 2020).
 
-Rollout follows the recipe most users know (jacobgil/vit-explain): fuse the heads of each
-layer (mean, max or min), optionally zero the weakest entries, add the identity for the
-residual connection, renormalise the rows and multiply the layers, first layer first.
+Rollout: fuse the heads of each layer (mean, max or min), optionally zero the weakest
+entries, add the identity for the residual connection, renormalise each row to sum 1 and
+multiply the layers, first layer first. The conventions, and how they compare with
+jacobgil/vit-explain (`vit_rollout.py`, the recipe most users know), are stated in
+`rollout_conventions`; explain.json carries them.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ def discard_weakest(fused: torch.Tensor, discard_ratio: float,
                     num_prefix_tokens: int = 0) -> torch.Tensor:
     """Zero the weakest `discard_ratio` of each (T, T) matrix's entries.
 
-    The columns of prefix (class) tokens are never discarded, so the class token's path is
-    kept; the ratio counts the other entries only.
+    The columns of prefix (class) tokens are never discarded, so every token keeps its path
+    to the class token; the ratio counts the other entries only: int(ratio * T * (T - P))
+    entries are zeroed per image, P the prefix tokens. (vit-explain protects only entry
+    (0, 0) and counts over all T * T entries.)
     """
     if not 0.0 <= discard_ratio < 1.0:
         raise ConfigError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
@@ -71,8 +75,11 @@ def attention_rollout(attentions: Sequence[torch.Tensor] | torch.Tensor,
     """Attention rollout (B, T, T): row i says how much output token i draws on input token j.
 
     `attentions` holds one (B, heads, T, T) tensor per layer, first layer first. Each
-    layer's fused matrix A becomes (A + I) with rows renormalised to sum 1; the rollout is
-    the product A_L ... A_1.
+    layer's fused matrix A (after discarding) becomes A + I with each row divided by its own
+    sum, so every row of every layer is a distribution; the rollout is the product
+    A_L ... A_1. With mean fusion and no discarding this equals vit-explain's rollout (its
+    rows already sum to 1); for max/min fusion or a discard ratio > 0, vit-explain divides
+    column j by the sum of row j instead, so its rows do not sum to 1 and its maps differ.
     """
     if len(attentions) == 0:
         raise InputError("attention_rollout needs at least one layer's attention weights")
@@ -88,6 +95,30 @@ def attention_rollout(attentions: Sequence[torch.Tensor] | torch.Tensor,
         layer = layer / layer.sum(dim=-1, keepdim=True)
         rollout = layer if rollout is None else layer @ rollout
     return rollout.float()
+
+
+def rollout_conventions(head_fusion: str, discard_ratio: float,
+                        num_prefix_tokens: int) -> dict[str, str]:
+    """The rollout conventions in words, for explain.json and the README."""
+    if num_prefix_tokens:
+        discard = ("the class token's column is never discarded: every token keeps its path to "
+                   "it; the ratio counts the other T x (T - 1) entries of each layer (T tokens)")
+    else:
+        discard = "no class token: the ratio counts all T x T entries of each layer (T tokens)"
+    if not num_prefix_tokens:
+        vit_explain = ("jacobgil/vit-explain reads the class token's row, which this model "
+                       "lacks; here the map is the mean of the patch tokens' rows")
+    elif head_fusion == "mean" and discard_ratio == 0:
+        vit_explain = "equal to jacobgil/vit-explain's rollout (mean fusion, ratio 0)"
+    else:
+        vit_explain = ("differs from jacobgil/vit-explain, which divides column j by the sum "
+                       "of row j (not each row by its own sum) and protects only the class "
+                       "token's attention to itself, counting the ratio over all T x T "
+                       "entries; the two agree only for mean fusion at ratio 0")
+    return {"rollout": f"per layer: heads fused by the {head_fusion}, the weakest "
+                       f"{100 * discard_ratio:g}% of the entries zeroed, identity added, each "
+                       "row divided by its own sum; layers multiplied first layer first",
+            "discard": discard, "vit_explain": vit_explain}
 
 
 def map_source(config: ViTConfig) -> str:

@@ -1,4 +1,8 @@
-"""Mean attention distance (the paper's Figure 7, right): how far each head looks, in pixels."""
+"""Mean attention distance (the paper's Figure 7, right): how far each head looks, in pixels.
+
+The paper averages over 128 example images (Appendix D.7, Figure 11 caption);
+`PAPER_IMAGES` is that count.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,14 @@ from collections.abc import Sequence
 import torch
 
 from vitkit.errors import InputError
+
+PAPER_IMAGES = 128
+DISTANCE_CONVENTION = (
+    "patch-to-patch attention only (the class token has no position): each query patch's row "
+    "is renormalised to sum 1 over the patch keys, weighted by the distances between patch "
+    "centres, then averaged over query patches and images. probing-vits drops the class "
+    "token's row and column without renormalising, which gives each query's distance times "
+    "its share of attention on patches")
 
 
 def patch_distances(grid: tuple[int, int], patch_size: int) -> torch.Tensor:
@@ -25,7 +37,9 @@ def mean_attention_distance(attentions: Sequence[torch.Tensor] | torch.Tensor,
     Only patch-to-patch attention counts (a class token has no position): each query
     patch's row is renormalised to sum 1 over the patch keys, weighted with the distances
     between patch centres (patch_size pixels apart; for a hybrid stem, its token stride),
-    and averaged over query patches and images.
+    and averaged over query patches and images (`DISTANCE_CONVENTION`). Without the
+    renormalisation (probing-vits' formula) each query's distance would shrink by the share
+    of its attention that went to the class token.
     """
     distances = patch_distances(grid, patch_size)
     num_patches = distances.shape[0]

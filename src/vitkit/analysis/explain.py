@@ -4,6 +4,7 @@ written as PNGs plus explain.json."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,27 @@ from vitkit.analysis.attention import (
     attention_weights,
     map_source,
     output_token_map,
+    rollout_conventions,
 )
-from vitkit.analysis.distance import mean_attention_distance, uniform_attention_distance
-from vitkit.analysis.filters import PAPER_COMPONENTS, filter_components, pixel_filters, to_display
+from vitkit.analysis.distance import (
+    DISTANCE_CONVENTION,
+    PAPER_IMAGES,
+    mean_attention_distance,
+    uniform_attention_distance,
+)
+from vitkit.analysis.filters import (
+    PAPER_COMPONENTS,
+    SIGN_CONVENTION,
+    filter_components,
+    pixel_filters,
+    to_display,
+)
 from vitkit.analysis.images import as_uint8_batch
 from vitkit.analysis.posembed import position_similarity, similarity_by_distance
 from vitkit.data.preprocess import preprocess_for
 from vitkit.errors import ConfigError, InputError
+
+log = logging.getLogger(__name__)
 
 JSON_FILE = "explain.json"
 FILES = {"rollout": "attention_rollout.png", "heads": "attention_heads.png",
@@ -38,12 +53,14 @@ def _rounded(values: torch.Tensor, digits: int = 4) -> Any:
 def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image],
             out_dir: str | Path, head_fusion: str = "mean", discard_ratio: float = 0.0,
             names: Sequence[str] = (), batch_size: int = 16, title: str = "",
-            show: int = 8) -> dict[str, Any]:
+            show: int = 8, image_source: str = "") -> dict[str, Any]:
     """Attention rollout, raw attention maps, mean attention distance, position-embedding
     similarity and filter components for `images` (uint8 (B, C, H, W) or PIL images, run
     through `model.preprocess`). Writes the PNGs named in FILES and explain.json to
-    `out_dir`; returns the JSON's content. Every image counts in the distances and rollout
-    peaks; the rollout figure and the JSON's maps hold the first `show`.
+    `out_dir`; returns the JSON's content. Every image counts in the distances (the paper
+    used PAPER_IMAGES = 128) and rollout peaks; the rollout figure and the JSON's maps hold
+    the first `show`. Maps with nothing to draw (all zero, constant) are logged as warnings
+    and listed in the JSON's "warnings"; "conventions" states how each number is computed.
     """
     config = model.config
     out = Path(out_dir)
@@ -53,6 +70,8 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     names = list(names) or [f"image {i}" for i in range(len(batch))]
     if len(names) != len(batch):
         raise InputError(f"{len(names)} names for {len(batch)} images: give one name per image")
+    if show < 1:
+        raise InputError(f"show={show}: the rollout figure needs at least 1 image")
     prefix, grid, source = config.num_prefix_tokens, config.grid_size, map_source(config)
     parameter = next(model.parameters())
 
@@ -74,16 +93,23 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     head_maps = torch.stack([output_token_map(a, prefix, grid, source) for a in first])
     uniform = uniform_attention_distance(grid, config.patch_size)
     label = title or config.name or "model"
+    source_words = source.replace("_", " ")
 
     files = dict(FILES)  # names inside out_dir
     titles = [_describe(name, row, getattr(model, "class_names", None), config.num_classes)
               for name, row in zip(names, torch.cat(logits), strict=True)]
+    warnings = _flat_map_warnings(maps, head_maps, names, source_words, head_fusion,
+                                  discard_ratio)
+    for warning in warnings:
+        log.warning("warning: %s", warning)
     figures.plot_rollout(batch[:show], maps[:show], out / files["rollout"], titles,
-                         f"{label}: rollout ({head_fusion}, {source.replace('_', ' ')})")
+                         f"{label}: attention rollout from the {source_words}\n"
+                         f"head fusion {head_fusion}, discard ratio {discard_ratio:g}")
     figures.plot_head_maps(batch[0], head_maps, out / files["heads"],
-                           f"{label}: attention of the {source.replace('_', ' ')}")
+                           f"{label}: attention of the {source_words}, per layer and head\n"
+                           f"raw weights (not rolled out) for {titles[0]}")
     figures.plot_mean_distance(distances, out / files["distance"], uniform,
-                               f"{label}: mean attention distance")
+                               f"{label}: mean attention distance", images=len(batch))
 
     try:
         similarity = position_similarity(model)
@@ -99,7 +125,8 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     pca = filter_components(weights, PAPER_COMPONENTS, filter_source)
     figures.plot_filter_components(to_display(pca.components), out / files["filters"],
                                    pca.explained_variance_ratio.tolist(),
-                                   f"{label}: filter principal components")
+                                   f"{label}: filter principal components (% of variance)\n"
+                                   "sign: largest entry positive; each scaled to its range")
 
     report = {
         "model": {"name": config.name, "origin": getattr(model, "origin", None),
@@ -108,13 +135,18 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
                   "class_token": config.class_token, "pool": config.pool,
                   "pos_embed": config.pos_embed, "stem": config.stem},
         "images": titles,
+        "images_source": image_source or f"{len(batch)} image(s) passed in",
+        "conventions": {**rollout_conventions(head_fusion, discard_ratio, prefix),
+                        "mean_attention_distance": DISTANCE_CONVENTION,
+                        "filter_sign": SIGN_CONVENTION, "figures": figures.MAP_SCALING},
+        "warnings": warnings,
         "rollout": {"head_fusion": head_fusion, "discard_ratio": discard_ratio,
                     "map_source": source, "maps": _rounded(maps[:show], 5),
-                    "peak_patch": _peaks(maps)},
+                    "images_shown": min(show, len(batch)), "peak_patch": _peaks(maps)},
         "mean_attention_distance_px": {
             "per_layer": _rounded(distances.mean(dim=1), 2),
             "per_head": _rounded(distances, 2), "images": len(batch),
-            "uniform_attention": round(uniform, 2)},
+            "paper_images": PAPER_IMAGES, "uniform_attention": round(uniform, 2)},
         "position_embedding": positions,
         "filters": {"source": pca.source, "components": len(pca.components),
                     "explained_variance_ratio": _rounded(pca.explained_variance_ratio)},
@@ -122,6 +154,35 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     }
     (out / JSON_FILE).write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _flat_map_warnings(maps: torch.Tensor, head_maps: torch.Tensor, names: Sequence[str],
+                       source_words: str, head_fusion: str, discard_ratio: float) -> list[str]:
+    """One line per kind of flat map (all zero, constant) among the rollout maps (one per
+    image) and the first image's per-head maps: such panels have nothing to draw."""
+    if head_fusion != "mean" or discard_ratio > 0:
+        advice = "; mean head fusion with discard ratio 0 keeps every path"
+    else:
+        advice = ""
+    warnings = []
+    for kind in ("all zero", "constant"):
+        flat = [name for name, heat in zip(names, maps, strict=True)
+                if figures.flat_kind(heat) == kind]
+        if flat:
+            listed = "; ".join(flat[:3]) + (f" and {len(flat) - 3} more" if len(flat) > 3 else "")
+            what = ("takes nothing from any patch" if kind == "all zero" else
+                    "weighs every patch the same")
+            warnings.append(f"the rollout map of {len(flat)} image(s) is {kind} ({listed}): "
+                            f"the {source_words} {what} at head fusion {head_fusion}, "
+                            f"discard ratio {discard_ratio:g}{advice}")
+        heads = [f"layer {layer + 1} head {head + 1}"
+                 for layer, row in enumerate(head_maps) for head, heat in enumerate(row)
+                 if figures.flat_kind(heat) == kind]
+        if heads:
+            warnings.append(f"the raw attention of the {source_words} to the patches is {kind} "
+                            f"at {', '.join(heads)} ({names[0]}): those panels of "
+                            f"{FILES['heads']} show no contrast")
+    return warnings
 
 
 def _peaks(maps: torch.Tensor) -> list[list[int]]:
@@ -143,11 +204,13 @@ def _describe(name: str, logits: torch.Tensor, class_names: Sequence[str] | None
 
 
 def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_dir: str | Path,
-                    data: str | None = None, data_dir: str | None = None, num_images: int = 8,
-                    weights_dir: str | Path | None = None, **options: Any) -> dict[str, Any]:
+                    data: str | None = None, data_dir: str | None = None,
+                    num_images: int | None = None, weights_dir: str | Path | None = None,
+                    seed: int = 0, **options: Any) -> dict[str, Any]:
     """`explain` for a checkpoint (any format `load_pretrained` reads) on image files, or
-    without files on the first `num_images` test images of `data` (default: the data a
-    vitkit training checkpoint records)."""
+    without files on `num_images` test images of `data` (default: the data a vitkit training
+    checkpoint records), sampled across classes with `seed`. `num_images` defaults to the
+    paper's 128 (PAPER_IMAGES); all the test images when there are fewer."""
     from vitkit.analysis.images import images_from_data, images_from_files
     from vitkit.predict import expand_inputs
     from vitkit.weights.pretrained import build_model, read_weights
@@ -158,9 +221,14 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     preprocess = preprocess_for(model)
     if files:
         images, names = images_from_files(files, preprocess)
+        origin = f"{len(files)} image file(s)"
     else:
+        num_images = PAPER_IMAGES if num_images is None else num_images
         images, names = images_from_data(data, data_dir, num_images, preprocess,
-                                         weights.extra.get("train_config"))
+                                         weights.extra.get("train_config"), seed)
+        origin = (f"{len(images)} test images sampled across classes (seed {seed}; "
+                  f"{num_images} asked)")
     path = Path(source)
-    options.setdefault("title", f"{path.parent.name}/{path.name}" if path.exists() else str(source))
-    return explain(model, images, out_dir, names=names, **options)
+    options.setdefault("title", f"{path.resolve().parent.name}/{path.name}" if path.exists()
+                       else str(source))
+    return explain(model, images, out_dir, names=names, image_source=origin, **options)

@@ -1,8 +1,10 @@
 """matplotlib figures of the paper's analyses (Agg backend): attention maps, mean attention
 distance, position-embedding similarity, principal components of the pixel filters.
 
-Figures are saved at DPI pixels per inch with no cropping, so their pixel sizes follow
-from their contents (see each function).
+Figures are laid out by hand in inches and saved at DPI pixels per inch with no cropping,
+so their pixel sizes follow from their contents (see each function). Attention maps are
+scaled per map (0 = the map's weakest patch, 1 = its strongest; `MAP_SCALING`) and a colour
+bar says so; a map with no contrast (all zero, or constant) is marked on its panel.
 """
 
 from __future__ import annotations
@@ -20,12 +22,34 @@ import torch
 import torch.nn.functional as F
 
 DPI = 100
-TILE = 1.6  # inches per image tile in the attention figures
-HEAD_TILE = 1.2
+TILE = 1.6  # inches per image tile in the rollout figure
+HEAD_TILE = 1.2  # inches per tile in the per-head figure
+ROW_LABEL = 0.2  # inches above each rollout row for its image's name
+HEADER = 0.2  # inches for column headers
+LAYER_LABEL = 0.3  # inches left of the per-head rows for "layer l"
+COLOUR_BAR = 0.9  # inches right of the maps for the colour bar and its label
 FILTER_TILE = 0.9
 FILTER_LABEL = 0.15  # inches above each filter tile for its label
 FILTER_COLUMNS = 7
-TITLE = 0.4  # inches of room for a figure title
+TITLE = 0.5  # inches of room for a two-line figure title
+MAP_SCALING = ("attention maps are drawn scaled per map: 0 = the map's weakest patch, 1 = its "
+               "strongest (bilinear upsampling in the rollout overlays); explain.json holds the "
+               "unscaled values")
+
+
+def flat_kind(heat: torch.Tensor) -> str | None:
+    """"all zero" or "constant" for a map with no contrast to draw, else None."""
+    if not bool((heat != 0).any()):
+        return "all zero"
+    if float(heat.max() - heat.min()) <= 1e-12 * float(heat.abs().max()):
+        return "constant"
+    return None
+
+
+def _scaled(heat: torch.Tensor) -> torch.Tensor:
+    """A map scaled to [0, 1] (its min to 0, its max to 1); a flat map becomes zeros."""
+    heat = heat.detach().cpu().float()
+    return (heat - heat.min()) / (heat.max() - heat.min()).clamp(min=1e-12)
 
 
 def _image_hwc(image: torch.Tensor) -> np.ndarray:
@@ -38,9 +62,7 @@ def _image_hwc(image: torch.Tensor) -> np.ndarray:
 
 def _upsample(heat: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
     """(gh, gw) map -> (H, W) scaled to [0, 1], bilinear."""
-    heat = heat.detach().cpu().float()
-    heat = (heat - heat.min()) / (heat.max() - heat.min()).clamp(min=1e-12)
-    return F.interpolate(heat[None, None], size=size, mode="bilinear",
+    return F.interpolate(_scaled(heat)[None, None], size=size, mode="bilinear",
                          align_corners=False)[0, 0].clamp(0, 1).numpy()
 
 
@@ -48,6 +70,35 @@ def _show_image(ax: plt.Axes, image: torch.Tensor) -> None:
     array = _image_hwc(image)
     ax.imshow(array, cmap=None if array.ndim == 3 else "gray")
     ax.set_axis_off()
+
+
+def _mark_flat(ax: plt.Axes, heat: torch.Tensor) -> None:
+    """Write "all zero" / "constant" across a panel whose map has no contrast."""
+    kind = flat_kind(heat)
+    if kind:
+        ax.text(0.5, 0.5, kind, transform=ax.transAxes, ha="center", va="center", fontsize=7,
+                color="black", bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0})
+
+
+def _axes(fig: plt.Figure, left: float, top: float, width: float, height: float) -> plt.Axes:
+    """An axes placed in inches from the figure's top-left corner."""
+    fig_w, fig_h = fig.get_size_inches()
+    return fig.add_axes((left / fig_w, 1 - (top + height) / fig_h, width / fig_w,
+                         height / fig_h))
+
+
+def _colour_bar(fig: plt.Figure, image: matplotlib.image.AxesImage, left: float, top: float,
+                height: float, label: str) -> None:
+    """A narrow bar 0..1 labelled as a per-map scale, placed in inches."""
+    bar = fig.colorbar(image, cax=_axes(fig, left, top, 0.12, height), ticks=(0, 1))
+    bar.ax.set_yticklabels(["min", "max"], fontsize=6)
+    bar.set_label(label, fontsize=6)
+
+
+def _title(fig: plt.Figure, title: str) -> None:
+    """The figure title (one or two lines) in the top TITLE inches."""
+    fig.text(0.5, 1 - 0.06 / fig.get_size_inches()[1], title, ha="center", va="top",
+             fontsize=8, linespacing=1.4)
 
 
 def _save(fig: plt.Figure, path: str | Path) -> Path:
@@ -58,55 +109,79 @@ def _save(fig: plt.Figure, path: str | Path) -> Path:
 
 def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: str | Path,
                  titles: Sequence[str] = (), title: str = "") -> Path:
-    """A row per image: the image, its rollout map, the map over the image.
+    """A row per image: the image, its rollout map and the map over the image, under column
+    headers; each row's name in a strip above it; a colour bar for the per-map scale.
 
-    Size: 3 * 160 px wide, 160 px per image + 40 px high.
+    Size: 3 * 160 + 90 px wide, 70 + 180 px per image high.
     """
     count = len(images)
-    fig, axes = plt.subplots(count, 3, figsize=(3 * TILE, count * TILE + TITLE), squeeze=False)
+    fig_w = 3 * TILE + COLOUR_BAR
+    fig = plt.figure(figsize=(fig_w, TITLE + HEADER + count * (ROW_LABEL + TILE)))
+    _title(fig, title or "attention rollout")
+    side, pad = 0.94 * TILE, 0.03 * TILE
+    for col, header in enumerate(("image", "rollout map", "overlay")):
+        fig.text((col + 0.5) * TILE / fig_w, 1 - (TITLE + HEADER / 2) / fig.get_figheight(),
+                 header, ha="center", va="center", fontsize=7, weight="bold")
     size = tuple(images.shape[-2:])
+    shown = None
     for row in range(count):
-        heat = _upsample(maps[row], size)
-        _show_image(axes[row, 0], images[row])
-        axes[row, 1].imshow(heat, cmap="jet", vmin=0, vmax=1)
-        axes[row, 1].set_axis_off()
-        _show_image(axes[row, 2], images[row])
-        axes[row, 2].imshow(heat, cmap="jet", alpha=0.5, vmin=0, vmax=1)
+        top = TITLE + HEADER + row * (ROW_LABEL + TILE)
         if row < len(titles):
-            axes[row, 1].set_title(titles[row], fontsize=7)
-    fig.suptitle(title or "attention rollout", fontsize=9)
-    fig.tight_layout(pad=0.3, rect=(0, 0, 1, 1 - TITLE / (count * TILE + TITLE)))
+            fig.text(1.5 * TILE / fig_w, 1 - (top + ROW_LABEL / 2) / fig.get_figheight(),
+                     titles[row], ha="center", va="center", fontsize=7)
+        panels = [_axes(fig, col * TILE + pad, top + ROW_LABEL + pad, side, side)
+                  for col in range(3)]
+        heat = _upsample(maps[row], size)
+        _show_image(panels[0], images[row])
+        shown = panels[1].imshow(heat, cmap="jet", vmin=0, vmax=1)
+        panels[1].set_axis_off()
+        _mark_flat(panels[1], maps[row])
+        _show_image(panels[2], images[row])
+        panels[2].imshow(heat, cmap="jet", alpha=0.5, vmin=0, vmax=1)
+    _colour_bar(fig, shown, 3 * TILE + 0.15, TITLE + HEADER + ROW_LABEL + 0.1, TILE - 0.2,
+                "rollout, scaled per map")
     return _save(fig, path)
 
 
 def plot_head_maps(image: torch.Tensor, maps: torch.Tensor, path: str | Path,
                    title: str = "") -> Path:
-    """Raw attention per layer (rows) and head (columns) for one image, the image first.
+    """Raw attention per layer (rows, labelled on the left) and head (columns, headed), the
+    image first in each row; each map scaled on its own, as the colour bar says.
 
-    `maps` is (layers, heads, gh, gw). Size: (heads + 1) * 120 px by layers * 120 + 40 px.
+    `maps` is (layers, heads, gh, gw). Size: 30 + (heads + 1) * 120 + 90 px wide,
+    70 + layers * 120 px high.
     """
     layers, heads = maps.shape[:2]
-    fig, axes = plt.subplots(layers, heads + 1, squeeze=False,
-                             figsize=((heads + 1) * HEAD_TILE, layers * HEAD_TILE + TITLE))
+    fig_w = LAYER_LABEL + (heads + 1) * HEAD_TILE + COLOUR_BAR
+    fig = plt.figure(figsize=(fig_w, TITLE + HEADER + layers * HEAD_TILE))
+    fig_h = fig.get_figheight()
+    _title(fig, title or "attention per layer and head")
+    side, pad = 0.92 * HEAD_TILE, 0.04 * HEAD_TILE
+    for col, header in enumerate(["image"] + [f"head {h + 1}" for h in range(heads)]):
+        fig.text((LAYER_LABEL + (col + 0.5) * HEAD_TILE) / fig_w, 1 - (TITLE + HEADER / 2) / fig_h,
+                 header, ha="center", va="center", fontsize=7, weight="bold")
+    shown = None
     for layer in range(layers):
-        _show_image(axes[layer, 0], image)
-        axes[layer, 0].set_title(f"layer {layer + 1}", fontsize=7)
+        top = TITLE + HEADER + layer * HEAD_TILE
+        fig.text(LAYER_LABEL / 2 / fig_w, 1 - (top + HEAD_TILE / 2) / fig_h, f"layer {layer + 1}",
+                 ha="center", va="center", rotation=90, fontsize=7, weight="bold")
+        _show_image(_axes(fig, LAYER_LABEL + pad, top + pad, side, side), image)
         for head in range(heads):
-            ax = axes[layer, head + 1]
-            ax.imshow(maps[layer, head].cpu().numpy(), cmap="viridis")
+            ax = _axes(fig, LAYER_LABEL + (head + 1) * HEAD_TILE + pad, top + pad, side, side)
+            shown = ax.imshow(_scaled(maps[layer, head]).numpy(), cmap="viridis", vmin=0, vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
-            if layer == 0:
-                ax.set_title(f"head {head + 1}", fontsize=7)
-    fig.suptitle(title or "attention per layer and head", fontsize=9)
-    fig.tight_layout(pad=0.3, rect=(0, 0, 1, 1 - TITLE / (layers * HEAD_TILE + TITLE)))
+            _mark_flat(ax, maps[layer, head])
+    _colour_bar(fig, shown, LAYER_LABEL + (heads + 1) * HEAD_TILE + 0.15, TITLE + HEADER + 0.1,
+                HEAD_TILE - 0.2, "attention, scaled per map")
     return _save(fig, path)
 
 
 def plot_mean_distance(distances: torch.Tensor, path: str | Path, uniform: float | None = None,
-                       title: str = "") -> Path:
+                       title: str = "", images: int | None = None) -> Path:
     """Mean attention distance (px) against depth, a dot per head (the paper's Figure 7,
-    right); a dashed line marks uniform attention. Size: 500 x 400 px."""
+    right); a dashed line marks uniform attention; the number of images averaged over is
+    in the title. Size: 500 x 400 px."""
     layers, heads = distances.shape
     fig, ax = plt.subplots(figsize=(5, 4))
     colours = plt.get_cmap("tab10" if heads <= 10 else "tab20")
@@ -119,7 +194,10 @@ def plot_mean_distance(distances: torch.Tensor, path: str | Path, uniform: float
     top = max(float(distances.max()), uniform or 0.0)
     ax.set(xlabel="network depth (layer)", ylabel="mean attention distance (pixels)",
            ylim=(0, 1.1 * top if top > 0 else 1), xticks=range(1, layers + 1))
-    ax.set_title(title or "mean attention distance", fontsize=10)
+    title = title or "mean attention distance"
+    if images is not None:
+        title += f"\naveraged over {images} image{'s' if images != 1 else ''}"
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     if heads <= 16:
         ax.legend(fontsize=6, ncol=2, loc="lower right")
@@ -165,8 +243,8 @@ def plot_position_similarity(similarity: torch.Tensor, path: str | Path,
 def plot_filter_components(components: torch.Tensor, path: str | Path,
                            explained: Sequence[float] = (), title: str = "") -> Path:
     """Components (K, C, kh, kw) scaled to [0, 1], RGB tiles (grey for other channel counts),
-    7 per row as in the paper's Figure 7, left.
-    Size: 7 * 90 px wide, ceil(K / 7) * 105 + 40 px high."""
+    7 per row as in the paper's Figure 7, left, each labelled with its explained variance.
+    Size: 7 * 90 px wide, ceil(K / 7) * 105 + 50 px high."""
     count = len(components)
     rows = max(1, math.ceil(count / FILTER_COLUMNS))
     cell_h = FILTER_TILE + FILTER_LABEL
@@ -186,6 +264,5 @@ def plot_filter_components(components: torch.Tensor, path: str | Path,
         label = f"{index + 1}" + (f": {100 * explained[index]:.1f}%" if index < len(explained)
                                   else "")
         ax.set_title(label, fontsize=6, pad=2)
-    fig.suptitle(title or "principal components of the pixel filters", fontsize=9,
-                 y=1 - 0.1 / fig_h, va="top")
+    _title(fig, title or "principal components of the pixel filters")
     return _save(fig, path)

@@ -1,5 +1,6 @@
-"""The images an analysis runs on: files through the model's preprocessing, or the first
-test images of a data source (by default the one a training checkpoint was trained on)."""
+"""The images an analysis runs on: files through the model's preprocessing, or test images
+of a data source (by default the one a training checkpoint was trained on), sampled across
+its classes."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
+from vitkit.data.images import open_image
 from vitkit.data.preprocess import Preprocess
 from vitkit.errors import InputError
 
@@ -38,23 +40,35 @@ def _to_pil(image: torch.Tensor) -> Image.Image:
 
 def images_from_files(paths: Sequence[str | Path], preprocess: Preprocess
                       ) -> tuple[torch.Tensor, list[str]]:
-    """Read image files (Pillow) into a uint8 batch at the model's size; names = the paths."""
-    pictures = []
-    for path in paths:
-        try:
-            with Image.open(path) as image:
-                image.load()
-                pictures.append(image.copy())
-        except (OSError, UnidentifiedImageError) as exc:
-            raise InputError(f"cannot read {path} as an image ({exc}); pass image files "
-                             "Pillow can decode (PNG, JPEG, ...)") from exc
+    """Read image files (`vitkit.data.images`) into a uint8 batch at the model's size; names =
+    the paths."""
+    pictures = [open_image(path, preprocess.channels) for path in paths]
     return as_uint8_batch(pictures, preprocess), [str(path) for path in paths]
 
 
+def stratified_indices(labels: torch.Tensor, count: int, seed: int = 0) -> torch.Tensor:
+    """`count` indices (all, if fewer) that take the classes in turn: a seeded shuffle of the
+    classes, each class's images in a seeded random order, one image per class per round
+    until a class runs out. The first min(count, classes) indices are of different
+    classes, and every class gets count // classes or one more while it lasts."""
+    generator = torch.Generator().manual_seed(seed)
+    classes = labels.unique()
+    classes = classes[torch.randperm(len(classes), generator=generator)]
+    queues = [torch.nonzero(labels == c).flatten() for c in classes]
+    queues = [q[torch.randperm(len(q), generator=generator)].tolist() for q in queues]
+    chosen: list[int] = []
+    for round_index in range(max(map(len, queues), default=0)):
+        if len(chosen) >= count:
+            break
+        chosen += [q[round_index] for q in queues if round_index < len(q)]
+    return torch.tensor(chosen[:count], dtype=torch.long)
+
+
 def images_from_data(data: str | None, data_dir: str | None, count: int,
-                     preprocess: Preprocess, train_config: dict[str, Any] | None = None
-                     ) -> tuple[torch.Tensor, list[str]]:
-    """The first `count` test images of `data` (default: the checkpoint's training data)."""
+                     preprocess: Preprocess, train_config: dict[str, Any] | None = None,
+                     seed: int = 0) -> tuple[torch.Tensor, list[str]]:
+    """`count` test images of `data` (default: the checkpoint's training data), sampled
+    across classes by `stratified_indices` (all of them when the test split is smaller)."""
     from vitkit.data.sources import load_source
 
     trained = train_config or {}
@@ -68,7 +82,8 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
     if count < 1:
         raise InputError(f"--num-images must be at least 1, got {count}")
     _, test = load_source(data, data_dir, preprocess.img_size, preprocess.channels,
-                          train_limit=1, test_limit=count)
-    names = [f"{data} test #{i}: {test.classes[int(label)]}"
-             for i, label in enumerate(test.labels)]
-    return as_uint8_batch(test.images, preprocess), names
+                          train_limit=1)
+    chosen = stratified_indices(test.labels, count, seed)
+    names = [f"{data} test #{index}: {test.classes[int(test.labels[index])]}"
+             for index in chosen.tolist()]
+    return as_uint8_batch(test.images[chosen], preprocess), names

@@ -14,7 +14,8 @@ import torch
 
 def plot_learning_curve(history: Sequence[dict[str, float]], path: str | Path,
                         title: str = "") -> Path:
-    """Loss and test accuracy against epochs (top) and training minutes (bottom axis labels)."""
+    """Two panels side by side: train and test loss against epochs (left), test top-1 (and EMA
+    top-1) against training minutes (right)."""
     epochs = [row["epoch"] for row in history]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     ax_loss.plot(epochs, [row["train_loss"] for row in history], label="train")

@@ -6,7 +6,8 @@ handful of op groups, never over samples or pixels) and draws all its randomness
 
 Contents: `random_crop`, `random_flip`, `trivial_augment` (with `apply_op` and `op_magnitude`
 to run one named op), `random_erasing`, `mixup_cutmix`, `one_hot_smooth`, `soft_cross_entropy`,
-`normalize`, and `BatchAugment`, which chains them from an `AugmentConfig`.
+`normalize` (`vitkit.data.preprocess.normalize`), and `BatchAugment`, which chains them from
+an `AugmentConfig`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitkit.data.preprocess import normalize
 from vitkit.errors import InputError
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "random_crop",
     "random_erasing",
     "random_flip",
+    "resize_batch",
     "soft_cross_entropy",
     "trivial_augment",
 ]
@@ -466,15 +469,6 @@ def one_hot_smooth(labels: torch.Tensor, num_classes: int, smoothing: float = 0.
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean over the batch of `-(targets * log_softmax(logits)).sum(-1)`."""
     return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
-
-
-def normalize(images: torch.Tensor, mean: Sequence[float] | torch.Tensor,
-              std: Sequence[float] | torch.Tensor) -> torch.Tensor:
-    """uint8 (B, C, H, W) -> float32 `(x / 255 - mean) / std`, per channel."""
-    _check_images(images)
-    m = torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-    s = torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
-    return (images.float() / 255.0 - m) / s
 
 
 # ---------------------------------------------------------------------------------------------

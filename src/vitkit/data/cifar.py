@@ -43,6 +43,7 @@ logger = logging.getLogger("vitkit.data")
 
 IMAGE_SHAPE = (3, 32, 32)
 PIXEL_BYTES = 3 * 32 * 32
+_MAX_META_BYTES = 1 << 16  # the official name lists are under 1 KB
 
 
 @dataclass(frozen=True)
@@ -153,19 +154,52 @@ def find_cifar_dir(dataset: str, data_dir: str | Path | None = None) -> Path:
     return found
 
 
+def _bad_meta(path: Path, spec: CifarSpec, problem: str) -> DataError:
+    return DataError(f"{path} {problem}; it should list the {spec.num_classes} {spec.name} class "
+                     f"names, one per line. Restore it from the official {spec.name} tarball, or "
+                     f"delete it to name the classes 0..{spec.num_classes - 1}.")
+
+
 def _read_class_names(folder: Path, spec: CifarSpec) -> list[str]:
     path = folder / spec.meta_file
     if not path.is_file():
         logger.warning("%s: %s missing; naming the classes 0..%d", folder, spec.meta_file,
                        spec.num_classes - 1)
         return [str(i) for i in range(spec.num_classes)]
-    names = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    names = [n for n in names if n]
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise _bad_meta(path, spec, f"cannot be read ({err.strerror})") from err
+    if len(raw) > _MAX_META_BYTES:
+        raise _bad_meta(path, spec, f"has {len(raw):,} bytes, too many for a list of class "
+                                    f"names")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise _bad_meta(path, spec, f"is not UTF-8 text (byte {err.start}: {err.reason})"
+                        ) from err
+    names = [n for n in (line.strip() for line in text.split("\n")) if n]
+    odd = next((n for n in names if not n.isprintable()), None)
+    if odd is not None:
+        raise _bad_meta(path, spec, f"has a control character in the name {odd!r}")
     if len(names) != spec.num_classes:
-        raise DataError(f"{path} lists {len(names)} class names but {spec.name} has "
-                        f"{spec.num_classes}; is this the right file for --dataset {spec.name}? "
-                        f"Restore it from the official {spec.name} tarball.")
+        raise _bad_meta(path, spec, f"lists {len(names)} class names but {spec.name} has "
+                                    f"{spec.num_classes} (is it the file for --dataset "
+                                    f"{spec.name}?)")
     return names
+
+
+def _read_records(path: Path, count: int, record_bytes: int) -> np.ndarray:
+    """The first `count` records of `path` as a (count, record_bytes) uint8 array."""
+    try:
+        data = np.fromfile(path, dtype=np.uint8, count=count * record_bytes)
+    except OSError as err:
+        raise DataError(f"cannot read {path} ({err.strerror or err}); check the file's "
+                        f"permissions, or re-extract the official tarball") from err
+    if data.size != count * record_bytes:
+        raise DataError(f"{path} ended after {data.size:,} bytes while reading {count} records "
+                        f"(it changed while being read?); re-extract the official tarball")
+    return data.reshape(count, record_bytes)
 
 
 def load_cifar(
@@ -213,7 +247,7 @@ def load_cifar(
         take = min(n, wanted - filled)
         if take <= 0:
             break
-        records = np.fromfile(path, dtype=np.uint8, count=take * rec).reshape(take, rec)
+        records = _read_records(path, take, rec)
         file_labels = records[:, spec.label_index]
         bad = np.flatnonzero(file_labels >= spec.num_classes)
         if bad.size:

@@ -13,7 +13,9 @@ from vitkit.errors import DataError
 class ImageDataset:
     """`images` uint8 (N, C, H, W); `labels` int64 (N,); `classes[i]` names label i.
 
-    `skipped` counts files that could not be read when the dataset was built.
+    `skipped` counts files that could not be read when the dataset was built;
+    `skipped_files` names every one as (path, "kind: detail"), e.g.
+    ("pets/train/cat/3.jpg", "truncated: image file is truncated").
     """
 
     images: torch.Tensor
@@ -22,6 +24,7 @@ class ImageDataset:
     name: str = ""
     skipped: int = 0
     notes: list[str] = field(default_factory=list)
+    skipped_files: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.dim() != 4:
@@ -45,4 +48,4 @@ class ImageDataset:
     def subset(self, indices: torch.Tensor | slice) -> ImageDataset:
         """The images at `indices` (a slice or an index tensor), same classes."""
         return ImageDataset(self.images[indices], self.labels[indices], self.classes,
-                            self.name, self.skipped, list(self.notes))
+                            self.name, self.skipped, list(self.notes), list(self.skipped_files))

@@ -1,4 +1,6 @@
-"""Class-per-folder image datasets (`root/<class_name>/<image>`), decoded with Pillow.
+"""Class-per-folder image datasets (`root/<class_name>/<image>`), decoded by
+`vitkit.data.images` (so every file is converted, or skipped with a named reason, as
+`predict` and `explain` do it).
 
 Files are decoded in worker processes and gathered into one uint8 (N, C, H, W) tensor.
 Classes are the sub-folder names, sorted; label i names `classes[i]`.
@@ -8,18 +10,20 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from vitkit.data.dataset import DataError, ImageDataset
+from vitkit.data.images import decode_image
+from vitkit.data.skipped import summarize_skips, write_skipped_files
 
-__all__ = ["IMAGE_EXTENSIONS", "load_image_folder"]
+__all__ = ["IMAGE_EXTENSIONS", "load_image_folder", "write_skipped_files"]
 
 logger = logging.getLogger("vitkit.data")
 
@@ -30,7 +34,8 @@ IMAGE_EXTENSIONS = frozenset({
 _POOL_MIN_FILES = 64
 _MAX_AUTO_WORKERS = 8
 
-# What a worker sends back: ("ok", CHW uint8 array), ("bad", reason) or ("size", (h, w)).
+# What a worker sends back: ("ok", CHW uint8 array), ("bad", (kind, detail)) or
+# ("size", (h, w)).
 _Result = tuple[str, object]
 
 
@@ -48,27 +53,19 @@ def _fmt(hw: tuple[int, int]) -> str:
     return f"{hw[0]}x{hw[1]}"
 
 
-def _reason(err: Exception, path: str) -> str:
-    text = str(err).replace(repr(path), "").replace(path, "").strip().rstrip(":").strip()
-    return text or type(err).__name__
-
-
-def _decode(path: str, mode: str, size: tuple[int, int] | None, resize: bool) -> _Result:
+def _decode(path: str, channels: int, size: tuple[int, int] | None, resize: bool,
+            max_pixels: int | None) -> _Result:
     """Decode one file to a CHW uint8 array (worker-process entry point)."""
-    from PIL import Image
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # palette-transparency notes and the like
-            with Image.open(path) as img:
-                img = img.convert(mode)  # decodes the whole file: truncation shows up here
-        if size is not None and (img.height, img.width) != size:
-            if not resize:
-                return "size", (img.height, img.width)
-            img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-        arr = np.asarray(img, dtype=np.uint8)
-    except Exception as err:  # Pillow raises many types for corrupt files; all mean "skip it"
-        return "bad", _reason(err, path)
+    Image.MAX_IMAGE_PIXELS = max_pixels  # the caller's limit, also in spawned workers
+    decoded = decode_image(path, channels)
+    if decoded.image is None:
+        return "bad", (decoded.kind, decoded.detail)
+    img = decoded.image
+    if size is not None and (img.height, img.width) != size:
+        if not resize:
+            return "size", (img.height, img.width)
+        img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    arr = np.asarray(img, dtype=np.uint8)
     arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
     return "ok", np.ascontiguousarray(arr)
 
@@ -125,9 +122,10 @@ def _results(fn: partial[_Result], paths: list[str], pool: ProcessPoolExecutor |
     return pool.map(fn, paths, chunksize=chunksize)
 
 
-def _examples(items: Iterable[str], limit: int = 3) -> str:
-    items = list(items)
-    return "; ".join(items[:limit]) + ("; ..." if len(items) > limit else "")
+def _named(skipped: list[tuple[str, str]], limit: int = 3) -> str:
+    """"a.png (truncated: ...); b.jpg (empty file: 0 bytes); ..." for the first `limit`."""
+    shown = "; ".join(f"{rel} ({reason})" for rel, reason in skipped[:limit])
+    return shown + ("; ..." if len(skipped) > limit else "")
 
 
 def load_image_folder(
@@ -142,14 +140,11 @@ def load_image_folder(
     `image_size` (int or (height, width)): images of another size are resized (bilinear) when
     `resize`, else rejected. Without it all images must share one size. `channels`: 3 (RGB) or
     1 (grayscale). `workers`: decoding processes; None picks by CPU count (in-process for
-    small folders), 0 decodes in-process. Unreadable files are skipped, counted in `skipped`
-    and described in `notes`.
+    small folders), 0 decodes in-process. Files are decoded by `vitkit.data.images` (EXIF
+    rotation, transparency on white, 16-bit scaled); unreadable ones are skipped: counted in
+    `skipped`, every one named with its reason in `skipped_files`, summarised in `notes` and
+    the log (`write_skipped_files` writes them to a run's folder).
     """
-    try:
-        import PIL  # noqa: F401
-    except ImportError as err:
-        raise DataError("loading image folders needs Pillow; install it with "
-                        "`pip install pillow`") from err
     if channels not in (1, 3):
         raise DataError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
     size = _size_hw(image_size)
@@ -157,11 +152,12 @@ def load_image_folder(
     classes, files = _list_files(root)
     paths = [str(p) for p, _ in files]
     n_workers = _worker_count(workers, len(paths))
-    fn = partial(_decode, mode="L" if channels == 1 else "RGB", size=size, resize=resize)
+    fn = partial(_decode, channels=channels, size=size, resize=resize,
+                 max_pixels=Image.MAX_IMAGE_PIXELS)
 
     out: np.ndarray | None = None
     labels: list[int] = []
-    skipped: list[str] = []
+    skipped: list[tuple[str, str]] = []  # (path relative to root, "kind: detail")
     sizes: dict[tuple[int, int], list] = {}  # (h, w) -> [count, example file]
     pool = ProcessPoolExecutor(max_workers=n_workers) if n_workers > 0 else None
     try:
@@ -169,7 +165,9 @@ def load_image_folder(
         for (path, label), (status, value) in zip(files, results, strict=True):
             rel = path.relative_to(root).as_posix()
             if status == "bad":
-                skipped.append(f"{rel}: {value}")
+                kind, detail = value
+                skipped.append((rel, f"{kind}: {detail}"))
+                logger.debug("%s: skipped %s (%s: %s)", root, rel, kind, detail)
                 continue
             if status == "size":
                 raise DataError(
@@ -198,12 +196,12 @@ def load_image_folder(
                         f"int) to resize them all to one size")
     if out is None:
         raise DataError(f"no readable images in {root}: all {len(files)} files were skipped "
-                        f"(e.g. {_examples(skipped)}); check the files are valid images")
+                        f"({_named(skipped)}); check the files are valid images")
 
     notes: list[str] = []
     if skipped:
-        what = "file" if len(skipped) == 1 else "files"
-        note = f"skipped {len(skipped)} unreadable {what} (e.g. {_examples(skipped, 2)})"
+        note = (f"{summarize_skips(skipped, len(files))}: {_named(skipped, 2)}; every one is "
+                f"in the dataset's skipped_files (write_skipped_files saves them)")
         notes.append(note)
         logger.warning("%s: %s", root, note)
     kept = set(labels)
@@ -222,4 +220,5 @@ def load_image_folder(
         name=root.name,
         skipped=len(skipped),
         notes=notes,
+        skipped_files=[(str(root / rel), reason) for rel, reason in skipped],
     )

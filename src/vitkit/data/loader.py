@@ -1,8 +1,9 @@
 """Batches from an in-memory dataset in a seeded, resumable order, sharded across ranks.
 
-The order of epoch e is a permutation drawn from `seed + e`, so (epoch, batch index) is all
-the state needed to resume exactly. Every rank draws the same global batch and takes its own
-contiguous slice, so K processes see exactly the batches one process would.
+The order of epoch e is a permutation drawn from the seed `seed * 100003 + e`, so (epoch,
+batch index) is all the state needed to resume exactly. Every rank draws the same global
+batch and takes its own contiguous slice, so K processes see exactly the batches one process
+would.
 """
 
 from __future__ import annotations

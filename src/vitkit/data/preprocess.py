@@ -8,6 +8,7 @@ shorter side, centre-crop and use the ImageNet mean/std. Getting this wrong cost
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from PIL import Image
 
 from vitkit.config import check_known_keys
-from vitkit.errors import ConfigError
+from vitkit.errors import ConfigError, InputError
 
 RESIZE_MODES = ("squash", "shorter_side")
 INTERPOLATIONS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
@@ -98,13 +99,26 @@ class Preprocess:
 
     def normalize(self, batch: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) -> float, scaled to [0, 1] then (x - mean) / std."""
-        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
-        std = torch.tensor(self.std).view(1, -1, 1, 1)
-        return (batch.float() / 255.0 - mean) / std
+        return normalize(batch, self.mean, self.std)
 
     def __call__(self, images: list[Image.Image]) -> torch.Tensor:
         """A normalised float batch (B, C, H, W) from PIL images."""
         return self.normalize(torch.stack([self.to_uint8(image) for image in images]))
+
+
+def normalize(images: torch.Tensor, mean: Sequence[float] | torch.Tensor,
+              std: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """uint8 (B, C, H, W) -> float32 `(x / 255 - mean) / std` per channel, on the images'
+    device. The one normalisation of vitkit: training, evaluation, predict and explain."""
+    if images.dtype != torch.uint8 or images.dim() != 4:
+        raise InputError(f"normalize takes uint8 images (B, C, H, W), got {images.dtype} "
+                         f"{tuple(images.shape)}")
+    m = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    if m.shape[1] not in (1, images.shape[1]):
+        raise InputError(f"the images have {images.shape[1]} channel(s) but mean/std have "
+                         f"{m.shape[1]}: use a Preprocess with one mean and std per channel")
+    return (images.float() / 255.0 - m) / s
 
 
 def official_preprocess(img_size: tuple[int, int], in_chans: int = 3) -> Preprocess:

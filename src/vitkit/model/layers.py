@@ -1,4 +1,8 @@
-"""The building blocks of eq. 2-3: patch embedding, multi-head self-attention, MLP, block."""
+"""The building blocks of eq. 2-3: multi-head self-attention, MLP, block, DropPath.
+
+The stems (patch embedding, conv stem) live in `vitkit.model.stems`; `PatchEmbed` and
+`ConvStem` stay importable from here under their old names.
+"""
 
 from __future__ import annotations
 
@@ -6,49 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitkit.model.stems import ConvStem
+from vitkit.model.stems import PatchStem as PatchEmbed
 
-class PatchEmbed(nn.Module):
-    """Split into P x P patches and project each to `width`: a Conv2d with kernel = stride = P."""
-
-    def __init__(self, patch_size: int, in_chans: int, width: int) -> None:
-        super().__init__()
-        self.proj = nn.Conv2d(in_chans, width, kernel_size=patch_size, stride=patch_size)
-
-    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, D, grid_h, grid_w): the tokens before flattening."""
-        return self.proj(images)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.feature_map(images).flatten(2).transpose(1, 2)  # (B, N, D)
-
-
-class ConvStem(nn.Module):
-    """A hybrid's tokenizer: 3x3 convolutions (BatchNorm, ReLU), the last log2(P) of them with
-    stride 2, then a 1x1 projection to `width` ("early convolutions", Xiao et al. 2021).
-
-    It replaces the P x P patch projection and gives the same token grid.
-    """
-
-    def __init__(self, patch_size: int, in_chans: int, width: int,
-                 channels: tuple[int, ...]) -> None:
-        super().__init__()
-        halvings = patch_size.bit_length() - 1
-        layers: list[nn.Module] = []
-        previous = in_chans
-        for index, out in enumerate(channels):
-            stride = 2 if index >= len(channels) - halvings else 1
-            layers += [nn.Conv2d(previous, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out),
-                       nn.ReLU(inplace=True)]
-            previous = out
-        self.convs = nn.Sequential(*layers)
-        self.proj = nn.Conv2d(previous, width, kernel_size=1)
-
-    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, D, grid_h, grid_w): the tokens before flattening."""
-        return self.proj(self.convs(images))
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.feature_map(images).flatten(2).transpose(1, 2)  # (B, N, D)
+__all__ = ["Attention", "Block", "ConvStem", "DropPath", "Mlp", "PatchEmbed"]
 
 
 class Attention(nn.Module):

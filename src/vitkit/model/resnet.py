@@ -1,35 +1,44 @@
-"""The paper's hybrid tokenizer: the official ResNet stem (BiT-style) feeding the ViT.
+"""The ResNet-v2 backbone of the paper's hybrid (BiT-style); `stems.ResNetStem` puts the
+token projection on its feature map.
 
 Written to the official JAX code, which decides whether the released R50+ViT weights give
 their outputs: convolutions with weight standardisation (w - mean) / (std + 1e-5) per output
 filter, GroupNorm with 32 groups and epsilon 1e-6, TensorFlow "SAME" padding (asymmetric at
 stride 2; the max-pool pads with -inf), post-activation bottleneck units. Parameter names
 follow timm's hybrid so state dicts move between the two.
+
+The SAME padding is computed with integer ops that also work on sizes traced as tensors, so
+an ONNX trace (`vitkit.export`) follows a dynamic input size.
 """
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from vitkit.model.geometry import ConvShape, ceil_div, conv_shape
 
 GN_GROUPS = 32
 GN_EPS = 1e-6
 WS_EPS = 1e-5
 
 
-def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
-    """TensorFlow "SAME": output ceil(size / stride); the odd pixel of padding goes last."""
-    total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
+def same_padding(size: Any, kernel: int, stride: int) -> tuple[Any, Any]:
+    """TensorFlow "SAME": output ceil(size / stride); the odd pixel of padding goes last.
+
+    `size` is an int, or a 0-d tensor while tracing (then the padding stays in the graph)."""
+    total = (ceil_div(size, stride) - 1) * stride + kernel - size
+    total = total.clamp(min=0) if isinstance(total, torch.Tensor) else max(total, 0)
     return total // 2, total - total // 2
 
 
 def pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> torch.Tensor:
     top, bottom = same_padding(x.shape[-2], kernel, stride)
     left, right = same_padding(x.shape[-1], kernel, stride)
-    if top or bottom or left or right:
+    if torch.jit.is_tracing() or top or bottom or left or right:
         x = F.pad(x, (left, right, top, bottom), value=value)
     return x
 
@@ -86,6 +95,15 @@ class Bottleneck(nn.Module):
         y = self.norm3(self.conv3(y))
         return F.relu(shortcut + y)
 
+    def conv_shapes(self, size: tuple[int, int]) -> list[ConvShape]:
+        """Its convolutions (each with its GroupNorm) on a `size` input, in forward order."""
+        first = conv_shape(self.conv1, size, norm=True, same=True)
+        middle = conv_shape(self.conv2, size, norm=True, same=True)
+        shapes = [first, middle, conv_shape(self.conv3, middle.out_size, norm=True, same=True)]
+        if self.downsample is not None:
+            shapes.append(conv_shape(self.downsample.conv, size, norm=True, same=True))
+        return shapes
+
 
 class Stage(nn.Module):
     def __init__(self, in_chans: int, width: int, depth: int, stride: int) -> None:
@@ -108,6 +126,11 @@ class RootBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.norm(self.conv(x)))
         return F.max_pool2d(pad_same(x, 3, 2, value=float("-inf")), 3, 2)
+
+    def conv_shapes(self, size: tuple[int, int]) -> tuple[list[ConvShape], tuple[int, int]]:
+        """The root conv on a `size` input, and the size after the (SAME) max-pool."""
+        root = conv_shape(self.conv, size, norm=True, same=True)
+        return [root], (ceil_div(root.out_size[0], 2), ceil_div(root.out_size[1], 2))
 
 
 class ResNetBackbone(nn.Module):
@@ -132,20 +155,19 @@ class ResNetBackbone(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stages(self.stem(x))
 
+    def conv_shapes(self, size: tuple[int, int]) -> tuple[list[ConvShape], tuple[int, int]]:
+        """Every convolution on a `size` image in forward order, and the feature map's size."""
+        shapes, size = self.stem.conv_shapes(size)
+        for block in (block for stage in self.stages for block in stage.blocks):
+            block_shapes = block.conv_shapes(size)
+            shapes += block_shapes
+            size = block_shapes[2].out_size
+        return shapes, size
 
-class HybridEmbed(nn.Module):
-    """ResNet feature map -> tokens with a (patch / stride)-sized projection (1x1 for R50/16)."""
 
-    def __init__(self, patch_size: int, in_chans: int, width: int, layers: tuple[int, ...],
-                 resnet_width: int = 64) -> None:
-        super().__init__()
-        self.backbone = ResNetBackbone(in_chans, layers, resnet_width)
-        kernel = patch_size // ResNetBackbone.total_stride(layers)
-        self.proj = nn.Conv2d(self.backbone.out_chans, width, kernel_size=kernel, stride=kernel)
-
-    def feature_map(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, D, grid_h, grid_w): the tokens before flattening."""
-        return self.proj(self.backbone(images))
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.feature_map(images).flatten(2).transpose(1, 2)  # (B, N, D)
+def __getattr__(name: str) -> Any:
+    """`HybridEmbed`, the hybrid's old class name, is `stems.ResNetStem` now."""
+    if name == "HybridEmbed":
+        from vitkit.model.stems import ResNetStem
+        return ResNetStem
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,11 +6,11 @@ import torch
 from torch import nn
 
 from vitkit.config import ViTConfig
-from vitkit.errors import InputError
+from vitkit.errors import ConfigError, InputError
 from vitkit.model.init import init_weights_
-from vitkit.model.layers import Block, ConvStem, PatchEmbed
-from vitkit.model.posembed import resample_grid_embed, sincos_1d, sincos_2d
-from vitkit.model.resnet import HybridEmbed
+from vitkit.model.layers import Block
+from vitkit.model.posembed import fixed_positions, resample_grid_embed
+from vitkit.model.stems import Stem, build_stem
 
 
 class PreLogits(nn.Module):
@@ -31,20 +31,19 @@ class VisionTransformer(nn.Module):
     (class token or a mean), applies the optional pre-logits layer and the classifier.
     Pass `return_attention=True` to get each layer's attention weights (B, heads, T, T)
     from the explicit attention path; the default path is the fused SDPA kernel.
+
+    Image size: by default forward takes `config.img_size` only (`set_image_size` changes
+    it). With `config.dynamic_img_size` (or `set_dynamic_img_size()`), forward takes any size
+    the stem accepts (`Stem.check_size`) and fits the positions to each input's token grid as
+    `set_image_size(size, "bilinear")` would: learned ones resampled bilinearly, sin-cos
+    tables rebuilt. The stored positions stay those of `config.img_size`.
     """
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = config
         width = config.width
-        if config.stem == "resnet":
-            self.patch_embed = HybridEmbed(config.patch_size, config.in_chans, width,
-                                           config.resnet_layers, config.resnet_width)
-        elif config.stem == "conv":
-            self.patch_embed = ConvStem(config.patch_size, config.in_chans, width,
-                                        config.stem_channels)
-        else:
-            self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, width)
+        self.patch_embed = build_stem(config)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, width)) if config.class_token else None
         self.pos_embed = self._make_pos_embed(config)
         self.pos_drop = nn.Dropout(config.dropout)
@@ -66,18 +65,13 @@ class VisionTransformer(nn.Module):
 
     @staticmethod
     def _make_pos_embed(config: ViTConfig) -> torch.Tensor | None:
-        shape = (config.seq_len, config.width)
         if config.pos_embed == "learned":
-            return nn.Parameter(torch.zeros(1, *shape))
-        if config.pos_embed == "sincos1d":
-            table = sincos_1d(config.seq_len, config.width)
-        elif config.pos_embed == "sincos2d":
-            table = sincos_2d(config.grid_size, config.width)
-            prefix = torch.zeros(config.num_prefix_tokens, config.width)  # class token: no position
-            table = torch.cat([prefix, table])
-        else:
+            return nn.Parameter(torch.zeros(1, config.seq_len, config.width))
+        if config.pos_embed == "none":
             return None
-        return nn.Buffer(table[None], persistent=False)
+        table = fixed_positions(config.pos_embed, config.grid_size, config.num_prefix_tokens,
+                                config.width)
+        return nn.Buffer(table, persistent=False)
 
     @staticmethod
     def _make_head(in_features: int, num_classes: int) -> nn.Module:
@@ -87,12 +81,30 @@ class VisionTransformer(nn.Module):
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """z0 = [x_class; x_p E] + E_pos."""
         self.check_input(images)
-        tokens = self.patch_embed(images)
+        if self.config.dynamic_img_size:
+            features = self.patch_embed.feature_map(images)
+            positions = self.positions((features.shape[-2], features.shape[-1]))
+            tokens = features.flatten(2).transpose(1, 2)
+        else:
+            tokens, positions = self.patch_embed(images), self.pos_embed
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
-        if self.pos_embed is not None:
-            tokens = tokens + self.pos_embed
+        if positions is not None:
+            tokens = tokens + positions
         return self.pos_drop(tokens)
+
+    def positions(self, grid: tuple[int, int]) -> torch.Tensor | None:
+        """E_pos for a token grid: the stored table at the model's own grid; for another grid,
+        learned positions resampled bilinearly (align_corners=False, the class token's row
+        kept) and fixed tables rebuilt, as `set_image_size(size, "bilinear")` does."""
+        config, stored = self.config, self.pos_embed
+        if stored is None or (not torch.jit.is_tracing() and tuple(grid) == config.grid_size):
+            return stored
+        if isinstance(stored, nn.Parameter):
+            return resample_grid_embed(stored, config.grid_size, grid, config.num_prefix_tokens,
+                                       mode="bilinear")
+        table = fixed_positions(config.pos_embed, grid, config.num_prefix_tokens, config.width)
+        return table.to(stored.device, stored.dtype)
 
     # -- eq. 2-3 and the final LayerNorm of eq. 4 ----------------------------------------------
     def forward_features(self, images: torch.Tensor, return_attention: bool = False
@@ -175,6 +187,22 @@ class VisionTransformer(nn.Module):
                                            persistent=False)
         self.config = new
 
+    def set_dynamic_img_size(self, enabled: bool = True) -> None:
+        """Let forward take any image size the stem accepts (positions fitted per input), or
+        only `config.img_size` again (`enabled=False`)."""
+        if enabled:
+            if not isinstance(self.patch_embed, Stem):
+                raise ConfigError(f"a dynamic image size needs a stem from vitkit.model.stems "
+                                  f"that knows its token grid, not a "
+                                  f"{type(self.patch_embed).__name__}; keep the fixed size.")
+            expected = (1, self.config.seq_len, self.config.width)
+            if self.pos_embed is not None and tuple(self.pos_embed.shape) != expected:
+                raise ConfigError(f"the position embedding has shape "
+                                  f"{tuple(self.pos_embed.shape)}, not {expected} from the "
+                                  "config, so it cannot be fitted to other grids; keep the "
+                                  "fixed size.")
+        self.config = self.config.replace(dynamic_img_size=enabled)
+
     def check_input(self, images: torch.Tensor) -> None:
         """Refuse a tensor whose rank, channels or size do not fit, saying how to fix it."""
         cfg = self.config
@@ -189,7 +217,10 @@ class VisionTransformer(nn.Module):
                 f"the model expects {cfg.in_chans} input channel(s) but got {channels} (shape "
                 f"{tuple(images.shape)}). Convert the images (e.g. to RGB) or build the model "
                 f"with in_chans={channels}. Channels come before height and width (NCHW).")
-        if (height, width) != cfg.img_size:
+        if cfg.dynamic_img_size:
+            if not torch.jit.is_tracing():  # traced sizes are tensors; the graph takes any
+                self.patch_embed.check_size((height, width))
+        elif (height, width) != cfg.img_size:
             patch = cfg.patch_size
             if height % patch or width % patch:
                 problem = (f"image size {height}x{width} is not divisible by patch size {patch}")
@@ -200,7 +231,8 @@ class VisionTransformer(nn.Module):
                 f"Resize the images to {cfg.img_size[0]}x{cfg.img_size[1]}, or create the model "
                 f"with img_size=({height - height % patch or patch}, "
                 f"{width - width % patch or patch}) (position embeddings of pretrained weights "
-                "are resampled on load).")
+                "are resampled on load), or call model.set_dynamic_img_size() to take any "
+                "size the stem accepts.")
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that weight decay should skip (tokens and positions)."""

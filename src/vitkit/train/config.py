@@ -66,7 +66,9 @@ class TrainConfig:
     init_from: str | None = None
     weights_dir: str | None = None  # where named checkpoints ("B/16-i21k") are looked up
     new_head: bool = True  # a new zero-initialised head (pre-logits dropped), as in the paper
-    pos_interpolation: str = "bilinear"  # resampling of learned positions (official: bilinear)
+    # resampling of learned positions to model.img_size (vitkit.weights.resampling); "auto":
+    # the convention of the weights' format ("official" = vit_jax's for official .npz files)
+    pos_interpolation: str = "auto"
     ema_decay: float | None = 0.0  # 0 or None = no weight EMA
     amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -187,9 +189,9 @@ class TrainConfig:
         if self.resize_crop < 1.0:
             raise ConfigError(f"resize_crop={self.resize_crop} must be >= 1 (1 = resize only; "
                               "512/384 = the official resize 512, random crop 384)")
-        if self.pos_interpolation not in ("bilinear", "bicubic"):
-            raise ConfigError(f"pos_interpolation={self.pos_interpolation!r}: use 'bilinear' "
-                              "(official) or 'bicubic'")
+        from vitkit.weights.resampling import check_pos_interpolation
+
+        check_pos_interpolation(self.pos_interpolation)
         if (self.mean is None) != (self.std is None):
             raise ConfigError("set mean and std together (or neither, to use the defaults)")
         if self.mean is not None and self.std is not None:

@@ -9,27 +9,31 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.data.augment import resize_batch
+from vitkit.data.preprocess import Preprocess
 from vitkit.model.vit import VisionTransformer
 from vitkit.train.config import TrainConfig
-from vitkit.weights.pretrained import LoadedWeights, build_model, read_weights
+from vitkit.weights import WeightsRecord, build_model, read_weights
+from vitkit.weights.formats.train_checkpoint import TrainCheckpoint
 
 
-def read_init(cfg: TrainConfig) -> LoadedWeights:
+def read_init(cfg: TrainConfig) -> WeightsRecord:
     """The weights named by `cfg.init_from`, read and converted (no model built yet)."""
-    return read_weights(cfg.init_from, cfg.weights_dir)
+    img_size = cfg.finetune_overrides().get("img_size")
+    return read_weights(cfg.init_from, cfg.weights_dir, img_size=img_size)
 
 
-def target_config(weights: LoadedWeights, overrides: dict[str, Any]) -> ViTConfig:
+def target_config(weights: WeightsRecord, overrides: dict[str, Any]) -> ViTConfig:
     """The checkpoint's config with the run's overrides (before the head is replaced)."""
     fields = {k: v for k, v in overrides.items() if k != "num_classes"}
     return weights.config.replace(**fields) if fields else weights.config
 
 
-def pretrained_model(weights: LoadedWeights, cfg: TrainConfig, num_classes: int
+def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int
                      ) -> VisionTransformer:
     """The model to fine-tune, in training mode.
 
-    Position embeddings are resampled to `model.img_size` (`cfg.pos_interpolation`); with
+    Position embeddings are resampled to `model.img_size` with `cfg.pos_interpolation` ("auto":
+    the convention of the weights' format, see `vitkit.weights.resampling`); with
     `cfg.new_head` the classifier is replaced by a zero-initialised one of `num_classes`
     outputs and the pre-logits layer dropped, as in the paper's fine-tuning. Without it, a
     head that already has `num_classes` outputs is kept.
@@ -43,14 +47,10 @@ def pretrained_model(weights: LoadedWeights, cfg: TrainConfig, num_classes: int
     return model.train()
 
 
-def config_from_run(state: dict[str, Any]) -> tuple[ViTConfig, dict[str, Any]]:
+def config_from_run(state: TrainCheckpoint) -> tuple[ViTConfig, Preprocess]:
     """The model config (at the run's final resolution) and preprocessing of a fine-tuning
-    run's checkpoint state: what resuming builds, without reading `init_from` again."""
-    config = ViTConfig.from_dict(state["model_config"])
-    pre = dict(state.get("preprocess") or {})
-    if pre.get("img_size"):
-        config = config.replace(img_size=tuple(pre["img_size"]))
-    return config, pre
+    run's checkpoint: what resuming builds, without reading `init_from` again."""
+    return state.config.replace(img_size=state.preprocess.img_size), state.preprocess
 
 
 def resize_random_crop(images: torch.Tensor, size: tuple[int, int], ratio: float,

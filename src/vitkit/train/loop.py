@@ -9,8 +9,7 @@ import math
 import signal
 import time
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass, field
-from itertools import pairwise
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,12 @@ from vitkit.config import ViTConfig
 from vitkit.data.augment import AugmentConfig, BatchAugment, resize_batch, soft_cross_entropy
 from vitkit.data.dataset import DataError, ImageDataset
 from vitkit.data.loader import BatchOrder, shard
+from vitkit.data.preprocess import Preprocess
 from vitkit.data.sources import load_source
+from vitkit.errors import CheckpointError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.runtime import configure_cpu
-from vitkit.train.checkpoint import CheckpointError, load_checkpoint, save_atomic
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import (
     DistInfo,
@@ -43,24 +43,14 @@ from vitkit.train.finetune import (
 )
 from vitkit.train.metrics import evaluate
 from vitkit.train.optim import build_optimizer
+from vitkit.train.plan import RunPlan
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.schedule import SCHEDULES
+from vitkit.weights.formats import train_checkpoint
+from vitkit.weights.formats.train_checkpoint import Position, TrainCheckpoint
 
 log = logging.getLogger("vitkit.train")
-CHECKPOINT_FORMAT = "vitkit-train-1"
-
-
-@dataclass
-class Position:
-    """Where training stands: the next batch to run is (epoch, batch); `step` counts updates."""
-
-    epoch: int = 0
-    batch: int = 0
-    step: int = 0
-    total_steps: int = 0
-    best_top1: float = -1.0
-    elapsed: float = 0.0  # training wall time before this process started
-    history: list[dict[str, float]] = field(default_factory=list)
+CHECKPOINT_FORMAT = train_checkpoint.FORMAT
 
 
 @dataclass
@@ -106,8 +96,8 @@ class Trainer:
         if self.device.type == "cuda" and self.info.enabled:
             self.device = torch.device("cuda", self.info.local_rank)
         configure_cpu(cfg.threads)
-        init, saved_pre = None, {}
-        resume_state = self._read_resume(resume) if resume else None
+        init, saved_pre = None, None
+        resume_state = train_checkpoint.read_checkpoint(resume) if resume else None
         if cfg.init_from and resume_state:  # the run's checkpoint has the model: skip init_from
             self.model_config, saved_pre = config_from_run(resume_state)
         elif cfg.init_from:
@@ -130,7 +120,8 @@ class Trainer:
         else:
             self.model = VisionTransformer(self.model_config).to(self.device)
         check_data_fits(self.model_config, train_data, resize=bool(cfg.init_from))
-        self.mean, self.std = self._normalisation(init, saved_pre)
+        self.preprocess = self._preprocess(init, saved_pre)
+        self.scored_weights = "raw"  # "ema" while the EMA scored better at the last evaluation
         self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay,
                                          cfg.betas, cfg.momentum)
         self.ema = self._make_ema()
@@ -140,7 +131,10 @@ class Trainer:
         if self.order.batches_per_epoch() == 0:
             raise DataError(f"{len(train_data)} training images do not fill one batch of "
                             f"{cfg.batch_size}: lower batch_size")
-        self.position = Position(total_steps=self._planned_steps(cfg.epochs))
+        self.plan = RunPlan.create(self.model_config, self.order.batches_per_epoch(),
+                                   cfg.epochs, cfg.total_steps, cfg.warmup_steps,
+                                   cfg.warmup_epochs, cfg.resolution_schedule)
+        self.position = Position(total_steps=self.plan.planned_steps)
         if resume_state:
             self._resume(resume_state, resume)
         self.train_model: torch.nn.Module = self.model
@@ -153,18 +147,18 @@ class Trainer:
             tuple(self.model.config.img_size) if self.position.step else None)
 
     # -- set-up -----------------------------------------------------------------------------
-    def _normalisation(self, init: Any, saved: dict[str, Any]
-                       ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """Input mean/std: the config's, else the pretrained weights' (or, on resume of a
-        fine-tuning run, those it trained with), else 0.5 per channel."""
-        cfg = self.cfg
-        if cfg.mean is not None and cfg.std is not None:
-            return cfg.mean, cfg.std
-        if init is not None:
-            return tuple(init.preprocess.mean), tuple(init.preprocess.std)
-        if saved.get("mean") and saved.get("std"):
-            return tuple(saved["mean"]), tuple(saved["std"])
-        return (0.5,) * self.model_config.in_chans, (0.5,) * self.model_config.in_chans
+    def _preprocess(self, init: Any, saved: Preprocess | None) -> Preprocess:
+        """The run's preprocessing at the model's size: the pretrained weights' (or, on resume
+        of a fine-tuning run, the one it trained with), else mean = std = 0.5 per channel;
+        the config's mean/std replace those when set."""
+        size = list(self.model_config.img_size)
+        channels = (0.5,) * self.model_config.in_chans
+        base = init.preprocess if init is not None else saved
+        pre = base.replace(img_size=size) if base is not None else \
+            Preprocess(img_size=size, mean=channels, std=channels)
+        if self.cfg.mean is not None and self.cfg.std is not None:
+            pre = pre.replace(mean=list(self.cfg.mean), std=list(self.cfg.std))
+        return pre
 
     def _make_ema(self) -> torch.optim.swa_utils.AveragedModel | None:
         if not self.cfg.ema_decay:
@@ -179,42 +173,12 @@ class Trainer:
             return torch.bfloat16
         return None
 
-    def _planned_steps(self, epochs: float) -> int:
-        if self.cfg.total_steps:
-            return self.cfg.total_steps
-        return max(1, math.ceil(epochs * self.order.batches_per_epoch()))
-
     @property
     def warmup_steps(self) -> int:
-        if self.cfg.warmup_steps is not None:
-            return self.cfg.warmup_steps
-        return round(self.cfg.warmup_epochs * self.order.batches_per_epoch())
+        """Warmup steps of the run as now planned (scaled into a shorter budget-fitted run)."""
+        return self.plan.warmup_for(self.position.total_steps)
 
     # -- progressive resizing ---------------------------------------------------------------------
-    def resolution_at(self, step: int, total_steps: int) -> tuple[int, int]:
-        """The training image size at `step` under the resolution schedule."""
-        size = self.model_config.img_size
-        for start, side in self.cfg.resolution_schedule:
-            if step >= start * total_steps:
-                size = (int(side), int(side))
-        return size
-
-    def _tokens_between(self, first: int, total: int) -> int:
-        """Tokens per image summed over steps `first`..`total - 1` of a `total`-step run,
-        stage by stage of the resolution schedule (a stage starts at ceil(fraction * total))."""
-        starts = {math.ceil(start * total) for start, _ in self.cfg.resolution_schedule}
-        bounds = [*sorted(starts | {0}), total]
-        tokens = 0
-        for low, high in pairwise(bounds):
-            steps = min(high, total) - max(low, first)
-            if steps > 0:
-                tokens += steps * self._tokens(self.resolution_at(low, total))
-        return tokens
-
-    def _tokens(self, size: tuple[int, int]) -> int:
-        patch = self.model_config.patch_size
-        return (size[0] // patch) * (size[1] // patch) + self.model_config.num_prefix_tokens
-
     @torch.no_grad()
     def set_resolution(self, size: tuple[int, int]) -> None:
         """Move the model (and the optimizer's moments of learned positions) to `size`."""
@@ -235,46 +199,32 @@ class Trainer:
             self.train_model = DistributedDataParallel(self.model)  # parameter shapes changed
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
+    def checkpoint(self) -> TrainCheckpoint:
+        """The run as a training checkpoint: the weights that scored, and the run state."""
         pos = self.position
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "model_config": self.model.config.to_dict(),  # at the current resolution
-            "train_config": self.cfg.to_dict(),
-            "classes": list(self.train_data.classes),
-            "preprocess": {"img_size": list(self.model_config.img_size),
-                           "mean": list(self.mean), "std": list(self.std)},
-            "model": self.model.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
-            "optimizer": self.optimizer.state_dict(),
-            "position": {"epoch": pos.epoch, "batch": pos.batch, "step": pos.step,
-                         "total_steps": pos.total_steps, "best_top1": pos.best_top1,
-                         "elapsed": pos.elapsed + self._elapsed()},
-            "history": pos.history,
-            "rng": {"torch": torch.get_rng_state(), "augment": self.generator.get_state()},
-        }
+        return TrainCheckpoint(
+            config=self.model.config,  # at the current resolution
+            preprocess=self.preprocess, class_names=list(self.train_data.classes),
+            model=self.model.state_dict(),
+            ema=self.ema.state_dict() if self.ema is not None else None,
+            optimizer=self.optimizer.state_dict(),
+            position=replace(pos, elapsed=pos.elapsed + self._elapsed()),
+            torch_rng=torch.get_rng_state(), augment_rng=self.generator.get_state(),
+            train_config=self.cfg.to_dict(), weights=self.scored_weights)
 
     def save(self, name: str) -> Path | None:
         """Write `name`.pt atomically (main rank only)."""
         if not self.info.is_main:
             return None
-        return save_atomic(self.state(), self.out_dir / f"{name}.pt")
+        return train_checkpoint.write(self.checkpoint(), self.out_dir / f"{name}.pt")
 
-    @staticmethod
-    def _read_resume(path: str | Path) -> dict[str, Any]:
-        state = load_checkpoint(path)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{path} is not a vitkit training checkpoint (format "
-                                  f"{state.get('format')!r})")
-        return state
-
-    def _resume(self, state: dict[str, Any], path: str | Path) -> None:
-        used = (state.get("train_config") or {}).get("optimizer", "adamw")
+    def _resume(self, state: TrainCheckpoint, path: str | Path) -> None:
+        used = state.train_config.get("optimizer", "adamw")
         if used != self.cfg.optimizer:
             raise CheckpointError(f"cannot resume from {path}: it was trained with optimizer="
                                   f"{used} but the config says {self.cfg.optimizer}. Resume with "
                                   f"optimizer={used}.")
-        saved = ViTConfig.from_dict(state["model_config"])
+        saved = state.config
         if saved.replace(img_size=self.model_config.img_size) != self.model_config:
             diffs = [f"{k}: checkpoint {v!r} vs config {getattr(self.model_config, k)!r}"
                      for k, v in saved.to_dict().items()
@@ -284,17 +234,17 @@ class Trainer:
         self.model.set_image_size(saved.img_size)
         if self.ema is not None:
             self.ema.module.set_image_size(saved.img_size)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.ema is not None and state.get("ema") is not None:
-            self.ema.load_state_dict(state["ema"])
-        torch.set_rng_state(state["rng"]["torch"])
-        self.generator.set_state(state["rng"]["augment"])
-        pos = state["position"]
-        self.position = Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
-                                 pos["best_top1"], pos["elapsed"], list(state["history"]))
-        log.info("resumed from %s at epoch %d, batch %d", path, pos["epoch"], pos["batch"])
-        self._replan_if_length_changed(state.get("train_config") or {})
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        if self.ema is not None and state.ema is not None:
+            self.ema.load_state_dict(state.ema)
+        torch.set_rng_state(state.torch_rng)
+        self.generator.set_state(state.augment_rng)
+        self.position = replace(state.position, history=list(state.position.history))
+        self.scored_weights = state.weights
+        log.info("resumed from %s at epoch %d, batch %d", path, self.position.epoch,
+                 self.position.batch)
+        self._replan_if_length_changed(state.train_config)
 
     def _replan_if_length_changed(self, saved: dict[str, Any]) -> None:
         """Resuming with another `epochs`, `total_steps` or `time_budget` re-plans the run.
@@ -310,7 +260,7 @@ class Trainer:
         if not changed:
             return
         pos, before = self.position, self.position.total_steps
-        pos.total_steps = self._planned_steps(self.cfg.epochs)
+        pos.total_steps = self.plan.planned_steps
         if self.cfg.time_budget and pos.elapsed >= self.cfg.time_budget:
             log.warning("resume: %s, but the checkpoint already used %.0f s of the %.0f s "
                         "budget; raise time_budget to train on", changed, pos.elapsed,
@@ -343,28 +293,19 @@ class Trainer:
         return self.position.elapsed + self._elapsed()
 
     def _fit_schedule_to_budget(self, seconds: float, tokens: int, eval_seconds: float) -> None:
-        """Size the schedule so the remaining steps and evaluations end within the budget.
-
-        `seconds` of training ran `tokens` tokens (summed over steps, so a stretch that crossed
-        a resolution change is measured right). A step's cost is taken as proportional to its
-        token count, so lower-resolution stages count as the cheaper steps they are.
-        """
-        step = self.position.step
-        per_token = seconds / max(tokens, 1)
-        remaining = self.cfg.time_budget - self._time_used() - eval_seconds
-        per_epoch = self.order.batches_per_epoch()
-
-        def predicted(total: int) -> float:
-            train = self._tokens_between(step, total) * per_token
-            return train + eval_seconds * (total - step) / per_epoch / self.cfg.eval_every
-
-        low, high = step + 1, step + 2
-        while predicted(high) < remaining and high < 10**7:
-            low, high = high, high * 2
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if predicted(middle) <= remaining else (low, middle)
-        self.position.total_steps = low
+        """Re-plan the run's length so the rest ends within the budget (`seconds` of training
+        ran `tokens` tokens per image, summed over its steps)."""
+        pos, plan, cfg = self.position, self.plan, self.cfg
+        remaining = cfg.time_budget - self._time_used() - eval_seconds
+        before = pos.total_steps
+        pos.total_steps = plan.fit_to_budget(pos.step, seconds / max(tokens, 1), remaining,
+                                             eval_seconds, cfg.eval_every)
+        if pos.total_steps < plan.planned_steps <= before:
+            log.warning("the %.0f s time budget fits %d of the %d planned steps (%.2f epochs); "
+                        "the schedule and its %d warmup steps are scaled to fit (warmup %d)",
+                        cfg.time_budget, pos.total_steps, plan.planned_steps,
+                        pos.total_steps / plan.batches_per_epoch, plan.warmup,
+                        plan.warmup_for(pos.total_steps))
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -390,7 +331,7 @@ class Trainer:
                     lr = cfg.lr * schedule(pos.step, pos.total_steps, self.warmup_steps,
                                            cfg.min_lr_ratio)
                     loss = self._train_step(indices, lr)
-                    step_tokens = self._tokens(tuple(self.model.config.img_size))
+                    step_tokens = self.plan.tokens(tuple(self.model.config.img_size))
                     epoch_tokens += step_tokens
                     pos.step += 1
                     pos.batch = batch_index + 1
@@ -458,8 +399,8 @@ class Trainer:
         cfg = self.cfg
         images, targets = self.augment(self.train_data.images[indices],
                                        self.train_data.labels[indices], self.generator,
-                                       self.mean, self.std)
-        size = self.resolution_at(self.position.step, self.position.total_steps)
+                                       self.preprocess.mean, self.preprocess.std)
+        size = self.plan.resolution_at(self.position.step, self.position.total_steps)
         last = self._trained_size
         if last is not None and size[0] * size[1] < last[0] * last[1]:
             size = last  # a re-fitted budget may move a stage boundary back: never shrink
@@ -496,10 +437,15 @@ class Trainer:
 
     def _evaluate_and_log(self, pos: Position, loss_sum: float, images: int, seconds: float,
                           recorder: MetricsRecorder | None) -> dict[str, float]:
+        """Evaluate the model (and the EMA), log a row, and save best.pt on a new best.
+
+        Which weights the checkpoints hold is decided here, once: the EMA's when they scored
+        better than the raw model's at this evaluation, else the raw ones.
+        """
         cfg = self.cfg
         num_classes = self.model_config.num_classes
         size = tuple(self.model.config.img_size)
-        result = evaluate(self.model, self.test_data, num_classes, self.mean, self.std,
+        result = evaluate(self.model, self.test_data, num_classes, self.preprocess,
                           cfg.eval_batch_size, self.device, self.info, self.amp_dtype, size)
         row: dict[str, float] = {
             "epoch": pos.epoch + pos.batch / self.order.batches_per_epoch(), "step": pos.step,
@@ -508,11 +454,12 @@ class Trainer:
             "images_per_s": images / max(seconds, 1e-9), "minutes": self._time_used() / 60,
         }
         if self.ema is not None:
-            ema_result = evaluate(self.ema.module, self.test_data, num_classes, self.mean,
-                                  self.std, cfg.eval_batch_size, self.device, self.info,
-                                  self.amp_dtype, size)
+            ema_result = evaluate(self.ema.module, self.test_data, num_classes, self.preprocess,
+                                  cfg.eval_batch_size, self.device, self.info, self.amp_dtype,
+                                  size)
             row["ema_top1"] = ema_result.top1
         pos.history.append(row)
+        self.scored_weights = "ema" if row.get("ema_top1", -1.0) > row["top1"] else "raw"
         top1 = max(row["top1"], row.get("ema_top1", -1.0))
         if top1 > pos.best_top1:
             pos.best_top1 = top1

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vitkit.data.augment import normalize, resize_batch
+from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import eval_batches
+from vitkit.data.preprocess import Preprocess
 from vitkit.train.distributed import DistInfo, all_reduce_sum
 
 
@@ -32,13 +33,13 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
-             mean: tuple[float, ...], std: tuple[float, ...], batch_size: int = 500,
-             device: torch.device | None = None, info: DistInfo | None = None,
-             autocast_dtype: torch.dtype | None = None,
+             preprocess: Preprocess, batch_size: int = 500, device: torch.device | None = None,
+             info: DistInfo | None = None, autocast_dtype: torch.dtype | None = None,
              image_size: tuple[int, int] | None = None) -> EvalResult:
     """Evaluate on this rank's share of `dataset` and combine the counts over ranks.
 
-    Images are resized to `image_size` first when it differs from the dataset's.
+    Images are normalised with `preprocess` (its mean and std), then resized to `image_size`
+    when it differs from the dataset's (bilinear, antialiased when shrinking).
     """
     info = info or DistInfo()
     device = device or torch.device("cpu")
@@ -49,7 +50,7 @@ def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
     k = min(5, num_classes)
     for images, labels in eval_batches(dataset, batch_size, info.rank, info.world_size):
-        x = resize_batch(normalize(images.to(device), mean, std), image_size)
+        x = resize_batch(preprocess.normalize(images.to(device)), image_size)
         labels = labels.to(device)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
                             enabled=autocast_dtype is not None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.errors import ConfigError
+from vitkit.errors import CheckpointError
 
 
 def load_state_dict_checked(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
@@ -25,10 +25,10 @@ def load_state_dict_checked(model: nn.Module, state_dict: dict[str, torch.Tensor
         if any(k.startswith("head.") for k in mismatched):
             lines.append("  the classifier size differs: pass num_classes=N to reset the head")
         if any(k == "pos_embed" for k in mismatched):
-            lines.append("  the position grid differs: load with the checkpoint's img_size, then "
-                         "resample the position embeddings")
+            lines.append("  the position grid differs: load with load_pretrained(path, "
+                         "img_size=...), which resamples the position embeddings")
     if missing:
         lines.append(f"  missing from the checkpoint: {', '.join(missing[:8])}")
     if unexpected:
         lines.append(f"  not in the model: {', '.join(unexpected[:8])}")
-    raise ConfigError("\n".join(lines))
+    raise CheckpointError("\n".join(lines))

@@ -1,0 +1,108 @@
+"""The plan of a training run, as pure functions of the config: how many steps, how long the
+warmup, which image size each step trains at, and how many steps fit a time budget.
+
+Nothing here touches a model, data or a clock: the loop measures, the plan decides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from vitkit.config import ViTConfig
+from vitkit.errors import ConfigError
+
+# A budget is never fitted past this many steps (a guard against a clock that reads ~0).
+MAX_STEPS = 10**7
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run's config implies once the data size is known.
+
+    `planned_steps` is the length the config asks for (`total_steps`, else epochs x batches);
+    a time budget may fit another length, and the warmup then keeps its share of the run.
+    `resolution_schedule` holds (fraction of the run, side) stages, the first at fraction 0.
+    """
+
+    batches_per_epoch: int
+    planned_steps: int
+    warmup: int
+    base_size: tuple[int, int]
+    patch_size: int
+    prefix_tokens: int
+    resolution_schedule: tuple[tuple[float, int], ...] = ()
+
+    @classmethod
+    def create(cls, model: ViTConfig, batches_per_epoch: int, epochs: float,
+               total_steps: int = 0, warmup_steps: int | None = None,
+               warmup_epochs: float = 0.0,
+               resolution_schedule: Sequence[Sequence[float]] = ()) -> RunPlan:
+        """The plan of a run of `model` with `batches_per_epoch` batches per epoch."""
+        if batches_per_epoch < 1:
+            raise ConfigError("a run needs at least one batch per epoch")
+        planned = total_steps or max(1, math.ceil(epochs * batches_per_epoch))
+        warmup = warmup_steps if warmup_steps is not None else \
+            round(warmup_epochs * batches_per_epoch)
+        stages = tuple((float(start), int(side)) for start, side in resolution_schedule)
+        return cls(batches_per_epoch, planned, warmup, tuple(model.img_size), model.patch_size,
+                   model.num_prefix_tokens, stages)
+
+    # -- warmup ----------------------------------------------------------------------------------
+    def warmup_for(self, total_steps: int) -> int:
+        """Warmup steps of a run of `total_steps`: the configured warmup, scaled down by the
+        same factor when a time budget fits fewer steps than planned (so a short budget does
+        not spend the whole run warming up)."""
+        if total_steps >= self.planned_steps:
+            return self.warmup
+        return round(self.warmup * total_steps / self.planned_steps)
+
+    # -- progressive resizing ------------------------------------------------------------------
+    def resolution_at(self, step: int, total_steps: int) -> tuple[int, int]:
+        """The training image size at `step` of a `total_steps` run (a stage starts at step
+        ceil(fraction x total_steps))."""
+        size = self.base_size
+        for start, side in self.resolution_schedule:
+            if step >= start * total_steps:
+                size = (side, side)
+        return size
+
+    def tokens(self, size: tuple[int, int]) -> int:
+        """Tokens per image at `size`: the patch grid plus the prefix (class) token."""
+        return (size[0] // self.patch_size) * (size[1] // self.patch_size) + self.prefix_tokens
+
+    def tokens_between(self, first: int, total_steps: int) -> int:
+        """Tokens per image summed over steps `first`..`total_steps - 1`, stage by stage."""
+        starts = {math.ceil(start * total_steps) for start, _ in self.resolution_schedule}
+        bounds = [*sorted(starts | {0}), total_steps]
+        tokens = 0
+        for low, high in pairwise(bounds):
+            steps = min(high, total_steps) - max(low, first)
+            if steps > 0:
+                tokens += steps * self.tokens(self.resolution_at(low, total_steps))
+        return tokens
+
+    # -- time budget -----------------------------------------------------------------------------
+    def fit_to_budget(self, step: int, seconds_per_token: float, remaining_seconds: float,
+                      eval_seconds: float, eval_every: int = 1) -> int:
+        """The largest total step count whose remaining steps (from `step`) and evaluations fit
+        in `remaining_seconds`; at least `step + 1`.
+
+        A step's cost is taken as proportional to its tokens per image, so low-resolution
+        stages count as the cheaper steps they are; an evaluation (`eval_seconds`) runs every
+        `eval_every` epochs.
+        """
+        def predicted(total: int) -> float:
+            train = self.tokens_between(step, total) * seconds_per_token
+            evaluations = (total - step) / self.batches_per_epoch / eval_every
+            return train + eval_seconds * evaluations
+
+        low, high = step + 1, step + 2
+        while predicted(high) < remaining_seconds and high < MAX_STEPS:
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if predicted(middle) <= remaining_seconds else (low, middle)
+        return low

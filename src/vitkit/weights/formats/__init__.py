@@ -1,0 +1,71 @@
+"""One adapter per weights format, and the registry that tries them in order.
+
+An adapter is a module with `detect(found) -> bool` and `read(found, options) -> WeightsRecord`
+(and `write` where vitkit writes the format). `read_record` sniffs the path once
+(`sniff.Found`) and hands it to the first adapter that detects it. A name that is not a path
+goes to a source adapter (`hub`: named official checkpoints) that makes it one. Adding a
+format = one module here, listed in ADAPTERS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vitkit.errors import CheckpointError
+from vitkit.weights.formats import hf, hub, npz, run_folder, timm, train_checkpoint, vitkit
+from vitkit.weights.formats.base import ReadOptions
+from vitkit.weights.formats.sniff import CONFIG_FILE, Found
+from vitkit.weights.record import WeightsRecord
+
+# Order matters where formats overlap: a training checkpoint holds a timm-named "model" dict,
+# and vitkit's model.safetensors holds timm-named tensors.
+ADAPTERS = (train_checkpoint, run_folder, vitkit, npz, hf, timm)
+SOURCES = (hub,)
+
+
+def locate(source: str | Path, weights_dir: str | Path | None = None,
+           download: bool | None = None) -> Path:
+    """The local path of `source`: itself when it exists, else what a source adapter makes of
+    it (for an unknown name, the named-checkpoint error with suggestions)."""
+    path = Path(source)
+    if path.exists():
+        return path
+    adapter = next((a for a in SOURCES if a.claims(str(source))), hub)
+    return adapter.resolve(str(source), weights_dir, download)
+
+
+def read_record(source: str | Path, weights_dir: str | Path | None = None,
+                download: bool | None = None, options: ReadOptions | None = None
+                ) -> WeightsRecord:
+    """Read any format vitkit knows into a `WeightsRecord`."""
+    found = Found.at(locate(source, weights_dir, download))
+    for adapter in ADAPTERS:
+        if adapter.detect(found):
+            return adapter.read(found, options or ReadOptions())
+    raise _not_recognised(found)
+
+
+def _not_recognised(found: Found) -> CheckpointError:
+    path = found.path
+    if found.kind == "folder":
+        if found.config() is None:
+            return CheckpointError(
+                f"{path} has no {CONFIG_FILE}, best.pt or last.pt: it is not a vitkit or "
+                "Hugging Face model folder, nor a training run's folder")
+        return CheckpointError(f"{path / CONFIG_FILE} is neither a vitkit, timm nor Hugging "
+                               "Face ViT config")
+    tensors = found.tensors()
+    if tensors:
+        return CheckpointError(
+            f"{path} holds tensors but not a ViT state dict vitkit knows (timm's "
+            f"'patch_embed.proj.weight', Hugging Face's 'embeddings.…'); first keys: "
+            f"{', '.join(list(tensors)[:5])}")
+    if found.kind in ("torch", "safetensors"):
+        return CheckpointError(f"{path} holds no tensors that look like model weights")
+    return CheckpointError(
+        f"{path} is not a checkpoint format vitkit reads: expected an official .npz, "
+        ".safetensors, a PyTorch .bin/.pth/.pt, a model folder or a training run's folder")
+
+
+__all__ = ["ADAPTERS", "SOURCES", "ReadOptions", "hf", "hub", "locate", "npz", "read_record",
+           "run_folder", "timm", "train_checkpoint", "vitkit"]

@@ -1,0 +1,174 @@
+"""What a path holds, decided once from its bytes, and its contents read once, safely.
+
+This is the only module that looks at a file's bytes to tell formats apart (npz, PyTorch zip,
+pickle, safetensors, an HTML page saved by a failed download) and the only one that opens
+them: pickles with `torch.load(weights_only=True)`, .npz without pickle, safetensors as is.
+The adapters in `vitkit.weights.formats` decide from a `Found` whether a source is theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from vitkit.errors import CheckpointError
+
+CONFIG_FILE = "config.json"
+KINDS = ("folder", "npz", "torch", "safetensors", "html", "unknown")
+_HTML_STARTS = (b"<!doctype", b"<html", b"<?xml", b"<head", b"<body")
+
+
+def file_kind(path: Path) -> str:
+    """One of KINDS, from the first bytes (and a zip's member names)."""
+    if path.is_dir():
+        return "folder"
+    with path.open("rb") as stream:
+        head = stream.read(16)
+    if not head:
+        raise CheckpointError(f"{path} is empty: download it again")
+    if head.lstrip().lower().startswith(_HTML_STARTS):
+        return "html"
+    if head.startswith(b"PK"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except zipfile.BadZipFile as exc:
+            raise CheckpointError(
+                f"{path} is a damaged or truncated archive ({exc}): download it again") from exc
+        if names and all(name.endswith(".npy") for name in names):
+            return "npz"
+        return "torch" if any(name.endswith("data.pkl") for name in names) else "unknown"
+    if len(head) >= 9:
+        (header_len,) = struct.unpack("<Q", head[:8])
+        if head[8:9] == b"{" and header_len < path.stat().st_size:
+            return "safetensors"
+    return "torch" if head[:1] == b"\x80" else "unknown"
+
+
+def html_error(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is an HTML page, not a checkpoint: the download returned a web page (a login, "
+        "quota or error page). Download the file again from its direct URL.")
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    """All arrays of an .npz file, without pickle."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise CheckpointError(f"{path} is damaged or truncated ({exc}): download it again") \
+            from exc
+    except ValueError as exc:
+        raise CheckpointError(f"{path} holds pickled objects, which are refused because loading "
+                              f"them can run code ({exc})") from exc
+
+
+def load_torch(path: Path) -> Any:
+    """A PyTorch file read with `torch.load(weights_only=True)`: tensors and containers only."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's own text advises weights_only=False, which would run the file's code: keep
+        # only the line that names what the file holds
+        what = re.search(r"Unsupported[^\n.]*", str(exc))
+        raise CheckpointError(
+            f"refused to load {path}: it is a pickle that needs to run code or build objects "
+            f"beyond tensors and plain containers, and vitkit only loads with "
+            f"torch.load(weights_only=True). If you trust the file, re-save its state dict "
+            f"(torch.save(model.state_dict(), ...)) or convert it to safetensors."
+            + (f" ({what.group(0).strip()})" if what else "")
+        ) from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"cannot read {path} as a PyTorch file ({exc}): it may be "
+                              "truncated; download it again") from exc
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path} as safetensors ({exc}): it may be truncated; "
+                              "download it again") from exc
+
+
+def state_dict_of(obj: Any) -> dict[str, torch.Tensor] | None:
+    """The tensors of a state dict, unwrapped from {"state_dict"|"model"|"module": ...} and
+    "module." prefixes; None when `obj` holds none."""
+    if not isinstance(obj, dict):
+        return None
+    for key in ("state_dict", "model", "module", "model_state"):
+        if isinstance(obj.get(key), dict):
+            return state_dict_of(obj[key])
+    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    return {k.removeprefix("module."): v for k, v in tensors.items()} or None
+
+
+@dataclass
+class Found:
+    """A path on disk, its kind, and what it holds, each read at most once."""
+
+    path: Path
+    kind: str
+    _contents: Any = field(default=None, repr=False)
+    _loaded: bool = field(default=False, repr=False)
+    _weights: Found | None = field(default=None, repr=False)  # a folder's weights file
+
+    @classmethod
+    def at(cls, path: str | Path) -> Found:
+        path = Path(path)
+        kind = file_kind(path)
+        if kind == "html":
+            raise html_error(path)
+        return cls(path, kind)
+
+    def contents(self) -> Any:
+        """npz: the arrays; safetensors: the tensors; torch: the loaded object; else None."""
+        if not self._loaded:
+            readers = {"npz": load_npz, "safetensors": load_safetensors, "torch": load_torch}
+            reader = readers.get(self.kind)
+            self._contents = reader(self.path) if reader else None
+            self._loaded = True
+        return self._contents
+
+    def tensors(self) -> dict[str, torch.Tensor] | None:
+        """The state dict a safetensors or PyTorch file, or a folder's weights file, holds."""
+        if self.kind == "folder":
+            if self._weights is None:
+                weights = self.weights_file()
+                if weights is None:
+                    return None
+                self._weights = Found.at(weights)
+            return self._weights.tensors()
+        if self.kind not in ("safetensors", "torch"):
+            return None
+        return state_dict_of(self.contents())
+
+    def config(self) -> dict[str, Any] | None:
+        """config.json inside a folder, or beside a file; None when there is none."""
+        folder = self.path if self.kind == "folder" else self.path.parent
+        path = folder / CONFIG_FILE
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path} is not valid JSON ({exc}): restore or re-download "
+                                  "it") from exc
+        return data if isinstance(data, dict) else None
+
+    def weights_file(self) -> Path | None:
+        """A folder's weights: model.safetensors, else pytorch_model.bin."""
+        names = ("model.safetensors", "pytorch_model.bin")
+        return next((self.path / n for n in names if (self.path / n).is_file()), None)

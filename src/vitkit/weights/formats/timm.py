@@ -1,0 +1,155 @@
+"""timm `VisionTransformer` state dicts: vitkit uses the same parameter names, so conversion
+is a check of what is supported and an inference of the config from the tensor shapes."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import torch
+
+from vitkit.config import HEADS_BY_WIDTH, ViTConfig
+from vitkit.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, official_preprocess
+from vitkit.errors import CheckpointError, ConfigError
+from vitkit.model.resnet import ResNetBackbone
+from vitkit.weights.formats.base import ReadOptions, training_image_size
+from vitkit.weights.formats.sniff import Found
+from vitkit.weights.record import WeightsRecord
+
+log = logging.getLogger("vitkit.weights")
+
+_UNSUPPORTED = {
+    "reg_token": "register tokens",
+    ".ls1.": "LayerScale",
+    ".q_norm.": "query/key normalisation",
+    "attn_pool.": "attention pooling (MAP head)",
+    "norm_pre.": "a pre-encoder LayerNorm",
+}
+
+
+def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = None,
+                 img_size: int | tuple[int, int] | None = None, global_pool: str | None = None,
+                 target_img_size: int | tuple[int, int] | None = None, **overrides: Any
+                 ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """Config and vitkit state dict from a timm ViT state dict.
+
+    Shapes give width, depth, MLP size, patch size, channels, classes, class token, qkv bias
+    and which final norm is used. Heads are taken from the width when it is a standard one
+    (else pass `num_heads`). `img_size` is the training resolution, read from a square
+    position grid; a non-square one needs it, or a `target_img_size` with as many patches.
+    `global_pool` is timm's ("token" or "avg"), inferred when not given.
+    """
+    for marker, what in _UNSUPPORTED.items():
+        if any(marker in key for key in state_dict):
+            raise CheckpointError(f"this timm checkpoint uses {what}, which vitkit's ViT does "
+                                  "not have")
+    unknown = sorted(k for k in state_dict if k not in _KEEP and not _BLOCK_KEY.match(k)
+                     and not k.startswith("patch_embed.backbone."))
+    if unknown:
+        raise CheckpointError(f"not a plain timm ViT state dict: unknown keys "
+                              f"{', '.join(unknown[:6])}")
+    sd = dict(state_dict)
+    if "patch_embed.backbone.conv.weight" in sd:  # root-only hybrid: timm's stem, no stages
+        sd = {k.replace("patch_embed.backbone.", "patch_embed.backbone.stem.", 1)
+              if k.startswith("patch_embed.backbone.") else k: v for k, v in sd.items()}
+    try:
+        proj = sd["patch_embed.proj.weight"]
+        pos = sd.get("pos_embed")
+        fc1 = sd["blocks.0.mlp.fc1.weight"]
+    except KeyError as exc:
+        raise CheckpointError(f"not a timm ViT state dict: {exc.args[0]} is missing") from exc
+    width, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[2]
+    hybrid: dict[str, Any] = {}
+    if "patch_embed.backbone.stem.conv.weight" in sd:  # R50+ViT etc.: the ResNet stem
+        root = sd["patch_embed.backbone.stem.conv.weight"]
+        units: dict[int, int] = {}
+        for key in sd:
+            match = re.match(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", key)
+            if match:
+                stage, unit = int(match.group(1)), int(match.group(2))
+                units[stage] = max(units.get(stage, 0), unit + 1)
+        layers = tuple(units[i] for i in range(len(units)))
+        hybrid = dict(stem="resnet", resnet_layers=layers, resnet_width=root.shape[0])
+        in_chans, patch = root.shape[1], patch * ResNetBackbone.total_stride(layers)
+    class_token = "cls_token" in sd
+    if img_size is None:
+        if pos is None:
+            raise CheckpointError("no position embeddings in the checkpoint: pass "
+                                  "source_img_size=(height, width), its training resolution")
+        img_size = training_image_size(pos.shape[1] - int(class_token), patch, None,
+                                       target_img_size)
+    if num_heads is None:
+        if width not in HEADS_BY_WIDTH:
+            raise CheckpointError(f"width {width} is not a standard ViT width, so the number of "
+                                  "heads cannot be inferred: pass num_heads=")
+        num_heads = HEADS_BY_WIDTH[width]
+    pooled_norm = "fc_norm.weight" in sd
+    if global_pool is None:
+        global_pool = "avg" if pooled_norm or not class_token else "token"
+    pool = {"token": "class_token", "avg": "mean_patches"}.get(global_pool)
+    if pool is None:
+        raise ConfigError(f"global_pool={global_pool!r} is not supported; use 'token' or 'avg'")
+    config = ViTConfig(
+        img_size=img_size, patch_size=patch, in_chans=in_chans,
+        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        width=width, depth=1 + max(int(_BLOCK_KEY.match(k).group(1)) for k in sd
+                                   if _BLOCK_KEY.match(k)),
+        num_heads=num_heads, mlp_dim=fc1.shape[0], qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        class_token=class_token, pool=pool,
+        final_norm="pooled" if pooled_norm else ("tokens" if "norm.weight" in sd else "none"),
+        pos_embed="learned" if pos is not None else "none", init="trunc_normal", **hybrid,
+    )
+    return (config.replace(**overrides) if overrides else config), sd
+
+
+_KEEP = {"cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias",
+         "norm.weight", "norm.bias", "fc_norm.weight", "fc_norm.bias", "head.weight", "head.bias"}
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)"
+                        r"\.(weight|bias)$")
+
+
+def config_from_timm_model(model: torch.nn.Module) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """Config and state dict from a live timm `VisionTransformer` (reads heads and pooling)."""
+    return convert_timm(model.state_dict(), num_heads=model.blocks[0].attn.num_heads,
+                        img_size=tuple(model.patch_embed.img_size),
+                        global_pool=model.global_pool or "token")
+
+
+# -- the adapter -------------------------------------------------------------------------------
+def looks_like_timm(state_dict: dict[str, torch.Tensor] | None) -> bool:
+    return state_dict is not None and "patch_embed.proj.weight" in state_dict
+
+
+def detect(found: Found) -> bool:
+    """A timm Hub folder (config.json with `pretrained_cfg`/`architecture`), or a file
+    holding a timm-named state dict."""
+    if found.kind == "folder":
+        meta = found.config() or {}
+        return "pretrained_cfg" in meta or "architecture" in meta
+    return looks_like_timm(found.tensors())
+
+
+def read(found: Found, options: ReadOptions) -> WeightsRecord:
+    if found.kind == "folder":
+        return _read_folder(found, options)
+    config, state_dict = convert_timm(found.tensors(), img_size=options.source_img_size,
+                                      target_img_size=options.img_size, **options.timm_hints())
+    log.info("%s: timm weights without a pretrained config; assuming mean=std=0.5 (the "
+             "official and augreg ViTs)", found.path)
+    return WeightsRecord(config, state_dict, official_preprocess(config.img_size, config.in_chans),
+                         "timm", path=found.path)
+
+
+def _read_folder(found: Found, options: ReadOptions) -> WeightsRecord:
+    weights = found.weights_file()
+    if weights is None:
+        raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin")
+    config, state_dict = convert_timm(found.tensors() or {}, img_size=options.source_img_size,
+                                      target_img_size=options.img_size, **options.timm_hints())
+    cfg = (found.config() or {}).get("pretrained_cfg", {})
+    preprocess = Preprocess(
+        img_size=config.img_size, resize_mode="shorter_side", crop_pct=cfg.get("crop_pct", 1.0),
+        interpolation=cfg.get("interpolation", "bicubic"), mean=cfg.get("mean", IMAGENET_MEAN),
+        std=cfg.get("std", IMAGENET_STD))
+    return WeightsRecord(config, state_dict, preprocess, "timm", path=weights)

@@ -1,0 +1,81 @@
+"""The run plan: step counts, warmup, the resolution schedule and the time-budget fit are pure
+functions of the config, checked against step-by-step reference computations."""
+
+import random
+
+import pytest
+
+from vitkit.config import ViTConfig
+from vitkit.errors import ConfigError
+from vitkit.train.config import load_train_config
+from vitkit.train.loop import Trainer
+from vitkit.train.plan import RunPlan
+
+MODEL = ViTConfig(img_size=32, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32,
+                  num_classes=10)
+
+
+def _plan(schedule=((0, 16), (0.4, 24), (0.7, 32)), **kwargs) -> RunPlan:
+    options = dict(epochs=30, warmup_epochs=1, resolution_schedule=schedule) | kwargs
+    return RunPlan.create(MODEL, batches_per_epoch=390, **options)
+
+
+def test_planned_steps_and_warmup_follow_the_config():
+    assert _plan().planned_steps == 30 * 390 and _plan().warmup == 390
+    assert _plan(total_steps=1000, warmup_steps=7).planned_steps == 1000
+    assert _plan(total_steps=1000, warmup_steps=7).warmup == 7
+    assert _plan(epochs=0.01).planned_steps == 4  # ceil(3.9): a partial epoch still trains
+
+
+def test_resolution_schedule_moves_up_at_its_fractions():
+    plan = _plan()
+    assert [plan.resolution_at(s, 100) for s in (0, 39, 40, 69, 70, 99)] == \
+        [(16, 16), (16, 16), (24, 24), (24, 24), (32, 32), (32, 32)]
+    assert _plan(schedule=()).resolution_at(5, 100) == (32, 32)
+
+
+def test_tokens_between_equals_the_step_by_step_sum():
+    rng = random.Random(0)
+    for _ in range(300):
+        stages = sorted(rng.sample(range(1, 100), rng.randint(0, 3)))
+        schedule = [(0, 8), *[(s / 100, rng.choice([8, 12, 16, 32])) for s in stages]]
+        plan = _plan(schedule=schedule)
+        total = rng.randint(1, 400)
+        first = rng.randint(0, total)
+        by_step = sum(plan.tokens(plan.resolution_at(s, total)) for s in range(first, total))
+        assert plan.tokens_between(first, total) == by_step
+
+
+def test_the_budget_fit_is_the_longest_run_that_fits():
+    plan = _plan()
+    per_token, eval_seconds = 2e-5, 4.0
+    for step, remaining in [(20, 3600.0), (2000, 1200.0), (5, 30.0)]:
+        total = plan.fit_to_budget(step, per_token, remaining, eval_seconds, eval_every=2)
+
+        def cost(n, step=step):
+            return (plan.tokens_between(step, n) * per_token
+                    + eval_seconds * (n - step) / plan.batches_per_epoch / 2)
+
+        assert cost(total) <= remaining < cost(total + 1)
+
+
+def test_warmup_keeps_its_share_when_a_budget_shortens_the_run():
+    plan = _plan()  # 11,700 planned steps, 390 of warmup
+    assert plan.warmup_for(plan.planned_steps) == 390
+    assert plan.warmup_for(2 * plan.planned_steps) == 390  # a longer run keeps its warmup
+    assert plan.warmup_for(390) == 13  # the cifar10 recipe under --time-budget 120
+
+
+def test_a_short_budget_does_not_leave_the_run_in_warmup(tmp_path, caplog):
+    cfg = load_train_config("digits", ["epochs=50", "warmup_epochs=10", "time_budget=4",
+                                       "progress=false", f"out_dir={tmp_path}"])
+    trainer = Trainer(cfg)
+    result = trainer.run()
+    assert result.position.total_steps < trainer.plan.planned_steps
+    assert trainer.warmup_steps < result.position.total_steps / 2
+    assert "time budget fits" in caplog.text
+
+
+def test_a_run_needs_a_batch():
+    with pytest.raises(ConfigError, match="at least one batch"):
+        RunPlan.create(MODEL, batches_per_epoch=0, epochs=1)

@@ -1,0 +1,96 @@
+"""Position embeddings follow a new image size the way each format's own code does it.
+
+References, computed independently here: the official formula (vit_jax `load_pretrained`
+and big_vision `resample_posemb`: `scipy.ndimage.zoom(grid, (new/old, new/old, 1), order=1)`)
+and timm's `resample_abs_pos_embed` with its defaults (bicubic, antialiased), which timm's
+`checkpoint_filter_fn` uses. Tolerances: 1e-5 max abs against scipy (float64 vs float32
+arithmetic), 1e-6 against timm (the same torch kernel).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import scipy.ndimage
+import torch
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+
+import vitkit
+from reference_models import randomise
+from vitkit.errors import ConfigError
+from vitkit.weights import POS_INTERPOLATIONS, load_pretrained, save_npz, save_pretrained
+
+
+def _official_zoom(pos: torch.Tensor, old: int, new: int, prefix: int = 1) -> np.ndarray:
+    """vit_jax's resize: the class token's row kept, the square grid zoomed with order=1."""
+    tok, grid = pos[0, :prefix].numpy(), pos[0, prefix:].numpy().reshape(old, old, -1)
+    zoomed = scipy.ndimage.zoom(grid, (new / old, new / old, 1), order=1)
+    return np.concatenate([tok, zoomed.reshape(new * new, -1)])[None]
+
+
+@pytest.fixture(scope="module")
+def model_224() -> vitkit.VisionTransformer:
+    """A B/16-shaped position table (14x14 at 224) in a one-layer Ti model."""
+    return randomise(vitkit.create_model("Ti/16", img_size=224, depth=1, num_classes=3,
+                                          act="gelu_tanh"))
+
+
+def test_official_file_at_384_equals_vit_jax(model_224, tmp_path, caplog):
+    path = save_npz(model_224, tmp_path / "b16.npz")
+    with caplog.at_level(logging.INFO):
+        model = load_pretrained(path, img_size=384)
+    expected = _official_zoom(model_224.pos_embed.detach(), 14, 24)
+    assert np.abs(model.pos_embed.detach().numpy() - expected).max() <= 1e-5
+    assert "position embeddings resampled 14x14 -> 24x24, bilinear, corners aligned" \
+        in caplog.text
+
+
+def test_big_vision_file_resamples_the_patch_grid_as_big_vision(model_224, tmp_path):
+    # big_vision's table has no class-token row; vitkit reads it with a zero row in front
+    path = save_npz(model_224, tmp_path / "bv.npz", layout="big_vision")
+    model = load_pretrained(path, img_size=384)
+    grid = model_224.pos_embed.detach()[:, 1:]
+    expected = _official_zoom(grid, 14, 24, prefix=0)
+    assert np.abs(model.pos_embed.detach()[:, 1:].numpy() - expected).max() <= 1e-5
+
+
+def test_timm_file_default_equals_timm_resample_abs_pos_embed(model_224, tmp_path, caplog):
+    save_file(model_224.state_dict(), tmp_path / "timm.safetensors")
+    with caplog.at_level(logging.INFO):
+        model = load_pretrained(tmp_path / "timm.safetensors", img_size=(384, 320))
+    expected = resample_abs_pos_embed(model_224.pos_embed.detach(), [24, 20], [14, 14],
+                                      num_prefix_tokens=1)
+    assert (model.pos_embed.detach() - expected).abs().max().item() <= 1e-6
+    assert "14x14 -> 24x20, bicubic, half-pixel, antialiased" in caplog.text
+
+
+@pytest.mark.parametrize("size", [384, 112])  # growing and shrinking
+def test_conventions_are_selectable_both_ways(model_224, tmp_path, size):
+    npz = save_npz(model_224, tmp_path / "b16.npz")
+    save_file(model_224.state_dict(), tmp_path / "timm.safetensors")
+    pos, new = model_224.pos_embed.detach(), size // 16
+    as_timm = load_pretrained(npz, img_size=size, pos_interpolation="timm").pos_embed.detach()
+    expected = resample_abs_pos_embed(pos, [new, new], [14, 14], num_prefix_tokens=1)
+    assert (as_timm - expected).abs().max().item() <= 1e-6
+    as_official = load_pretrained(tmp_path / "timm.safetensors", img_size=size,
+                                  pos_interpolation="official").pos_embed.detach()
+    assert np.abs(as_official.numpy() - _official_zoom(pos, 14, new)).max() <= 1e-5
+
+
+def test_vitkit_folders_keep_half_pixel_bilinear(model_224, tmp_path):
+    folder = save_pretrained(model_224, tmp_path / "mine")
+    model = load_pretrained(folder, img_size=384)
+    expected = resample_abs_pos_embed(model_224.pos_embed.detach(), [24, 24], [14, 14],
+                                      num_prefix_tokens=1, interpolation="bilinear",
+                                      antialias=False)
+    assert (model.pos_embed.detach() - expected).abs().max().item() <= 1e-6
+
+
+def test_an_unknown_convention_names_the_known_ones(model_224, tmp_path):
+    path = save_npz(model_224, tmp_path / "b16.npz")
+    with pytest.raises(ConfigError, match="official, timm, bilinear, bicubic"):
+        load_pretrained(path, img_size=384, pos_interpolation="jax")
+    assert POS_INTERPOLATIONS == ("auto", "official", "timm", "bilinear", "bicubic")
