@@ -162,8 +162,10 @@ def load_state(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} does not exist")
     found = Found.at(path)
     if found.kind != "torch":
-        raise CheckpointError(f"{path} is not a PyTorch file, so not a vitkit training "
-                              "checkpoint (last.pt / best.pt)")
+        what = {"folder": "a folder", "npz": "an .npz file", "safetensors": "a safetensors "
+                "file"}.get(found.kind, "not a PyTorch file")
+        raise CheckpointError(f"{path} is not a vitkit training checkpoint ({what}): pass the "
+                              "last.pt or best.pt that `vitkit train` wrote")
     state = found.contents()
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a vitkit training checkpoint")
