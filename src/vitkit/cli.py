@@ -121,7 +121,8 @@ def cmd_models(args: argparse.Namespace) -> None:
           "change anything with keyword overrides.")
     from vitkit.weights import named_checkpoints
 
-    print("\nNamed official checkpoints (load_pretrained / --weights NAME; cached in "
+    print("\nNamed official checkpoints (load_pretrained(NAME), or NAME wherever a command takes "
+          "weights; cached in "
           "~/.cache/vitkit, or put the file in --weights-dir):")
     for name, url in named_checkpoints().items():
         print(f"  {name:<24}{url}")

@@ -49,7 +49,7 @@ HEADS_BY_WIDTH = {spec.width: spec.num_heads for spec in SIZES.values()}
 
 # Names listed by `vitkit models`; any other size/patch combination parses too.
 COMMON_VARIANTS = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/14", "L/16", "L/32", "H/14",
-                   "R50+B/16")
+                   "R50+B/16", "R50+L/32", "R26+B/32", "R+Ti/32")
 
 
 @dataclass

@@ -184,7 +184,7 @@ def _read_class_names(folder: Path, spec: CifarSpec) -> list[str]:
         raise _bad_meta(path, spec, f"has a control character in the name {odd!r}")
     if len(names) != spec.num_classes:
         raise _bad_meta(path, spec, f"lists {len(names)} class names but {spec.name} has "
-                                    f"{spec.num_classes} (is it the file for --dataset "
+                                    f"{spec.num_classes} (is it the file for --data "
                                     f"{spec.name}?)")
     return names
 
@@ -254,7 +254,7 @@ def load_cifar(
             raise DataError(f"{path}: record {int(bad[0])} has label {int(file_labels[bad[0]])}, "
                             f"but {spec.name} labels are 0..{spec.num_classes - 1} "
                             f"({bad.size} bad records). The file is corrupt or belongs to another "
-                            f"dataset (check the dataset argument / --dataset).")
+                            f"dataset (check `data=` / --data).")
         labels[filled:filled + take] = file_labels
         images[filled:filled + take] = records[:, spec.label_bytes:]
         filled += take
