@@ -66,7 +66,7 @@ def check_fits_in_memory(config: ViTConfig, batch_size: int, accum_steps: int,
         size = "x".join(str(side) for side in config.img_size)
         raise ConfigError(
             f"this run needs about {need / 2**30:.1f} GiB ({size} px images = "
-            f"{config.seq_len} tokens each, batch {batch_size} in {accum_steps} "
+            f"{config.seq_len:,} tokens each, batch {batch_size} in {accum_steps} "
             f"micro-batch(es), width {config.width}, depth {config.depth}) but {device.type} "
             f"has {have / 2**30:.1f} GiB available: lower batch_size or raise accum_steps "
             "(activations scale with the micro-batch), or lower model.img_size (the token "
