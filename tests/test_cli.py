@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from vitkit.cli import main
 
@@ -167,3 +168,20 @@ def test_an_unexpected_exception_keeps_its_traceback_and_asks_for_a_report(monke
 def test_overrides_can_come_first_without_a_recipe(tmp_path):
     assert main(["train", "total_steps=2", "progress=false", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "last.pt").exists()  # the default digits recipe
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+@pytest.mark.parametrize("device, said", [("gpu", "device='gpu' is not a device name"),
+                                          ("cuda", "device='cuda' but this machine has no "
+                                                   "usable CUDA GPU")])
+def test_train_on_a_device_this_machine_lacks_says_so_once(tmp_path, capsys, device, said):
+    from vitkit.errors import ConfigError
+    from vitkit.train.loop import pick_device
+
+    args = ["train", "digits", "total_steps=1", "progress=false", "--out", str(tmp_path)]
+    assert main([*args, f"device={device}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count(said) == 1 and "Traceback" not in err and "device=auto" in err
+    with pytest.raises(ConfigError, match=said):  # the library's own door refuses it too
+        pick_device(device)
+    assert main([*args, "device=auto", "--overwrite"]) == 0  # the advice works

@@ -14,14 +14,16 @@ import scipy.ndimage
 import torch
 
 from vitkit.cli import main
+from vitkit.config import ViTConfig
 from vitkit.data.preprocess import Preprocess
 from vitkit.errors import ConfigError
 from vitkit.model.posembed import resample_grid_embed
+from vitkit.model.vit import VisionTransformer
 from vitkit.train.checkpoint import CheckpointError, load_checkpoint
 from vitkit.train.config import load_train_config
-from vitkit.train.finetune import resize_random_crop
+from vitkit.train.finetune import default_img_size, resize_random_crop, target_config
 from vitkit.train.loop import Trainer
-from vitkit.weights import load_pretrained, save_npz, save_pretrained
+from vitkit.weights import load_pretrained, read_weights, save_npz, save_pretrained
 
 # Fine-tuning at 16 px what was pretrained at 8 px: the 4x4 position grid becomes 8x8.
 SMALL = ["data=digits", "model.img_size=16", "batch_size=64", "accum_steps=2",
@@ -54,7 +56,10 @@ def test_recipe_holds_the_official_numbers():
     assert (cfg.optimizer, cfg.momentum, cfg.weight_decay, cfg.clip_grad) == ("sgd", 0.9, 0, 1)
     assert (cfg.lr, cfg.schedule, cfg.warmup_steps, cfg.total_steps) == (0.03, "cosine", 500,
                                                                          10_000)
-    assert (cfg.batch_size, cfg.accum_steps, cfg.model["img_size"]) == (512, 8, 384)
+    assert (cfg.batch_size, cfg.accum_steps) == (512, 8)
+    # 384 px for weights pretrained at 224 px (the paper's); model.img_size is left unset
+    assert cfg.finetune_overrides() == {} and default_img_size(
+        ViTConfig(img_size=224, patch_size=16)) == (384, 384)
     # positions resampled as the weights' own code does: vit_jax's corner-aligned bilinear
     # for official .npz files (test_pretrained.py checks it against scipy.ndimage.zoom)
     assert cfg.new_head and cfg.pos_interpolation == "auto" and cfg.mean is None
@@ -216,3 +221,33 @@ def test_finetune_under_torchrun_equals_one_process(tmp_path, pretrained):
     assert ddp["position"]["step"] == single["position"]["step"] == 20
     worst = max((ddp["model"][k] - single["model"][k]).abs().max().item() for k in single["model"])
     assert worst <= 1e-4  # same global batches; only the all-reduce summation order differs
+
+
+def test_the_default_resolution_is_384_only_for_weights_pretrained_at_224(tmp_path, pretrained):
+    at_224 = VisionTransformer(ViTConfig(img_size=224, patch_size=32, width=32, depth=1,
+                                         num_heads=2, mlp_dim=64, num_classes=5))
+    record = read_weights(save_pretrained(at_224, tmp_path / "224"))
+    recipe = load_train_config("finetune", [f"init_from={tmp_path / '224'}"])
+    assert target_config(record, recipe.finetune_overrides()).img_size == (384, 384)
+    assert target_config(record, {"img_size": 256}).img_size == (256, 256)  # set: kept
+
+    # weights pretrained at 8 px (not 224) keep their own size: 16 tokens, not 36,864
+    small = [o for o in SMALL if not o.startswith("model.img_size=")]
+    trainer = Trainer(load_train_config("finetune", [f"init_from={pretrained['folder']}",
+                                                     *small, f"out_dir={tmp_path / 'ft'}"]))
+    assert trainer.model.config.img_size == (8, 8) == trainer.preprocess.img_size
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_allocating(tmp_path, pretrained,
+                                                                      capsys):
+    args = ["finetune", str(pretrained["folder"]), "--data", "digits", "total_steps=2",
+            "warmup_steps=1", "batch_size=64", "accum_steps=1", "progress=false",
+            "--out", str(tmp_path)]
+    # 4096 px in 2-px patches = 4,194,305 tokens an image: loading digits at that size alone
+    # would need 1797 x 16 MiB = 28 GiB, so getting to the message proves nothing was allocated
+    assert main([*args, "--img-size", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert "needs about" in err and "GiB available" in err and "4,194,305 tokens" in err
+    assert "lower batch_size" in err and "model.img_size" in err
+    assert not (tmp_path / "last.pt").exists()
+    assert main([*args, "--img-size", "16"]) == 0  # following the advice: a lower img_size

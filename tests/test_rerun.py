@@ -116,3 +116,34 @@ def test_resume_from_a_file_that_is_not_a_checkpoint_says_so(recipe, run, tmp_pa
     # Following the advice (the last.pt that `vitkit train` wrote) works.
     assert main(["train", *recipe, *FIRST_RUN[1:], "total_steps=3", "--resume",
                  str(run / "last.pt")]) == 0
+
+
+@pytest.mark.parametrize("how", ["resume", "overwrite"])
+def test_starting_in_the_folder_removes_stale_temporary_checkpoints(run, how, caplog):
+    """A kill -9 during `save_atomic` leaves `.last.pt.XXXX.tmp`; the next start clears it."""
+    stale = [run / ".last.pt.abc123.tmp", run / ".best.pt.x_9.tmp"]
+    for path in stale:
+        path.write_bytes(b"half a checkpoint")
+    unrelated = run / ".notes.tmp"
+    unrelated.write_text("not ours")
+    flags = ["--resume", str(run / "last.pt")] if how == "resume" else ["--overwrite"]
+    with caplog.at_level("INFO"):
+        assert main(["train", *FIRST_RUN, "total_steps=4", "--out", str(run), *flags]) == 0
+    assert "removed 2 stale temporary checkpoint file(s)" in caplog.text
+    assert not any(path.exists() for path in stale) and unrelated.exists()
+    assert load_checkpoint(run / "last.pt")["position"]["step"] == 4
+
+
+def test_a_resume_logs_each_evaluation_once(run):
+    """A run killed after logging a row but before saving its checkpoint re-runs that part
+    when resumed; the log keeps the row once (it is rebuilt from the checkpoint's history)."""
+    saved = _rows(run)
+    with open(run / "metrics.jsonl", "a") as stream:  # logged, then killed before the save
+        stream.write(json.dumps({**saved[-1], "step": 4, "epoch": 0.18}) + "\n")
+    assert main(["train", *FIRST_RUN, "total_steps=6", "--out", str(run),
+                 "--resume", str(run / "last.pt")]) == 0
+    rows = _rows(run)
+    steps = [row["step"] for row in rows]
+    assert steps == [2, 6] and len(set(steps)) == len(steps)
+    history = load_checkpoint(run / "last.pt")["history"]
+    assert rows == history and _csv_rows(run) == len(history)

@@ -153,24 +153,48 @@ def test_time_budget_sizes_the_schedule_and_stops_cleanly(tmp_path):
     assert (tmp_path / "last.pt").exists()
 
 
-def test_sigint_saves_a_checkpoint_that_resumes(tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_saves_a_checkpoint_that_resumes_and_exits_128_plus_it(tmp_path, signum, code):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "vitkit.cli", "train", "digits", "epochs=500",
                              "progress=false", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not (out / "last.pt").exists() and time.time() < deadline:
-        time.sleep(0.2)
+    metrics, deadline = out / "metrics.jsonl", time.time() + 60
+    while not (metrics.exists() and metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.2)  # wait until it trains: an epoch has been logged
     time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert "SIGINT: saved" in err
+    name = signal.Signals(signum).name
+    assert proc.returncode == code, err  # 128 + the signal: a stopped run is not a finished one
+    assert f"{name}: saved" in err and "--resume" in err and "Traceback" not in err
     state = load_checkpoint(out / "last.pt")
     assert 0 < state["position"]["step"] < 500 * 22
     resumed = Trainer(load_train_config("digits", ["epochs=500", "progress=false",
                                                    f"out_dir={out}"]), resume=out / "last.pt")
     assert resumed.position.step == state["position"]["step"]
+
+
+def test_a_signal_stops_an_evaluation_midway(tmp_path, monkeypatch):
+    """SIGINT does not wait for the evaluation to end: it stops at the next test batch."""
+    import vitkit.train.metrics as metrics
+
+    original = metrics.eval_batches
+
+    def signal_after_first_batch(*args, **kwargs):
+        for i, batch in enumerate(original(*args, **kwargs)):
+            if i == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+            yield batch
+
+    monkeypatch.setattr(metrics, "eval_batches", signal_after_first_batch)
+    cfg = load_train_config("digits", ["epochs=50", "progress=false", "eval_batch_size=50",
+                                       f"out_dir={tmp_path}"])
+    result = Trainer(cfg).run()
+    assert (result.stopped_early, result.signal_number) == ("SIGINT", signal.SIGINT.value)
+    assert (tmp_path / "metrics.jsonl").read_text() == ""  # the cut evaluation logged no row
+    assert load_checkpoint(tmp_path / "last.pt")["position"]["step"] == 22
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
 
 
 def test_a_signal_during_evaluation_still_saves_and_reports(tmp_path, monkeypatch, caplog):

@@ -157,22 +157,18 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     return load_train_config(recipe or "digits", overrides)
 
 
-def cmd_train(args: argparse.Namespace) -> None:
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train; exit 128 + the signal number when SIGINT/SIGTERM stopped the run (130, 143),
+    so a stopped run does not look finished."""
     import logging
 
-    from vitkit.errors import TrainingError
     from vitkit.train.loop import train
-    from vitkit.train.rundir import prepare_run_dir
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = train_config_from_args(args)
-    prepare_run_dir(cfg.out_dir, args.resume, args.overwrite)
-    try:
-        result = train(cfg, resume=args.resume)
-    except FloatingPointError as exc:  # the loop's "loss is not finite": a setting, not a bug
-        raise TrainingError(str(exc)) from exc
+    result = train(cfg, resume=args.resume, overwrite=args.overwrite)
     if not result.is_main:
-        return
+        return 128 + result.signal_number if result.signal_number else 0
     final = result.final
     if final:
         print(f"done: epoch {final['epoch']:.2f}, step {final['step']}, test top-1 "
@@ -180,9 +176,15 @@ def cmd_train(args: argparse.Namespace) -> None:
               f"{final['minutes']:.1f} min" + (f" ({result.stopped_early})"
                                                  if result.stopped_early else ""))
     print(f"checkpoints, metrics and learning_curve.png in {result.out_dir}")
+    if result.signal_number:
+        print(f"stopped by {result.stopped_early} at step {result.position.step} of "
+              f"{result.position.total_steps}; continue with --resume "
+              f"{result.out_dir / 'last.pt'}", file=sys.stderr)
+        return 128 + result.signal_number
+    return 0
 
 
-def cmd_finetune(args: argparse.Namespace) -> None:
+def cmd_finetune(args: argparse.Namespace) -> int:
     """The finetune recipe started from WEIGHTS; flags become overrides, as in `train`."""
     overrides = [f"init_from={json.dumps(args.weights)}", *args.overrides]
     for flag, key in ((args.data, "data"), (args.img_size, "model.img_size"),
@@ -190,7 +192,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         if flag is not None:
             overrides.append(f"{key}={json.dumps(flag)}")
     args.recipe, args.overrides = "finetune", overrides
-    cmd_train(args)
+    return cmd_train(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -289,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(finetune, "finetune recipe", "lr=0.01 total_steps=500")
     finetune.add_argument("--data", help="cifar10 (default), cifar100, folder or digits")
     finetune.add_argument("--img-size", type=parse_img_size, help="fine-tuning resolution "
-                                                                  "(default 384)")
+                                                                  "(default: 384 for weights "
+                                                                  "pretrained at 224, else "
+                                                                  "their own size)")
     finetune.set_defaults(run=cmd_finetune)
 
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")

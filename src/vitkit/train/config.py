@@ -50,6 +50,12 @@ class TrainConfig:
     warmup_steps: int | None = None  # warmup in optimizer steps; when set, replaces warmup_epochs
     min_lr_ratio: float = 0.0
     clip_grad: float = 1.0  # global-norm clip; 0 = off
+    # A step whose loss or gradients are not finite never updates the weights. "stop": the run
+    # ends there with a TrainingError (last.pt keeps the last finite weights); "skip": the step
+    # is dropped with a warning (its batch, step count and schedule position are used up, as
+    # GradScaler skips steps) and the run ends after max_skipped_steps such steps in a row.
+    nonfinite: str = "stop"  # stop | skip
+    max_skipped_steps: int = 5
     augment: dict[str, Any] = field(default_factory=dict)  # fields of AugmentConfig
     # Progressive resizing: [[fraction of training, side], ...], e.g. [[0, 16], [0.6, 32]];
     # images are downscaled on the fly and position embeddings follow the grid.
@@ -182,6 +188,12 @@ class TrainConfig:
             raise ConfigError(f"momentum={self.momentum} must be in [0, 1), e.g. 0.9")
         _require(0 <= self.min_lr_ratio <= 1, "min_lr_ratio={} must be in [0, 1] (the final "
                  "learning rate as a fraction of lr)", self.min_lr_ratio)
+        if self.nonfinite not in ("stop", "skip"):
+            raise ConfigError(f"nonfinite={self.nonfinite!r}: use 'stop' (end the run at a step "
+                              "whose loss is not finite) or 'skip' (drop such steps)")
+        _require(self.max_skipped_steps >= 1, "max_skipped_steps={} must be >= 1 (non-finite "
+                 "steps in a row that nonfinite=skip drops before the run stops), e.g. 5",
+                 self.max_skipped_steps)
         _require(self.clip_grad >= 0, "clip_grad={} must be >= 0 (a global gradient norm; 0 = "
                  "off)", self.clip_grad)
         _require(self.ema_decay is None or 0 <= self.ema_decay < 1, "ema_decay={} must be in "

@@ -22,10 +22,23 @@ def read_init(cfg: TrainConfig) -> WeightsRecord:
     return read_weights(cfg.init_from, cfg.weights_dir, img_size=img_size)
 
 
+PAPER_FINETUNE_SIZES = {(224, 224): (384, 384)}  # pretrained at 224 px, fine-tuned at 384
+
+
+def default_img_size(pretrained: ViTConfig) -> tuple[int, int]:
+    """The fine-tuning resolution when `model.img_size` is not set: the paper's 384 px for
+    weights pretrained at 224 px, else the weights' own size (a 32-px CIFAR model stays at
+    32 px rather than growing to 384 px = 9,216 tokens)."""
+    size = tuple(pretrained.img_size)
+    return PAPER_FINETUNE_SIZES.get(size, size)
+
+
 def target_config(weights: WeightsRecord, overrides: dict[str, Any]) -> ViTConfig:
-    """The checkpoint's config with the run's overrides (before the head is replaced)."""
+    """The checkpoint's config with the run's overrides (before the head is replaced); without
+    an img_size override, at `default_img_size`."""
     fields = {k: v for k, v in overrides.items() if k != "num_classes"}
-    return weights.config.replace(**fields) if fields else weights.config
+    fields.setdefault("img_size", default_img_size(weights.config))
+    return weights.config.replace(**fields)
 
 
 def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int
@@ -40,6 +53,7 @@ def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int
     """
     overrides = cfg.finetune_overrides()
     num_classes = int(overrides.pop("num_classes", num_classes))
+    overrides.setdefault("img_size", default_img_size(weights.config))
     model = build_model(weights, cfg.pos_interpolation, **overrides)
     if cfg.new_head or num_classes != model.config.num_classes:
         model.reset_classifier(num_classes, zero_init=True)

@@ -21,11 +21,12 @@ from vitkit.data.augment import AugmentConfig, BatchAugment, resize_batch, soft_
 from vitkit.data.dataset import DataError, ImageDataset
 from vitkit.data.loader import BatchOrder, shard
 from vitkit.data.preprocess import Preprocess
+from vitkit.data.skipped import write_skipped_files
 from vitkit.data.sources import load_source
-from vitkit.errors import CheckpointError
+from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
-from vitkit.runtime import configure_cpu
+from vitkit.runtime import check_device, configure_cpu
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import (
     DistInfo,
@@ -41,10 +42,13 @@ from vitkit.train.finetune import (
     resize_random_crop,
     target_config,
 )
+from vitkit.train.memory import check_fits_in_memory
 from vitkit.train.metrics import evaluate
+from vitkit.train.nonfinite import NonFiniteGuard, StepOutcome
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import RunPlan
 from vitkit.train.recorder import MetricsRecorder
+from vitkit.train.rundir import prepare_run_dir
 from vitkit.train.schedule import SCHEDULES
 from vitkit.weights.formats import train_checkpoint
 from vitkit.weights.formats.train_checkpoint import Position, TrainCheckpoint
@@ -61,8 +65,16 @@ class TrainResult:
     stopped_early: str = ""
     is_main: bool = True
 
+    @property
+    def signal_number(self) -> int:
+        """The signal that stopped the run (SIGINT 2, SIGTERM 15), else 0."""
+        names = {sig.name: sig.value for sig in (signal.SIGINT, signal.SIGTERM)}
+        return int(names.get(self.stopped_early, 0))
+
 
 def pick_device(name: str) -> torch.device:
+    """The torch device for a `device=` setting, refused clearly when this machine lacks it."""
+    check_device(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -82,6 +94,23 @@ def check_data_fits(config: ViTConfig, train: ImageDataset, resize: bool = False
     if top >= config.num_classes or int(train.labels.min()) < 0:
         raise DataError(f"labels run from {int(train.labels.min())} to {top} but the head has "
                         f"{config.num_classes} outputs: set model.num_classes={top + 1}")
+
+
+def size_head_to_folder(cfg: TrainConfig, config: ViTConfig, train: ImageDataset) -> ViTConfig:
+    """A fresh run on `data=folder`: the head has one output per class folder found. A
+    `model.num_classes` set to another number is refused; left unset (a variant name, or a
+    model dict without it), the head is sized from the data."""
+    found = len(train.classes)
+    if cfg.data != "folder" or cfg.init_from or not found or config.num_classes == found:
+        return config
+    if isinstance(cfg.model, dict) and "num_classes" in cfg.model:
+        shown = ", ".join(train.classes[:5]) + (", ..." if found > 5 else "")
+        raise ConfigError(f"model.num_classes={config.num_classes} but the data folder "
+                          f"{cfg.data_dir} holds {found} classes ({shown}): set "
+                          f"model.num_classes={found} (or use a recipe whose model leaves "
+                          "num_classes unset, and the head is sized from the data)")
+    log.info("data=folder: %d classes found, the head has %d outputs", found, found)
+    return config.replace(num_classes=found)
 
 
 class Trainer:
@@ -105,13 +134,18 @@ class Trainer:
             self.model_config = target_config(init, cfg.finetune_overrides())
         else:
             self.model_config = cfg.model_config()
+        check_fits_in_memory(self.model_config, cfg.batch_size, cfg.accum_steps, self.device,
+                             self.info.world_size)  # before the data and model are made
         if train_data is None or test_data is None:
             train_data, test_data = load_source(cfg.data, cfg.data_dir,
                                                 self.model_config.img_size,
                                                 self.model_config.in_chans, cfg.train_limit,
                                                 cfg.test_limit)
         self.train_data, self.test_data = train_data, test_data
+        self.model_config = size_head_to_folder(cfg, self.model_config, train_data)
         self.out_dir = Path(cfg.out_dir)
+        if self.info.is_main:  # the run's folder names every image it could not read
+            write_skipped_files(self.out_dir, train_data, test_data)
         torch.manual_seed(cfg.seed)
         if init is not None:
             classes = len(train_data.classes) or int(train_data.labels.max()) + 1
@@ -286,6 +320,10 @@ class Trainer:
                 previous[signum] = signal.signal(signum, request_stop)
         return previous
 
+    def _signalled(self) -> bool:
+        """SIGINT or SIGTERM arrived: stop at the next step or evaluation batch."""
+        return self._stop_reason in ("SIGINT", "SIGTERM")
+
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started if hasattr(self, "_started") else 0.0
 
@@ -310,7 +348,8 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         cfg, pos = self.cfg, self.position
-        recorder = MetricsRecorder(self.out_dir, cfg.log) if self.info.is_main else None
+        recorder = (MetricsRecorder(self.out_dir, cfg.log, pos.history) if self.info.is_main
+                    else None)
         previous_handlers = self._install_signal_handlers()
         self._started = time.perf_counter()
         schedule = SCHEDULES[cfg.schedule]
@@ -319,6 +358,7 @@ class Trainer:
         calibrate_at = pos.step + min(20, max(per_epoch // 4, 3))
         calibrate_from = (pos.step + 2, time.perf_counter())
         final: dict[str, float] = {}
+        guard = NonFiniteGuard(cfg, self.amp_dtype is not None)
         if pos.step >= pos.total_steps:
             log.warning("nothing to train: the run is at step %d of %d; a larger epochs= or "
                         "--time-budget with --resume extends it", pos.step, pos.total_steps)
@@ -330,16 +370,23 @@ class Trainer:
                 for batch_index, indices in self.order.iterate(pos.epoch, pos.batch):
                     lr = cfg.lr * schedule(pos.step, pos.total_steps, self.warmup_steps,
                                            cfg.min_lr_ratio)
-                    loss = self._train_step(indices, lr)
+                    outcome = self._train_step(indices, lr)
                     step_tokens = self.plan.tokens(tuple(self.model.config.img_size))
                     epoch_tokens += step_tokens
-                    pos.step += 1
+                    pos.step += 1  # a skipped step uses up its batch and schedule position
                     pos.batch = batch_index + 1
-                    epoch_loss += loss * len(indices)
-                    epoch_images += len(indices)
+                    if outcome.updated:
+                        epoch_loss += outcome.loss * len(indices)
+                        epoch_images += len(indices)
+                    diverged = guard.observe(outcome, pos.step, pos.epoch + pos.batch / per_epoch,
+                                             lr)
+                    if diverged is not None:
+                        self.save("last")  # the weights in memory are the last finite ones
+                        raise diverged
                     if bar is not None:
                         bar.update(len(indices))
-                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False)
+                        bar.set_postfix(loss=f"{outcome.loss:.3f}", lr=f"{lr:.2e}",
+                                        refresh=False)
                     if pos.step == calibrate_from[0]:
                         calibrate_from = (pos.step, time.perf_counter())
                     if cfg.time_budget and pos.step == calibrate_at:
@@ -364,7 +411,7 @@ class Trainer:
                                         or self._stop_reason):
                     eval_start = time.perf_counter()
                     final = self._evaluate_and_log(pos, epoch_loss, epoch_images, train_seconds,
-                                                   recorder)
+                                                   recorder) or final
                     eval_seconds = time.perf_counter() - eval_start
                 if epoch_done:
                     pos.epoch, pos.batch = pos.epoch + 1, 0
@@ -394,8 +441,9 @@ class Trainer:
         return tqdm(total=total * batch, initial=start * batch, desc=f"epoch {epoch + 1}",
                     unit="img", dynamic_ncols=True, leave=False)
 
-    def _train_step(self, indices: torch.Tensor, lr: float) -> float:
-        """One optimizer update on a global batch; returns the batch's mean loss."""
+    def _train_step(self, indices: torch.Tensor, lr: float) -> StepOutcome:
+        """One optimizer update on a global batch (none when its loss or gradients are not
+        finite); returns the batch's mean loss and gradient norm."""
         cfg = self.cfg
         images, targets = self.augment(self.train_data.images[indices],
                                        self.train_data.labels[indices], self.generator,
@@ -425,15 +473,17 @@ class Trainer:
                 loss = soft_cross_entropy(self.train_model(x).float(), y)
                 (loss * len(x) / len(images)).backward()
             total += loss.item() * len(x)
-        if cfg.clip_grad:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        # The total norm before clipping; with clip_grad=0 the factor is 1 (grads unchanged).
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or math.inf)
+        outcome = StepOutcome(total / len(images), float(norm))
+        if broadcast_flag(not outcome.finite, self.info):  # checked before the update
+            self.optimizer.zero_grad(set_to_none=True)
+            return replace(outcome, updated=False)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update_parameters(self.model)
-        if not math.isfinite(total):
-            raise FloatingPointError("the loss is not finite: lower lr or enable clip_grad")
-        return total / len(images)
+        return outcome
 
     def _evaluate_and_log(self, pos: Position, loss_sum: float, images: int, seconds: float,
                           recorder: MetricsRecorder | None) -> dict[str, float]:
@@ -445,8 +495,12 @@ class Trainer:
         cfg = self.cfg
         num_classes = self.model_config.num_classes
         size = tuple(self.model.config.img_size)
+        signalled = self._signalled
         result = evaluate(self.model, self.test_data, num_classes, self.preprocess,
-                          cfg.eval_batch_size, self.device, self.info, self.amp_dtype, size)
+                          cfg.eval_batch_size, self.device, self.info, self.amp_dtype, size,
+                          signalled)
+        if result.interrupted:  # SIGINT/SIGTERM mid-evaluation: no row, the run stops
+            return {}
         row: dict[str, float] = {
             "epoch": pos.epoch + pos.batch / self.order.batches_per_epoch(), "step": pos.step,
             "resolution": size[0],
@@ -456,7 +510,9 @@ class Trainer:
         if self.ema is not None:
             ema_result = evaluate(self.ema.module, self.test_data, num_classes, self.preprocess,
                                   cfg.eval_batch_size, self.device, self.info, self.amp_dtype,
-                                  size)
+                                  size, signalled)
+            if ema_result.interrupted:
+                return {}
             row["ema_top1"] = ema_result.top1
         pos.history.append(row)
         self.scored_weights = "ema" if row.get("ema_top1", -1.0) > row["top1"] else "raw"
@@ -472,6 +528,10 @@ class Trainer:
         return row
 
 
-def train(cfg: TrainConfig, resume: str | Path | None = None) -> TrainResult:
-    """Train with `cfg` (resuming from a checkpoint when given)."""
+def train(cfg: TrainConfig, resume: str | Path | None = None,
+          overwrite: bool = False) -> TrainResult:
+    """Train with `cfg` (resuming from a checkpoint when given) into `cfg.out_dir`, which must
+    not hold another run unless this one continues it or `overwrite` clears it
+    (`vitkit.train.rundir.prepare_run_dir`)."""
+    prepare_run_dir(cfg.out_dir, resume, overwrite)
     return Trainer(cfg, resume).run()

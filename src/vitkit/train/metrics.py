@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ class EvalResult:
     top5: float
     count: int
     confusion: torch.Tensor  # (classes, classes): rows true label, columns prediction
+    interrupted: bool = False  # `should_stop` ended it early: the counts cover part of the data
 
     @property
     def per_class(self) -> torch.Tensor:
@@ -35,11 +37,13 @@ class EvalResult:
 def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
              preprocess: Preprocess, batch_size: int = 500, device: torch.device | None = None,
              info: DistInfo | None = None, autocast_dtype: torch.dtype | None = None,
-             image_size: tuple[int, int] | None = None) -> EvalResult:
+             image_size: tuple[int, int] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> EvalResult:
     """Evaluate on this rank's share of `dataset` and combine the counts over ranks.
 
     Images are normalised with `preprocess` (its mean and std), then resized to `image_size`
-    when it differs from the dataset's (bilinear, antialiased when shrinking).
+    when it differs from the dataset's (bilinear, antialiased when shrinking). In a single
+    process, `should_stop` is asked before each batch (a signal need not wait for the end).
     """
     info = info or DistInfo()
     device = device or torch.device("cpu")
@@ -49,7 +53,11 @@ def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
     correct = torch.zeros(2, dtype=torch.float64)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
     k = min(5, num_classes)
+    interrupted = False
     for images, labels in eval_batches(dataset, batch_size, info.rank, info.world_size):
+        if should_stop is not None and not info.enabled and should_stop():
+            interrupted = True  # under DDP every rank must join the all-reduce below
+            break
         x = resize_batch(preprocess.normalize(images.to(device)), image_size)
         labels = labels.to(device)
         with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
@@ -70,4 +78,5 @@ def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
     model.train(was_training)
     return EvalResult(loss=float(totals[0]) / max(count, 1), top1=float(totals[1]) / max(count, 1),
                       top5=float(totals[2]) / max(count, 1), count=count,
-                      confusion=totals[3:].reshape(num_classes, num_classes).long())
+                      confusion=totals[3:].reshape(num_classes, num_classes).long(),
+                      interrupted=interrupted)

@@ -14,12 +14,19 @@ log = logging.getLogger("vitkit.train")
 
 
 class MetricsRecorder:
-    """Appends one row per evaluation; redraws `learning_curve.png` each time."""
+    """Appends one row per evaluation; redraws `learning_curve.png` each time.
 
-    def __init__(self, out_dir: Path, formats: Sequence[str]) -> None:
+    A run starts from the rows its checkpoint holds (`history`, empty for a new run):
+    metrics.jsonl and metrics.csv are rewritten from them first, so rows logged after the
+    checkpoint by a run that was then killed are not kept twice when it resumes.
+    """
+
+    def __init__(self, out_dir: Path, formats: Sequence[str],
+                 history: Sequence[dict[str, float]] = ()) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.formats = set(formats)
+        self._restart_from(list(history))
         self._writer = None
         if "tensorboard" in self.formats:
             try:
@@ -40,6 +47,14 @@ class MetricsRecorder:
                 if key not in ("epoch", "step"):
                     self._writer.add_scalar(key, value, int(row["step"]))
         plot_learning_curve(history, self.out_dir / "learning_curve.png")
+
+    def _restart_from(self, history: list[dict[str, float]]) -> None:
+        """metrics.jsonl (and .csv) hold exactly `history`, what the checkpoint knows."""
+        if "jsonl" in self.formats:
+            text = "".join(json.dumps(row) + "\n" for row in history)
+            (self.out_dir / "metrics.jsonl").write_text(text)
+        if "csv" in self.formats and history:
+            self._write_csv(history)
 
     def _write_csv(self, history: list[dict[str, float]]) -> None:
         """Rewritten whole, so a resumed run has one consistent file."""

@@ -1,20 +1,27 @@
 """A run's output folder: which files make a run, and never writing over one by accident.
 
 A training run writes last.pt, best.pt, metrics.jsonl (appended), metrics.csv (rewritten),
-learning_curve.png and tensorboard/. Starting a new run in a folder that holds them would mix
-the two runs' metrics and overwrite the checkpoints, so it is refused unless the run is being
-continued (`resume` inside the folder) or `overwrite` clears it first.
+learning_curve.png, skipped_files.txt and tensorboard/. Starting a new run in a folder that
+holds them would mix the two runs' metrics and overwrite the checkpoints, so it is refused
+unless the run is being continued (`resume` inside the folder) or `overwrite` clears it first.
+
+Checkpoints are written to `.{name}.XXXX.tmp` and renamed; a process killed mid-write
+(kill -9, power loss) leaves that file behind. Starting in the folder removes them.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 from vitkit.errors import ConfigError
 
-RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "metrics.csv", "learning_curve.png")
+RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "metrics.csv", "learning_curve.png",
+             "skipped_files.txt")
 RUN_FOLDERS = ("tensorboard",)
+CHECKPOINT_NAMES = ("last.pt", "best.pt")
+log = logging.getLogger("vitkit.train")
 
 
 def run_files(out_dir: str | Path) -> list[Path]:
@@ -37,6 +44,7 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
                           "continues: use --resume to continue it, or --overwrite (without "
                           "--resume) to start over")
     if not found or resuming_here:
+        remove_stale_temporary_files(out)
         return
     if not overwrite:
         names = ", ".join(path.name for path in found)
@@ -49,6 +57,25 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)  # another rank (torchrun) may have removed it
+    remove_stale_temporary_files(out)
+
+
+def stale_temporary_files(out_dir: str | Path) -> list[Path]:
+    """Half-written checkpoints (`.last.pt.XXXX.tmp`) an interrupted save left in `out_dir`."""
+    out = Path(out_dir)
+    return sorted(path for name in CHECKPOINT_NAMES for path in out.glob(f".{name}.*.tmp")
+                  if path.is_file())
+
+
+def remove_stale_temporary_files(out_dir: str | Path) -> int:
+    """Delete the files `stale_temporary_files` finds; how many there were (logged)."""
+    stale = stale_temporary_files(out_dir)
+    for path in stale:
+        path.unlink(missing_ok=True)  # another rank (torchrun) may have removed it
+    if stale:
+        log.info("removed %d stale temporary checkpoint file(s) an interrupted save left in %s "
+                 "(%s)", len(stale), out_dir, ", ".join(path.name for path in stale))
+    return len(stale)
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -1,0 +1,87 @@
+"""Training on a class-per-folder data set: unreadable images named in the run folder, a head
+sized to the classes found (or refused when set to another number), and fine-tuning runs
+that remember the folder for `vitkit eval`."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitkit.cli import main
+from vitkit.data.skipped import read_skipped_files
+from vitkit.data.sources import load_source
+from vitkit.errors import ConfigError
+from vitkit.train.checkpoint import load_checkpoint
+from vitkit.train.config import load_train_config
+from vitkit.train.loop import Trainer
+
+CLASSES = 3
+QUICK = ["data=folder", "total_steps=4", "warmup_steps=1", "batch_size=16", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def digit_folder(tmp_path_factory) -> Path:
+    """Digits 0-2 of the embedded data as 8x8 grayscale PNGs in train/ and val/ class folders,
+    plus one corrupt file in train/1."""
+    root = tmp_path_factory.mktemp("folder") / "digits3"
+    train, test = load_source("digits", None, (8, 8), 1)
+    for split, data in (("train", train), ("val", test)):
+        for i, (image, label) in enumerate(zip(data.images, data.labels, strict=True)):
+            if int(label) < CLASSES:
+                path = root / split / str(int(label)) / f"{i}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(image[0].numpy().astype(np.uint8)).save(path)
+    (root / "train" / "1" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    return root
+
+
+def test_a_folder_run_names_the_files_it_skipped(tmp_path, digit_folder):
+    out = tmp_path / "run"
+    cfg = load_train_config("digits", [*QUICK, f"data_dir={digit_folder}",
+                                       f"model.num_classes={CLASSES}", f"out_dir={out}"])
+    Trainer(cfg).run()
+    skipped = read_skipped_files(out / "skipped_files.txt")
+    assert [Path(path).name for path, _ in skipped] == ["broken.png"]
+    assert skipped[0][1].startswith("corrupt: starts like a PNG")
+
+
+def test_a_head_of_another_size_than_the_classes_found_is_refused(tmp_path, digit_folder,
+                                                                  capsys):
+    args = ["train", "digits", *QUICK, "--data-dir", str(digit_folder), "--out", str(tmp_path)]
+    assert main(args) == 2  # the digits recipe's 10-way head, 3 class folders
+    err = capsys.readouterr().err
+    assert f"model.num_classes=10 but the data folder {digit_folder} holds 3 classes" in err
+    assert main([*args, f"model.num_classes={CLASSES}"]) == 0  # the advice works
+    assert load_checkpoint(tmp_path / "last.pt")["model"]["head.weight"].shape[0] == CLASSES
+
+
+def test_a_model_without_num_classes_is_sized_from_the_folder(tmp_path, digit_folder):
+    model = {"variant": "Ti/2", "img_size": 8, "in_chans": 1, "width": 32, "depth": 1,
+             "num_heads": 2, "mlp_dim": 64}
+    cfg = load_train_config("digits", [*QUICK, f"data_dir={digit_folder}",
+                                       f"out_dir={tmp_path}"])
+    cfg.model = model
+    trainer = Trainer(cfg)
+    assert trainer.model.config.num_classes == CLASSES
+    with pytest.raises(ConfigError, match=r"model\.num_classes=5 but"):
+        cfg.model = {**model, "num_classes": 5}
+        Trainer(cfg)
+
+
+def test_eval_of_a_finetuned_folder_run_finds_the_folder_by_itself(tmp_path, digit_folder,
+                                                                   capsys):
+    pretrained = tmp_path / "pre"
+    assert main(["train", "digits", "total_steps=4", "model.depth=1", "progress=false",
+                 "--out", str(pretrained)]) == 0
+    tuned = tmp_path / "ft"
+    assert main(["finetune", str(pretrained / "last.pt"), "--data", "folder", "--data-dir",
+                 str(digit_folder), "total_steps=4", "warmup_steps=1", "batch_size=16",
+                 "accum_steps=1", "progress=false", "--out", str(tuned)]) == 0
+    recipe = load_checkpoint(tuned / "last.pt")["train_config"]
+    assert (recipe["data"], recipe["data_dir"]) == ("folder", str(digit_folder))
+    capsys.readouterr()
+    assert main(["eval", str(tuned)]) == 0  # no --data, no --data-dir
+    out = capsys.readouterr().out
+    val_images = len(list((digit_folder / "val").rglob("*.png")))
+    assert str(val_images) in out and "top-1" in out
