@@ -45,3 +45,14 @@ def fuzzer() -> ModuleType:
     sys.modules["fuzz_data"] = module  # its dataclasses look their module up here
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def weights_fuzzer(fuzzer: ModuleType) -> ModuleType:
+    """tools/fuzz_weights.py (which reuses tools/fuzz_data.py's byte mutations)."""
+    spec = importlib.util.spec_from_file_location("fuzz_weights",
+                                                  REPO / "tools" / "fuzz_weights.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_weights"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -128,7 +128,8 @@ class ViTConfig:
         if self.num_classes < 0 or self.pre_logits_dim < 0:
             raise ConfigError("num_classes and pre_logits_dim must be >= 0 (0 means none)")
         if self.width % self.num_heads:
-            divisors = [h for h in range(1, self.width + 1) if self.width % h == 0]
+            divisors = [h for h in range(max(1, self.num_heads - 64), self.num_heads + 65)
+                        if self.width % h == 0]  # those near num_heads (widths can be huge)
             near = sorted(sorted(divisors, key=lambda h: abs(h - self.num_heads))[:4])
             raise ConfigError(
                 f"width {self.width} is not divisible by num_heads {self.num_heads}: each head "

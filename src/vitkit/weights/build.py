@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from vitkit.errors import CheckpointError
+from vitkit.errors import CheckpointError, VitkitError
 from vitkit.model.vit import VisionTransformer
 from vitkit.weights.loading import load_state_dict_checked
-from vitkit.weights.record import WeightsRecord
+from vitkit.weights.record import WeightsRecord, check_config_fits
 from vitkit.weights.resampling import resize_model, resolve
 
 # Overrides that change the loaded model rather than its config fields.
@@ -29,8 +29,17 @@ def build_model(weights: WeightsRecord, pos_interpolation: str | None = None,
     resampling = resolve(pos_interpolation, weights.origin)
     reshape = {k: overrides.pop(k) for k in _SHAPE_OVERRIDES if k in overrides}
     config = weights.config.replace(**overrides) if overrides else weights.config
-    with torch.device("meta"):
-        model = VisionTransformer(config)
+    check_config_fits(config, weights.state_dict, _source(weights))
+    try:
+        with torch.device("meta"):
+            model = VisionTransformer(config)
+    except (ValueError, RuntimeError) as exc:
+        if isinstance(exc, VitkitError):
+            raise
+        raise CheckpointError(
+            f"{_source(weights)} describe a ViT that cannot be built "
+            f"({config.name or 'custom'}: {exc}): the file is inconsistent or not a plain "
+            "ViT") from None
     model.to_empty(device="cpu")
     if config.pos_embed in ("sincos1d", "sincos2d"):  # non-persistent buffers: rebuild
         model.pos_embed = torch.nn.Buffer(VisionTransformer._make_pos_embed(config),
@@ -39,7 +48,7 @@ def build_model(weights: WeightsRecord, pos_interpolation: str | None = None,
         load_state_dict_checked(model, weights.state_dict)
     except CheckpointError as exc:
         raise CheckpointError(
-            f"the {weights.origin} weights do not fit the ViT their shapes describe "
+            f"{_source(weights)} do not fit the ViT their shapes describe "
             f"({config.name or 'custom'}): the file is inconsistent or not a plain ViT.\n{exc}"
         ) from exc
     preprocess = weights.preprocess
@@ -56,3 +65,8 @@ def build_model(weights: WeightsRecord, pos_interpolation: str | None = None,
     model.origin = weights.origin
     model.weights_kind = weights.weights
     return model.eval()
+
+
+def _source(weights: WeightsRecord) -> str:
+    where = f" of {weights.path}" if weights.path is not None else ""
+    return f"the {weights.origin} weights{where}"

@@ -16,7 +16,7 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.data.preprocess import Preprocess
-from vitkit.errors import ConfigError
+from vitkit.errors import CheckpointError, ConfigError
 
 # `WeightsRecord.origin`: every value, and the reader that sets it. The default
 # position-embedding resampling follows the origin (`vitkit.weights.resampling`).
@@ -55,11 +55,59 @@ class WeightsRecord:
         if self.weights not in WEIGHT_KINDS:
             raise ConfigError(f"weights={self.weights!r} is not one of "
                               f"{', '.join(WEIGHT_KINDS)}")
+        check_tensors(self.state_dict, self.path or self.origin)
 
     @property
     def train_config(self) -> dict[str, Any] | None:
         """The recipe of the run that wrote a training checkpoint (else None)."""
         return self.extra.get("train_config")
+
+
+def check_tensors(state_dict: Any, source: object, shown: int = 5) -> None:
+    """Refuse a state dict that is not a dict of floating-point tensors, or whose weights hold
+    NaN or inf (naming the first few tensors and how many there are in all).
+
+    Every reader's record passes through here, so the check is made once for all formats.
+    """
+    if not isinstance(state_dict, dict) or not state_dict:
+        raise CheckpointError(f"{source} holds no state dict of tensors: it is damaged or not "
+                              "a checkpoint; download or copy it again")
+    wrong = [f"{name} ({_kind(value)})" for name, value in state_dict.items()
+             if not isinstance(name, str) or not isinstance(value, torch.Tensor)
+             or not value.is_floating_point()]
+    if wrong:
+        raise CheckpointError(
+            f"{source}: {len(wrong)} entr{'y is' if len(wrong) == 1 else 'ies are'} not "
+            f"floating-point weight tensors: {', '.join(wrong[:shown])}"
+            f"{' ...' if len(wrong) > shown else ''}. Re-save the weights as float32 tensors.")
+    bad = [name for name, value in state_dict.items() if not bool(torch.isfinite(value).all())]
+    if bad:
+        raise CheckpointError(
+            f"{source}: {len(bad)} tensor{'s hold' if len(bad) > 1 else ' holds'} NaN or inf: "
+            f"{', '.join(bad[:shown])}{' ...' if len(bad) > shown else ''}. Such weights give "
+            "NaN outputs: the file is damaged or was saved from a diverged run; use another "
+            "checkpoint (e.g. an earlier one of the run) or download it again.")
+
+
+def check_config_fits(config: ViTConfig, state_dict: dict[str, torch.Tensor],
+                      source: object) -> None:
+    """Refuse a config far larger than the weights it came with: a damaged config.json would
+    otherwise build (or try to build) a model of billions of parameters before any shape is
+    compared. Call it before anything is sized by the config."""
+    held = sum(t.numel() for t in state_dict.values() if isinstance(t, torch.Tensor))
+    width, patch = config.width, config.patch_size
+    described = config.depth * (4 * width ** 2 + 2 * width * config.mlp_dim) \
+        + (config.num_patches + 1) * width + config.in_chans * patch ** 2 * width
+    if described > 2 * held + 1_000_000:
+        raise CheckpointError(
+            f"{source} holds {held:,} values, but its config describes a ViT of at least "
+            f"{described:,} (depth {config.depth}, width {width}, mlp_dim {config.mlp_dim}, "
+            f"channels {config.in_chans}, image {config.img_size}): the config does not belong "
+            "to these weights; restore it or download the model again")
+
+
+def _kind(value: object) -> str:
+    return str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 # The name used before the record had one owner; the same class.

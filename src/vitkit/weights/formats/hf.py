@@ -16,10 +16,11 @@ import torch
 
 from vitkit.config import HEADS_BY_WIDTH, ViTConfig
 from vitkit.data.preprocess import Preprocess, official_preprocess
-from vitkit.errors import CheckpointError
+from vitkit.errors import CheckpointError, ConfigError
+from vitkit.fieldtypes import check_value
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found
-from vitkit.weights.record import WeightsRecord
+from vitkit.weights.record import WeightsRecord, check_config_fits
 
 _RENAMES = [
     (r"embeddings\.cls_token", "cls_token"),
@@ -53,7 +54,9 @@ def _rename(key: str) -> str:
 
 
 def _setting(config: Any, name: str, default: Any = None) -> Any:
-    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+    """A config value; a missing or null one is `default`."""
+    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+    return default if value is None else value
 
 
 def convert_hf(state_dict: dict[str, torch.Tensor], hf_config: Any
@@ -74,6 +77,15 @@ def convert_hf(state_dict: dict[str, torch.Tensor], hf_config: Any
         else:
             sd[key] = tensor
     for key, parts in qkv_parts.items():
+        absent = [name for name in ("q", "k", "v") if name not in parts]
+        if absent:
+            raise CheckpointError(f"{key}: the {'/'.join(absent)} projection is missing (only "
+                                  f"{'/'.join(sorted(parts))} found): the file is incomplete; "
+                                  "download it again")
+        shapes = {name: tuple(parts[name].shape) for name in ("q", "k", "v")}
+        if len(set(shapes.values())) != 1:
+            raise CheckpointError(f"{key}: the q, k and v projections differ in shape "
+                                  f"({shapes}): the file is damaged; download it again")
         sd[key] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
     return config_from_hf(hf_config, has_head="head.weight" in sd,
                           has_pre_logits="pre_logits.fc.weight" in sd), sd
@@ -135,13 +147,57 @@ def detect(found: Found) -> bool:
     return looks_like_hf(found.tensors())
 
 
+# config.json keys vitkit reads, and the JSON types they must have.
+_INT, _NUMBER = (int,), (int, float)
+_CONFIG_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    **{key: (_INT, "an integer") for key in (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+        "num_channels", "num_labels", "pooler_output_size")},
+    "image_size": ((int, list), "an integer or [height, width]"),
+    "patch_size": ((int, list), "an integer or [height, width]"),
+    "layer_norm_eps": (_NUMBER, "a number"),
+    "qkv_bias": ((bool,), "true or false"),
+    "hidden_act": ((str,), "a string"), "pooler_act": ((str,), "a string"),
+    "id2label": ((dict,), "an object of index: label"),
+}
+
+
+def check_config_types(meta: dict[str, Any], path: object) -> None:
+    """Each config.json key vitkit reads has its JSON type (bool is not an integer)."""
+    for key, (types, what) in _CONFIG_TYPES.items():
+        value = meta.get(key)
+        if value is None:
+            continue
+        wrong = not isinstance(value, types) or (bool not in types and isinstance(value, bool))
+        if isinstance(value, list):
+            wrong = wrong or len(value) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+        if wrong:
+            raise CheckpointError(f"{path}: {key!r} is {value!r}, expected {what}; fix "
+                                  "config.json or download the model folder again")
+    labels = meta.get("id2label") or {}
+    if not all(str(k).isdigit() for k in labels):
+        raise CheckpointError(f"{path}: 'id2label' keys must be class indices (\"0\", \"1\", "
+                              "...); fix config.json or download the model folder again")
+
+
 def read(found: Found, options: ReadOptions) -> WeightsRecord:
+    try:
+        return _read(found, options)
+    except (CheckpointError, ConfigError) as exc:
+        raise CheckpointError(f"{found.path} cannot be read as Hugging Face ViT weights: "
+                              f"{exc}") from None
+
+
+def _read(found: Found, options: ReadOptions) -> WeightsRecord:
     tensors = found.tensors()
     if tensors is None:
         raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin")
     if found.kind == "folder":
         meta = found.config() or {}
+        check_config_types(meta, found.path / "config.json")
         config, state_dict = convert_hf(tensors, meta)
+        check_config_fits(config, state_dict, found.path)
         return WeightsRecord(config, state_dict, _folder_preprocess(found, config),
                              "huggingface", _labels(meta), path=found.weights_file())
     meta = _config_from_shapes(tensors, options)
@@ -152,12 +208,14 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
 
 def _config_from_shapes(sd: dict[str, torch.Tensor], options: ReadOptions) -> dict[str, Any]:
     """A Hugging Face config for a loose HF state dict (no config.json): HF's defaults."""
-    proj = next(v for k, v in sd.items() if k.endswith("patch_embeddings.projection.weight"))
-    pos = next(v for k, v in sd.items() if k.endswith("position_embeddings"))
-    fc1 = next(v for k, v in sd.items() if k.endswith(("intermediate.dense.weight",
-                                                       "mlp.fc1.weight")))
-    layers = {k.split(".")[2 if k.startswith("vit.") else 1] for k in sd
-              if ".layer." in k or k.removeprefix("vit.").startswith("layers.")}
+    proj = _find(sd, ("patch_embeddings.projection.weight",), 4)
+    pos = _find(sd, ("position_embeddings",), 3)
+    fc1 = _find(sd, ("intermediate.dense.weight", "mlp.fc1.weight"), 2)
+    layers = {int(m.group(1)) for m in map(_LAYER_KEY.match, sd) if m}
+    absent = sorted(set(range(max(layers, default=-1) + 1)) - layers)
+    if absent or not layers:
+        raise CheckpointError(f"encoder layers {absent[:8] or [0]} are missing: the file is "
+                              "incomplete; download it again")
     width, patch = proj.shape[0], proj.shape[2]
     head = next((v for k, v in sd.items() if k == "classifier.weight"), None)
     if width not in HEADS_BY_WIDTH:
@@ -165,6 +223,9 @@ def _config_from_shapes(sd: dict[str, torch.Tensor], options: ReadOptions) -> di
                               "folder with its config.json")
     image_size = training_image_size(pos.shape[1] - 1, patch, options.source_img_size,
                                      options.img_size)
+    if pos.shape[1] < 2:
+        raise CheckpointError(f"the position embeddings have shape {tuple(pos.shape)}: no "
+                              "rows for the patches")
     return {"hidden_size": width, "num_hidden_layers": len(layers), "patch_size": patch,
             "num_channels": proj.shape[1], "image_size": image_size,
             "intermediate_size": fc1.shape[0], "num_attention_heads": HEADS_BY_WIDTH[width],
@@ -172,19 +233,44 @@ def _config_from_shapes(sd: dict[str, torch.Tensor], options: ReadOptions) -> di
             "qkv_bias": any(k.endswith(("query.bias", "q_proj.bias")) for k in sd)}
 
 
+_LAYER_KEY = re.compile(r"^(?:vit\.)?(?:encoder\.layer|layers)\.(\d+)\.")
+
+
+def _find(sd: dict[str, torch.Tensor], suffixes: tuple[str, ...], ndim: int) -> torch.Tensor:
+    """The tensor whose name ends with one of `suffixes`, of `ndim` dimensions."""
+    key = next((k for k in sd if k.endswith(suffixes)), None)
+    if key is None:
+        raise CheckpointError(f"no tensor named '...{suffixes[0]}' in the file: it is "
+                              "incomplete or not a Hugging Face ViT; download it again")
+    if sd[key].dim() != ndim:
+        raise CheckpointError(f"the tensor {key!r} has shape {tuple(sd[key].shape)}, expected "
+                              f"{ndim} dimensions: the file is damaged; download it again")
+    return sd[key]
+
+
 def _labels(meta: dict[str, Any]) -> list[str] | None:
     labels = meta.get("id2label")
     if not labels or all(str(v).startswith("LABEL_") for v in labels.values()):
         return None
-    return [labels[k] for k in sorted(labels, key=int)]
+    return [str(labels[k]) for k in sorted(labels, key=int)]
 
 
 def _folder_preprocess(found: Found, config: ViTConfig) -> Preprocess:
     path = found.path / "preprocessor_config.json"
     if not path.is_file():
         return official_preprocess(config.img_size, config.in_chans)
-    data = json.loads(path.read_text())
-    return Preprocess(img_size=config.img_size,
-                      interpolation=_RESAMPLE.get(data.get("resample", 2), "bilinear"),
-                      mean=data.get("image_mean", (0.5,) * config.in_chans),
-                      std=data.get("image_std", (0.5,) * config.in_chans))
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}): restore or re-download "
+                              "it") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} holds a {type(data).__name__}, expected a JSON object")
+    settings = {"mean": data.get("image_mean", (0.5,) * config.in_chans),
+                "std": data.get("image_std", (0.5,) * config.in_chans)}
+    for key, value in settings.items():
+        check_value(Preprocess, key, value, f"image_{key}", what="preprocess")
+    resample = data.get("resample", 2)
+    return Preprocess(img_size=config.img_size, **settings,
+                      interpolation=_RESAMPLE.get(resample, "bilinear")
+                      if isinstance(resample, int) else "bilinear")

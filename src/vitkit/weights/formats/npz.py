@@ -59,6 +59,50 @@ def _find_prefix(arrays: dict[str, Any]) -> str | None:
 
 
 # -- official arrays -> vitkit -------------------------------------------------------------------
+Shape = tuple[int | None, ...]  # None: any size
+_INCOMPLETE = ("the file is incomplete or not a plain ViT checkpoint; download it again or "
+               "pass the checkpoint as released")
+
+
+class _Arrays:
+    """An official checkpoint's arrays (names relative to `scope`), handed out checked: a
+    missing one names itself and the layout, a wrong shape names the expected and found."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], layout: str, scope: str = "") -> None:
+        self.arrays, self.layout, self.scope = arrays, layout, scope
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.arrays
+
+    def names(self) -> list[str]:
+        return list(self.arrays)
+
+    def get(self, name: str, shape: Shape | None = None) -> np.ndarray:
+        if name not in self.arrays:
+            raise CheckpointError(f"the tensor {self.scope + name!r} is missing (read as an "
+                                  f"official checkpoint in the {self.layout!r} layout): "
+                                  f"{_INCOMPLETE}")
+        array = self.arrays[name]
+        if shape is not None and (array.ndim != len(shape) or any(
+                want is not None and want != got
+                for want, got in zip(shape, array.shape, strict=True))):
+            wanted = ", ".join("*" if want is None else str(want) for want in shape)
+            raise CheckpointError(f"the tensor {self.scope + name!r} has shape "
+                                  f"{tuple(array.shape)}, expected ({wanted}): {_INCOMPLETE}")
+        return array
+
+    def vector(self, name: str, size: int) -> torch.Tensor:
+        """A bias or norm parameter of `size` values (stored flat, or (1, 1, 1, C))."""
+        array = self.get(name)
+        if array.size != size or array.ndim == 0:
+            raise CheckpointError(f"the tensor {self.scope + name!r} has shape "
+                                  f"{tuple(array.shape)}, expected ({size},): {_INCOMPLETE}")
+        return _vector(array)
+
+    def conv(self, name: str) -> torch.Tensor:
+        return _conv(self.get(name, (None, None, None, None)))
+
+
 def _linear(kernel: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(kernel.T))
 
@@ -72,64 +116,86 @@ def _vector(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array.reshape(-1)))
 
 
-def _block_arrays(w: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """Per-layer dicts of names relative to the layer, unstacking scanned checkpoints."""
-    scanned = {k[len("Transformer/encoderblock/"):]: v for k, v in w.items()
-               if k.startswith("Transformer/encoderblock/")}
+def _block_arrays(w: _Arrays) -> list[_Arrays]:
+    """Per-layer arrays, names relative to the layer, unstacking scanned checkpoints."""
+    stem = "Transformer/encoderblock/"
+    scanned = {k[len(stem):]: v for k, v in w.arrays.items() if k.startswith(stem)}
     if scanned:
-        depth = next(iter(scanned.values())).shape[0]
-        return [{k: v[i] for k, v in scanned.items()} for i in range(depth)]
+        depths = {v.shape[0] if v.ndim else 0 for v in scanned.values()}
+        if len(depths) != 1 or 0 in depths:
+            raise CheckpointError(f"the stacked encoder arrays ({stem}...) disagree on the "
+                                  f"number of layers (leading sizes {sorted(depths)})")
+        return [_Arrays({k: v[i] for k, v in scanned.items()}, w.layout,
+                        f"{w.scope}{stem}[{i}]/")
+                for i in range(depths.pop())]
     layers: dict[int, dict[str, np.ndarray]] = {}
-    for key, value in w.items():
+    for key, value in w.arrays.items():
         match = re.match(r"^Transformer/encoderblock_(\d+)/(.+)$", key)
         if match:
             layers.setdefault(int(match.group(1)), {})[match.group(2)] = value
     if not layers:
-        raise CheckpointError("no encoder blocks (Transformer/encoderblock_N/...) found")
-    return [layers[i] for i in range(len(layers))]
+        raise CheckpointError(f"no encoder blocks (Transformer/encoderblock_N/...) found (read "
+                              f"as the {w.layout!r} layout)")
+    absent = sorted(set(range(max(layers) + 1)) - set(layers))
+    if absent:
+        raise CheckpointError(f"encoder block(s) {absent[:8]} are missing: the file has blocks "
+                              f"{sorted(layers)[:8]}{' ...' if len(layers) > 8 else ''} (read "
+                              f"as the {w.layout!r} layout)")
+    return [_Arrays(layers[i], w.layout, f"{w.scope}Transformer/encoderblock_{i}/")
+            for i in range(len(layers))]
 
 
-def _only(names: list[str], what: str) -> str:
+def _only(names: list[str], what: str, scope: str) -> str:
     if len(names) != 1:
-        raise CheckpointError(f"expected one {what} per encoder block, found {names}")
+        raise CheckpointError(f"expected one {what} in {scope}, found {names}")
     return names[0]
 
 
-def _convert_block(index: int, arrays: dict[str, np.ndarray]) -> tuple[dict[str, torch.Tensor],
-                                                                        int, bool]:
+def _convert_block(index: int, arrays: _Arrays, width: int
+                   ) -> tuple[dict[str, torch.Tensor], int, bool]:
     """One encoder block -> vitkit keys; also returns the head count and qkv-bias presence."""
-    scopes = sorted({key.split("/")[0] for key in arrays})
-    norms = sorted((s for s in scopes if s.startswith("LayerNorm_")),
+    scopes = sorted({key.split("/")[0] for key in arrays.names()})
+    norms = sorted((s for s in scopes if re.fullmatch(r"LayerNorm_\d+", s)),
                    key=lambda s: int(s.split("_")[1]))
-    mha = _only([s for s in scopes if s.startswith("MultiHeadDotProductAttention")], "attention")
-    mlp = _only([s for s in scopes if s.startswith("MlpBlock")], "MLP")
+    mha = _only([s for s in scopes if s.startswith("MultiHeadDotProductAttention")],
+                "attention", arrays.scope)
+    mlp = _only([s for s in scopes if s.startswith("MlpBlock")], "MLP", arrays.scope)
     if len(norms) != 2:
-        raise CheckpointError(f"expected two LayerNorms per block, found {norms}")
+        raise CheckpointError(f"expected two LayerNorms in {arrays.scope}, found {norms}")
     p = f"blocks.{index}."
     sd: dict[str, torch.Tensor] = {}
     for name, norm in zip(("norm1", "norm2"), norms, strict=True):
-        sd[p + f"{name}.weight"] = _vector(arrays[f"{norm}/scale"])
-        sd[p + f"{name}.bias"] = _vector(arrays[f"{norm}/bias"])
-    query = arrays[f"{mha}/query/kernel"]  # (D, heads, head_dim)
-    width, num_heads = query.shape[0], query.shape[1]
-    sd[p + "attn.qkv.weight"] = torch.cat([_linear(arrays[f"{mha}/{n}/kernel"].reshape(width, -1))
-                                           for n in ("query", "key", "value")])
+        sd[p + f"{name}.weight"] = arrays.vector(f"{norm}/scale", width)
+        sd[p + f"{name}.bias"] = arrays.vector(f"{norm}/bias", width)
+    num_heads = arrays.get(f"{mha}/query/kernel", (width, None, None)).shape[1]
+    if num_heads < 1 or width % num_heads:
+        raise CheckpointError(f"{arrays.scope}{mha}/query/kernel has {num_heads} heads, which "
+                              f"do not divide the width {width}")
+    head_shape = (num_heads, width // num_heads)
+    sd[p + "attn.qkv.weight"] = torch.cat([
+        _linear(arrays.get(f"{mha}/{n}/kernel", (width, *head_shape)).reshape(width, -1))
+        for n in ("query", "key", "value")])
     qkv_bias = f"{mha}/query/bias" in arrays
     if qkv_bias:
         sd[p + "attn.qkv.bias"] = torch.cat(
-            [_vector(arrays[f"{mha}/{n}/bias"]) for n in ("query", "key", "value")])
-    sd[p + "attn.proj.weight"] = _linear(arrays[f"{mha}/out/kernel"].reshape(-1, width))
-    sd[p + "attn.proj.bias"] = _vector(arrays[f"{mha}/out/bias"])
-    for r in range(2):
-        sd[p + f"mlp.fc{r + 1}.weight"] = _linear(arrays[f"{mlp}/Dense_{r}/kernel"])
-        sd[p + f"mlp.fc{r + 1}.bias"] = _vector(arrays[f"{mlp}/Dense_{r}/bias"])
+            [arrays.vector(f"{mha}/{n}/bias", width) for n in ("query", "key", "value")])
+    sd[p + "attn.proj.weight"] = _linear(
+        arrays.get(f"{mha}/out/kernel", (*head_shape, width)).reshape(-1, width))
+    sd[p + "attn.proj.bias"] = arrays.vector(f"{mha}/out/bias", width)
+    mlp_dim = arrays.get(f"{mlp}/Dense_0/kernel", (width, None)).shape[1]
+    for r, shape in enumerate(((width, mlp_dim), (mlp_dim, width))):
+        sd[p + f"mlp.fc{r + 1}.weight"] = _linear(arrays.get(f"{mlp}/Dense_{r}/kernel", shape))
+        sd[p + f"mlp.fc{r + 1}.bias"] = arrays.vector(f"{mlp}/Dense_{r}/bias", shape[1])
     return sd, num_heads, qkv_bias
 
 
-def _convert_resnet(w: dict[str, np.ndarray]) -> tuple[dict[str, torch.Tensor], tuple[int, ...]]:
-    sd = {"patch_embed.backbone.stem.conv.weight": _conv(w["conv_root/kernel"]),
-          "patch_embed.backbone.stem.norm.weight": _vector(w["gn_root/scale"]),
-          "patch_embed.backbone.stem.norm.bias": _vector(w["gn_root/bias"])}
+def _convert_resnet(w: _Arrays) -> tuple[dict[str, torch.Tensor], tuple[int, ...]]:
+    """The hybrid's ResNet stem. Kernel shapes are checked when the model is built from
+    them (`build_model` names any that do not fit)."""
+    root = w.conv("conv_root/kernel")
+    sd = {"patch_embed.backbone.stem.conv.weight": root,
+          "patch_embed.backbone.stem.norm.weight": w.vector("gn_root/scale", root.shape[0]),
+          "patch_embed.backbone.stem.norm.bias": w.vector("gn_root/bias", root.shape[0])}
     layers = []
     stage = 1
     while f"block{stage}/unit1/conv1/kernel" in w:
@@ -138,13 +204,16 @@ def _convert_resnet(w: dict[str, np.ndarray]) -> tuple[dict[str, torch.Tensor], 
             src = f"block{stage}/unit{unit}/"
             dst = f"patch_embed.backbone.stages.{stage - 1}.blocks.{unit - 1}."
             for r in (1, 2, 3):
-                sd[dst + f"conv{r}.weight"] = _conv(w[f"{src}conv{r}/kernel"])
-                sd[dst + f"norm{r}.weight"] = _vector(w[f"{src}gn{r}/scale"])
-                sd[dst + f"norm{r}.bias"] = _vector(w[f"{src}gn{r}/bias"])
+                conv = w.conv(f"{src}conv{r}/kernel")
+                sd[dst + f"conv{r}.weight"] = conv
+                sd[dst + f"norm{r}.weight"] = w.vector(f"{src}gn{r}/scale", conv.shape[0])
+                sd[dst + f"norm{r}.bias"] = w.vector(f"{src}gn{r}/bias", conv.shape[0])
             if f"{src}conv_proj/kernel" in w:
-                sd[dst + "downsample.conv.weight"] = _conv(w[f"{src}conv_proj/kernel"])
-                sd[dst + "downsample.norm.weight"] = _vector(w[f"{src}gn_proj/scale"])
-                sd[dst + "downsample.norm.bias"] = _vector(w[f"{src}gn_proj/bias"])
+                conv = w.conv(f"{src}conv_proj/kernel")
+                sd[dst + "downsample.conv.weight"] = conv
+                sd[dst + "downsample.norm.weight"] = w.vector(f"{src}gn_proj/scale",
+                                                              conv.shape[0])
+                sd[dst + "downsample.norm.bias"] = w.vector(f"{src}gn_proj/bias", conv.shape[0])
             unit += 1
         layers.append(unit - 1)
         stage += 1
@@ -160,25 +229,31 @@ def convert_npz(arrays: dict[str, np.ndarray], img_size: int | tuple[int, int] |
     is square. A non-square grid needs it, or a `target_img_size` (the size the model will be
     built at) whose token count matches the table, which is then taken as the training size.
     Other keyword overrides replace config fields afterwards (`num_classes=` is handled by
-    the loader, which resets the head).
+    the loader, which resets the head). A missing tensor or a wrong shape is a
+    CheckpointError naming the tensor (and the layout, or the expected and found shapes).
     """
     prefix = _find_prefix(arrays)
     if prefix is None:
         raise CheckpointError(
             "not an official ViT checkpoint: no `embedding/kernel` (with or without an "
             "`opt/target/` or `params/` prefix)")
-    w = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-    if any(k.startswith("MAPHead") for k in w):
+    w = _Arrays({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
+                layout_of(arrays), prefix)
+    if any(k.startswith("MAPHead") for k in w.names()):
         raise CheckpointError("this checkpoint uses a MAP (attention-pooling) head, which "
                                     "the paper's ViT does not have")
     sd: dict[str, torch.Tensor] = {}
     fields: dict[str, Any] = {}
-    embedding = w["embedding/kernel"]  # (P, P, C, D)
+    embedding = w.get("embedding/kernel", (None, None, None, None))  # (P, P, C, D)
     kernel, width = embedding.shape[0], embedding.shape[3]
+    if embedding.shape[1] != kernel or min(embedding.shape) < 1:
+        raise CheckpointError(f"the tensor '{prefix}embedding/kernel' has shape "
+                              f"{embedding.shape}, expected (P, P, channels, width) with square "
+                              "non-empty patches")
     if "conv_root/kernel" in w:
         resnet_sd, layers = _convert_resnet(w)
         sd.update(resnet_sd)
-        root = w["conv_root/kernel"]
+        root = w.get("conv_root/kernel")
         fields.update(stem="resnet", resnet_layers=layers, resnet_width=root.shape[3],
                       in_chans=root.shape[2])
         patch = kernel * ResNetBackbone.total_stride(layers)
@@ -186,43 +261,49 @@ def convert_npz(arrays: dict[str, np.ndarray], img_size: int | tuple[int, int] |
         fields["in_chans"] = embedding.shape[2]
         patch = kernel
     sd["patch_embed.proj.weight"] = _conv(embedding)
-    sd["patch_embed.proj.bias"] = _vector(w["embedding/bias"])
+    sd["patch_embed.proj.bias"] = w.vector("embedding/bias", width)
 
     class_token = "cls" in w
     if class_token:
-        sd["cls_token"] = torch.from_numpy(np.ascontiguousarray(w["cls"].reshape(1, 1, width)))
+        sd["cls_token"] = torch.from_numpy(np.ascontiguousarray(w.get("cls", (1, 1, width))))
     if "Transformer/posembed_input/pos_embedding" in w:  # original: class token row included
-        pos = w["Transformer/posembed_input/pos_embedding"].reshape(1, -1, width)
+        pos = w.get("Transformer/posembed_input/pos_embedding", (1, None, width))
         num_patches = pos.shape[1] - int(class_token)
     elif "pos_embedding" in w:  # big_vision: patches only; the class token has no position
-        pos = w["pos_embedding"].reshape(1, -1, width)
+        pos = w.get("pos_embedding", (1, None, width))
         num_patches = pos.shape[1]
         if class_token:
             pos = np.concatenate([np.zeros((1, 1, width), pos.dtype), pos], axis=1)
     else:
-        raise CheckpointError("no position embeddings (pos_embedding) in the checkpoint")
+        raise CheckpointError(f"no position embeddings ('{prefix}pos_embedding' or "
+                              f"'{prefix}Transformer/posembed_input/pos_embedding') in the "
+                              f"checkpoint (read as the {w.layout!r} layout)")
+    if num_patches < 1:
+        raise CheckpointError(f"the position embeddings have shape {pos.shape}: no rows for "
+                              "the patches")
     sd["pos_embed"] = torch.from_numpy(np.ascontiguousarray(pos))
     img_size = training_image_size(num_patches, patch, img_size, target_img_size)
 
     depth = 0
     heads = qkv_bias = None
     for index, block in enumerate(_block_arrays(w)):
-        block_sd, heads, qkv_bias = _convert_block(index, block)
+        block_sd, heads, qkv_bias = _convert_block(index, block, width)
         sd.update(block_sd)
         depth += 1
     if "Transformer/encoder_norm/scale" in w:
-        sd["norm.weight"] = _vector(w["Transformer/encoder_norm/scale"])
-        sd["norm.bias"] = _vector(w["Transformer/encoder_norm/bias"])
+        sd["norm.weight"] = w.vector("Transformer/encoder_norm/scale", width)
+        sd["norm.bias"] = w.vector("Transformer/encoder_norm/bias", width)
     pre_logits_dim = 0
     if "pre_logits/kernel" in w:
-        pre_logits_dim = w["pre_logits/kernel"].shape[1]
-        sd["pre_logits.fc.weight"] = _linear(w["pre_logits/kernel"])
-        sd["pre_logits.fc.bias"] = _vector(w["pre_logits/bias"])
+        pre_logits_dim = w.get("pre_logits/kernel", (width, None)).shape[1]
+        sd["pre_logits.fc.weight"] = _linear(w.get("pre_logits/kernel"))
+        sd["pre_logits.fc.bias"] = w.vector("pre_logits/bias", pre_logits_dim)
     num_classes = 0
-    if "head/kernel" in w and w["head/kernel"].shape[-1] > 0:
-        num_classes = w["head/kernel"].shape[-1]
-        sd["head.weight"] = _linear(w["head/kernel"])
-        sd["head.bias"] = _vector(w["head/bias"])
+    if "head/kernel" in w and w.get("head/kernel").shape[-1:] != (0,):
+        head = w.get("head/kernel", (pre_logits_dim or width, None))
+        num_classes = head.shape[1]
+        sd["head.weight"] = _linear(head)
+        sd["head.bias"] = w.vector("head/bias", num_classes)
     config = ViTConfig(
         img_size=img_size, patch_size=patch, num_classes=num_classes, width=width, depth=depth,
         num_heads=heads, mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0], qkv_bias=qkv_bias,
@@ -365,8 +446,12 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
     if not is_official_npz(arrays):
         raise CheckpointError(f"{found.path} is an .npz archive but not an official ViT "
                               "checkpoint (no embedding/kernel)")
-    config, state_dict = convert_npz(arrays, img_size=options.source_img_size,
-                                     target_img_size=options.img_size)
+    try:
+        config, state_dict = convert_npz(arrays, img_size=options.source_img_size,
+                                         target_img_size=options.img_size)
+    except (CheckpointError, ConfigError) as exc:
+        raise CheckpointError(f"{found.path} cannot be read as an official ViT checkpoint: "
+                              f"{exc}") from None
     return WeightsRecord(config, state_dict, official_preprocess(config.img_size, config.in_chans),
                          "npz", extra={"layout": layout_of(arrays)}, path=found.path)
 

@@ -12,7 +12,9 @@ import json
 import pickle
 import re
 import struct
+import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vitkit.errors import CheckpointError
+from vitkit.weights.formats.npz_archive import damaged, read_npz_arrays
 
 CONFIG_FILE = "config.json"
 KINDS = ("folder", "npz", "torch", "safetensors", "html", "unknown")
@@ -43,17 +46,27 @@ def file_kind(path: Path) -> str:
         try:
             with zipfile.ZipFile(path) as archive:
                 names = archive.namelist()
-        except zipfile.BadZipFile as exc:
-            raise CheckpointError(
-                f"{path} is a damaged or truncated archive ({exc}): download it again") from exc
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError,
+                struct.error) as exc:
+            raise damaged(path, f"a broken zip archive: {exc}") from None
         if names and all(name.endswith(".npy") for name in names):
             return "npz"
         return "torch" if any(name.endswith("data.pkl") for name in names) else "unknown"
     if len(head) >= 9:
         (header_len,) = struct.unpack("<Q", head[:8])
-        if head[8:9] == b"{" and header_len < path.stat().st_size:
+        if head[8:9] == b"{":
+            if header_len + 8 > path.stat().st_size:
+                raise damaged(path, f"its safetensors header claims {header_len} bytes, more "
+                                    f"than the file's {path.stat().st_size}")
             return "safetensors"
     return "torch" if head[:1] == b"\x80" else "unknown"
+
+
+# What torch.load raises on bytes that are not a whole PyTorch file.
+_TORCH_READ_ERRORS = (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, TypeError,
+                      KeyError, IndexError, AttributeError, struct.error, UnicodeDecodeError,
+                      OverflowError, MemoryError, AssertionError, NotImplementedError,
+                      SafetensorError)  # torch.load hands files it takes for safetensors on
 
 
 def html_error(path: Path) -> CheckpointError:
@@ -63,22 +76,23 @@ def html_error(path: Path) -> CheckpointError:
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray]:
-    """All arrays of an .npz file, without pickle."""
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {key: archive[key] for key in archive.files}
-    except (zipfile.BadZipFile, EOFError, OSError) as exc:
-        raise CheckpointError(f"{path} is damaged or truncated ({exc}): download it again") \
-            from exc
-    except ValueError as exc:
-        raise CheckpointError(f"{path} holds pickled objects, which are refused because loading "
-                              f"them can run code ({exc})") from exc
+    """All arrays of an .npz file, without pickle, each header checked before its data is
+    read (`npz_archive`)."""
+    return read_npz_arrays(path)
 
 
 def load_torch(path: Path) -> Any:
-    """A PyTorch file read with `torch.load(weights_only=True)`: tensors and containers only."""
+    """A PyTorch file read with `torch.load(weights_only=True)`: tensors and containers only.
+
+    torch does not check the CRCs of its zip archive, so they are checked here first: a
+    flipped byte in a tensor is reported as damage, not loaded as a wrong weight.
+    """
+    check_zip_crcs(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # e.g. "pickle protocol 252" on damaged bytes: the error below says it better
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch's own text advises weights_only=False, which would run the file's code: keep
         # only the line that names what the file holds
@@ -90,17 +104,39 @@ def load_torch(path: Path) -> Any:
             f"(torch.save(model.state_dict(), ...)) or convert it to safetensors."
             + (f" ({what.group(0).strip()})" if what else "")
         ) from None
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as exc:
-        raise CheckpointError(f"cannot read {path} as a PyTorch file ({exc}): it may be "
-                              "truncated; download it again") from exc
+    except _TORCH_READ_ERRORS as exc:
+        # the file's bytes drive torch's zip reader and unpickler: any failure there means
+        # the bytes are not a whole PyTorch file
+        raise damaged(path, f"not a readable PyTorch file: {type(exc).__name__}: "
+                            f"{_first_line(exc)}") from None
+
+
+def check_zip_crcs(path: Path) -> None:
+    """Raise the damaged-file error when `path` is a zip archive whose members fail their
+    CRC-32 (one pass over the data); other files pass unchecked."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError,
+            RuntimeError, struct.error) as exc:
+        raise damaged(path, f"a broken zip archive: {_first_line(exc)}") from None
+    if bad is not None:
+        raise damaged(path, f"member {bad!r} fails its CRC-32 check")
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(path)
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path} as safetensors ({exc}): it may be truncated; "
-                              "download it again") from exc
+    except (SafetensorError, OSError, ValueError, RuntimeError, OverflowError, MemoryError,
+            TypeError) as exc:
+        raise damaged(path, f"its safetensors header or data fail their checks: "
+                            f"{_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
 
 
 def state_dict_of(obj: Any) -> dict[str, torch.Tensor] | None:
@@ -111,7 +147,7 @@ def state_dict_of(obj: Any) -> dict[str, torch.Tensor] | None:
     for key in ("state_dict", "model", "module", "model_state"):
         if isinstance(obj.get(key), dict):
             return state_dict_of(obj[key])
-    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
     return {k.removeprefix("module."): v for k, v in tensors.items()} or None
 
 
@@ -163,9 +199,9 @@ class Found:
             return None
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{path} is not valid JSON ({exc}): restore or re-download "
-                                  "it") from exc
+                                  "it") from None
         return data if isinstance(data, dict) else None
 
     def weights_file(self) -> Path | None:

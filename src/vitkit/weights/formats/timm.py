@@ -12,6 +12,7 @@ import torch
 from vitkit.config import HEADS_BY_WIDTH, ViTConfig
 from vitkit.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, official_preprocess
 from vitkit.errors import CheckpointError, ConfigError
+from vitkit.fieldtypes import check_value
 from vitkit.model.resnet import ResNetBackbone
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found
@@ -54,21 +55,25 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
         sd = {k.replace("patch_embed.backbone.", "patch_embed.backbone.stem.", 1)
               if k.startswith("patch_embed.backbone.") else k: v for k, v in sd.items()}
     try:
-        proj = sd["patch_embed.proj.weight"]
-        pos = sd.get("pos_embed")
-        fc1 = sd["blocks.0.mlp.fc1.weight"]
+        proj = _shaped(sd, "patch_embed.proj.weight", 4)
+        pos = _shaped(sd, "pos_embed", 3) if "pos_embed" in sd else None
+        fc1 = _shaped(sd, "blocks.0.mlp.fc1.weight", 2)
     except KeyError as exc:
-        raise CheckpointError(f"not a timm ViT state dict: {exc.args[0]} is missing") from exc
+        raise CheckpointError(f"not a timm ViT state dict: {exc.args[0]} is missing") from None
     width, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[2]
+    if proj.shape[2] != proj.shape[3] or min(proj.shape) < 1:
+        raise CheckpointError(f"patch_embed.proj.weight has shape {tuple(proj.shape)}, expected "
+                              "(width, channels, P, P) with square non-empty patches")
     hybrid: dict[str, Any] = {}
     if "patch_embed.backbone.stem.conv.weight" in sd:  # R50+ViT etc.: the ResNet stem
-        root = sd["patch_embed.backbone.stem.conv.weight"]
+        root = _shaped(sd, "patch_embed.backbone.stem.conv.weight", 4)
         units: dict[int, int] = {}
         for key in sd:
             match = re.match(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", key)
             if match:
                 stage, unit = int(match.group(1)), int(match.group(2))
                 units[stage] = max(units.get(stage, 0), unit + 1)
+        _check_contiguous(units, "patch_embed.backbone.stages")
         layers = tuple(units[i] for i in range(len(units)))
         hybrid = dict(stem="resnet", resnet_layers=layers, resnet_width=root.shape[0])
         in_chans, patch = root.shape[1], patch * ResNetBackbone.total_stride(layers)
@@ -90,17 +95,36 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
     pool = {"token": "class_token", "avg": "mean_patches"}.get(global_pool)
     if pool is None:
         raise ConfigError(f"global_pool={global_pool!r} is not supported; use 'token' or 'avg'")
+    blocks = {int(_BLOCK_KEY.match(k).group(1)): 1 for k in sd if _BLOCK_KEY.match(k)}
+    _check_contiguous(blocks, "blocks")
     config = ViTConfig(
         img_size=img_size, patch_size=patch, in_chans=in_chans,
-        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
-        width=width, depth=1 + max(int(_BLOCK_KEY.match(k).group(1)) for k in sd
-                                   if _BLOCK_KEY.match(k)),
+        num_classes=_shaped(sd, "head.weight", 2).shape[0] if "head.weight" in sd else 0,
+        width=width, depth=len(blocks),
         num_heads=num_heads, mlp_dim=fc1.shape[0], qkv_bias="blocks.0.attn.qkv.bias" in sd,
         class_token=class_token, pool=pool,
         final_norm="pooled" if pooled_norm else ("tokens" if "norm.weight" in sd else "none"),
         pos_embed="learned" if pos is not None else "none", init="trunc_normal", **hybrid,
     )
     return (config.replace(**overrides) if overrides else config), sd
+
+
+def _shaped(sd: dict[str, torch.Tensor], key: str, ndim: int) -> torch.Tensor:
+    """sd[key], which must have `ndim` dimensions (KeyError when absent)."""
+    tensor = sd[key]
+    if tensor.dim() != ndim:
+        raise CheckpointError(f"the tensor {key!r} has shape {tuple(tensor.shape)}, expected "
+                              f"{ndim} dimensions: the file is damaged or not a plain ViT")
+    return tensor
+
+
+def _check_contiguous(indices: dict[int, int], what: str) -> None:
+    """Blocks (or stages) numbered 0..n-1 with none missing."""
+    absent = sorted(set(range(max(indices, default=-1) + 1)) - set(indices))
+    if absent:
+        raise CheckpointError(f"{what} {absent[:8]} are missing (the file has "
+                              f"{what} {sorted(indices)[:8]}): the file is incomplete; "
+                              "download it again")
 
 
 _KEEP = {"cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias",
@@ -131,6 +155,14 @@ def detect(found: Found) -> bool:
 
 
 def read(found: Found, options: ReadOptions) -> WeightsRecord:
+    try:
+        return _read(found, options)
+    except (CheckpointError, ConfigError) as exc:
+        raise CheckpointError(f"{found.path} cannot be read as timm ViT weights: {exc}") \
+            from None
+
+
+def _read(found: Found, options: ReadOptions) -> WeightsRecord:
     if found.kind == "folder":
         return _read_folder(found, options)
     config, state_dict = convert_timm(found.tensors(), img_size=options.source_img_size,
@@ -148,8 +180,13 @@ def _read_folder(found: Found, options: ReadOptions) -> WeightsRecord:
     config, state_dict = convert_timm(found.tensors() or {}, img_size=options.source_img_size,
                                       target_img_size=options.img_size, **options.timm_hints())
     cfg = (found.config() or {}).get("pretrained_cfg", {})
-    preprocess = Preprocess(
-        img_size=config.img_size, resize_mode="shorter_side", crop_pct=cfg.get("crop_pct", 1.0),
-        interpolation=cfg.get("interpolation", "bicubic"), mean=cfg.get("mean", IMAGENET_MEAN),
-        std=cfg.get("std", IMAGENET_STD))
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"'pretrained_cfg' in {found.path / 'config.json'} is a "
+                              f"{type(cfg).__name__}, expected an object: restore the file")
+    settings = {"crop_pct": cfg.get("crop_pct", 1.0),
+                "interpolation": cfg.get("interpolation", "bicubic"),
+                "mean": cfg.get("mean", IMAGENET_MEAN), "std": cfg.get("std", IMAGENET_STD)}
+    for key, value in settings.items():
+        check_value(Preprocess, key, value, f"pretrained_cfg.{key}", what="preprocess")
+    preprocess = Preprocess(img_size=config.img_size, resize_mode="shorter_side", **settings)
     return WeightsRecord(config, state_dict, preprocess, "timm", path=weights)

@@ -11,6 +11,8 @@ On disk one flat dict written with `torch.save` (atomically) and read with
                   (`TrainCheckpoint.record`) holds those
     model, ema    the raw weights and the `AveragedModel` state (EMA off: None)
     optimizer, position, history, rng, train_config: what resuming needs
+    checksum      sha256 of the model and EMA tensors (`vitkit.weights.checksum`), checked on
+                  reading; files written before it existed read unchecked
 
 Both the raw model and the EMA are kept whatever `weights` says, so a resume is exact.
 """
@@ -27,10 +29,11 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.data.preprocess import Preprocess
-from vitkit.errors import CheckpointError
+from vitkit.errors import CheckpointError, ConfigError, VitkitError
+from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import Found
-from vitkit.weights.record import WeightsRecord
+from vitkit.weights.record import WEIGHT_KINDS, WeightsRecord, check_config_fits
 
 FORMAT = "vitkit-train-2"
 READABLE_FORMATS = ("vitkit-train-1", FORMAT)
@@ -78,7 +81,11 @@ class TrainCheckpoint:
                 if k.startswith(_EMA_PREFIX)}
 
     def record(self, path: Path | None = None) -> WeightsRecord:
-        return WeightsRecord(self.config, self.scored_state_dict(),
+        try:
+            weights = self.scored_state_dict()
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
+        return WeightsRecord(self.config, weights,
                              self.preprocess.replace(img_size=list(self.config.img_size)),
                              "vitkit-train", list(self.class_names) or None,
                              extra={"train_config": self.train_config}, weights=self.weights,
@@ -97,6 +104,7 @@ class TrainCheckpoint:
             "history": pos.history,
             "rng": {"torch": self.torch_rng, "augment": self.augment_rng},
             "train_config": self.train_config,
+            "checksum": tensors_checksum(_checked_tensors(self.model, self.ema)),
         }
 
     @classmethod
@@ -105,8 +113,19 @@ class TrainCheckpoint:
         if version not in READABLE_FORMATS:
             raise CheckpointError(f"{path} is not a vitkit training checkpoint (format "
                                   f"{version!r}; this vitkit reads {', '.join(READABLE_FORMATS)})")
+        if state.get("weights", "raw") not in WEIGHT_KINDS:
+            raise CheckpointError(f"{path} says its weights are {state['weights']!r}, not one of "
+                                  f"{', '.join(WEIGHT_KINDS)}: it is damaged; use the run's "
+                                  "other checkpoint or train again")
+        if "checksum" in state:
+            try:
+                tensors = _checked_tensors(state.get("model"), state.get("ema"))
+            except (TypeError, AttributeError):
+                tensors = {}
+            verify_checksum(tensors, state["checksum"], path, "model and EMA tensors")
         try:
             config = ViTConfig.from_dict(state["model_config"])
+            check_config_fits(config, state["model"], path)
             pos = state["position"]
             return cls(
                 config, _preprocess(state.get("preprocess") or {}, config),
@@ -120,6 +139,22 @@ class TrainCheckpoint:
             raise CheckpointError(f"{path} is a vitkit training checkpoint without "
                                   f"{exc.args[0]!r}: it is damaged; use the run's other "
                                   "checkpoint or train again") from exc
+        except (ConfigError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            if isinstance(exc, VitkitError) and not isinstance(exc, ConfigError):
+                raise
+            raise CheckpointError(f"{path} is a vitkit training checkpoint whose contents have "
+                                  f"the wrong form ({type(exc).__name__}: {exc}): it is damaged; "
+                                  "use the run's other checkpoint or train again") from None
+
+
+def _checked_tensors(model: Any, ema: Any) -> dict[str, torch.Tensor]:
+    """The tensors the checksum covers: the raw weights and the EMA's state."""
+    tensors = {f"model.{k}": v for k, v in model.items()}
+    if ema is not None:
+        tensors.update({f"ema.{k}": v for k, v in ema.items() if isinstance(v, torch.Tensor)})
+    if not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise TypeError("the model weights are not all tensors")
+    return tensors
 
 
 def _preprocess(saved: dict[str, Any], config: ViTConfig) -> Preprocess:

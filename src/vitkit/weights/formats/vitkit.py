@@ -1,24 +1,29 @@
 """vitkit's own format: a folder with model.safetensors (the state dict) and config.json
-(format, version, model config, preprocessing, class names, which weights)."""
+(format, version, model config, preprocessing, class names, which weights, and the sha256
+of the tensors, `tensors_sha256`, checked on reading when present)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from vitkit.config import ViTConfig
+from vitkit.config import ViTConfig, check_known_keys
 from vitkit.data.preprocess import Preprocess, official_preprocess
-from vitkit.errors import CheckpointError
+from vitkit.errors import CheckpointError, ConfigError
+from vitkit.fieldtypes import check_value
+from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import CONFIG_FILE, Found, load_safetensors
-from vitkit.weights.record import WeightsRecord
+from vitkit.weights.record import WEIGHT_KINDS, WeightsRecord, check_config_fits
 
 FORMAT_NAME = "vitkit"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
+CHECKSUM_KEY = "tensors_sha256"  # config.json: sha256 of the tensors (vitkit.weights.checksum)
 
 
 def _is_vitkit_config(meta: dict | None) -> bool:
@@ -36,13 +41,52 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
     if not weights.is_file():
         raise CheckpointError(f"{folder} has a vitkit {CONFIG_FILE} but no {WEIGHTS_FILE}: "
                               "copy the weights file beside it")
+    config_path = folder / CONFIG_FILE
     meta = found.config() or {}
+    tensors = load_safetensors(weights)
+    if CHECKSUM_KEY in meta:
+        verify_checksum(tensors, meta[CHECKSUM_KEY], weights)
+    try:
+        config, preprocess, class_names = _settings(meta, tensors, config_path)
+    except ConfigError as exc:
+        raise CheckpointError(f"{config_path} is not a valid vitkit config: {exc}. Fix the "
+                              "file, or write the folder again with save_pretrained") from None
+    return WeightsRecord(config, tensors, preprocess, "vitkit", class_names,
+                         weights=meta.get("weights", "raw"), path=weights)
+
+
+def _settings(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
+              ) -> tuple[ViTConfig, Preprocess, list[str] | None]:
+    """The model config, preprocessing and class names of config.json, each type-checked."""
+    checks = (("model", dict, "an object"), ("preprocess", dict, "an object"),
+              ("class_names", list, "a list of strings"),
+              ("weights", str, f"one of {', '.join(WEIGHT_KINDS)}"))
+    for key, kind, expected in checks:
+        value = meta.get(key)
+        nullable = key in ("preprocess", "class_names")
+        if (key not in meta and key != "model") or (nullable and value is None):
+            continue
+        wrong = not isinstance(value, kind) \
+            or (key == "class_names" and not all(isinstance(name, str) for name in value)) \
+            or (key == "weights" and value not in WEIGHT_KINDS)
+        if wrong:
+            raise ConfigError(f"{key!r} is {_short(value)}, expected {expected}")
     config = ViTConfig.from_dict(meta["model"])
-    preprocess = Preprocess.from_dict(meta["preprocess"]) if meta.get("preprocess") else \
-        official_preprocess(config.img_size, config.in_chans)
-    return WeightsRecord(config, load_safetensors(weights), preprocess, "vitkit",
-                         meta.get("class_names"), weights=meta.get("weights", "raw"),
-                         path=weights)
+    check_config_fits(config, tensors, path)
+    saved = meta.get("preprocess")
+    if saved:
+        check_known_keys(Preprocess, saved, "preprocess")
+        for key, value in saved.items():
+            check_value(Preprocess, key, value, f"preprocess.{key}", what="preprocess")
+        preprocess = Preprocess.from_dict(saved)
+    else:
+        preprocess = official_preprocess(config.img_size, config.in_chans)
+    return config, preprocess, meta.get("class_names")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) < 60 else f"a {type(value).__name__}"
 
 
 def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Preprocess,
@@ -54,6 +98,7 @@ def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Pr
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": FORMAT_NAME})
     meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "model": config.to_dict(),
-            "preprocess": preprocess.to_dict(), "class_names": class_names, "weights": weights}
+            "preprocess": preprocess.to_dict(), "class_names": class_names, "weights": weights,
+            CHECKSUM_KEY: tensors_checksum(tensors)}
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return directory
