@@ -293,10 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="stop each reader after this long")
     args = parser.parse_args(argv)
     readers = list(FUZZERS) if args.reader == "all" else [args.reader]
+    return run_and_report(readers, lambda reader: FUZZERS[reader](args.cases, args.seed,
+                                                                  args.seconds))
+
+
+def run_and_report(readers: list[str], fuzz: Callable[[str], FuzzCounts]) -> int:
+    """Fuzz each reader in turn, print its counts and first "other" cases; 1 if any other."""
     failed = False
     for reader in readers:
         started = time.perf_counter()
-        counts = FUZZERS[reader](args.cases, args.seed, args.seconds)
+        counts = fuzz(reader)
         print(f"{counts.line()} in {time.perf_counter() - started:.1f} s", flush=True)
         for example in counts.examples:
             print(f"  other: {example}")

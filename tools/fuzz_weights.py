@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_data import FuzzCounts, mutate
+from fuzz_data import FuzzCounts, mutate, run_and_report
 
 from vitkit.config import ViTConfig
 from vitkit.data.preprocess import official_preprocess
@@ -406,15 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     readers = list(READERS) if args.reader == "all" else [args.reader]
-    failed = False
-    for reader in readers:
-        started = time.perf_counter()
-        counts = fuzz_reader(reader, args.per_reader, args.seed, args.seconds)
-        print(f"{counts.line()} in {time.perf_counter() - started:.1f} s", flush=True)
-        for example in counts.examples:
-            print(f"  other: {example}")
-        failed |= counts.other > 0
-    return 1 if failed else 0
+    return run_and_report(readers, lambda reader: fuzz_reader(reader, args.per_reader,
+                                                              args.seed, args.seconds))
 
 
 if __name__ == "__main__":
