@@ -160,15 +160,12 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train; exit 128 + the signal number when SIGINT/SIGTERM stopped the run (130, 143),
     so a stopped run does not look finished."""
-    import logging
-
     from vitkit.train.loop import train
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = train_config_from_args(args)
     result = train(cfg, resume=args.resume, overwrite=args.overwrite)
     if not result.is_main:
-        return 128 + result.signal_number if result.signal_number else 0
+        return result.exit_status
     final = result.final
     if final:
         print(f"done: epoch {final['epoch']:.2f}, step {final['step']}, test top-1 "
@@ -180,8 +177,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"stopped by {result.stopped_early} at step {result.position.step} of "
               f"{result.position.total_steps}; continue with --resume "
               f"{result.out_dir / 'last.pt'}", file=sys.stderr)
-        return 128 + result.signal_number
-    return 0
+    return result.exit_status
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:

@@ -68,8 +68,14 @@ class TrainResult:
     @property
     def signal_number(self) -> int:
         """The signal that stopped the run (SIGINT 2, SIGTERM 15), else 0."""
-        names = {sig.name: sig.value for sig in (signal.SIGINT, signal.SIGTERM)}
-        return int(names.get(self.stopped_early, 0))
+        stopped_by_signal = self.stopped_early in ("SIGINT", "SIGTERM")
+        return signal.Signals[self.stopped_early].value if stopped_by_signal else 0
+
+    @property
+    def exit_status(self) -> int:
+        """What the CLI exits with: 128 + the signal number when one stopped the run (130,
+        143, as schedulers expect), else 0."""
+        return 128 + self.signal_number if self.signal_number else 0
 
 
 def pick_device(name: str) -> torch.device:
