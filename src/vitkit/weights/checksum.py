@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vitkit.errors import CheckpointError
+from vitkit.weights.formats.base import damaged
 
 ALGORITHM = "sha256"
 
@@ -32,6 +32,5 @@ def verify_checksum(tensors: Mapping[str, torch.Tensor], expected: object,
                     path: str | Path, what: str = "tensors") -> None:
     """Raise a CheckpointError when the stored checksum `expected` does not match."""
     if not isinstance(expected, str) or tensors_checksum(tensors) != expected:
-        raise CheckpointError(
-            f"{path} is damaged (the {what} do not match the {ALGORITHM} checksum stored when "
-            "it was written): download or copy it again")
+        raise damaged(path, f"the {what} do not match the {ALGORITHM} checksum stored when it "
+                            "was written")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vitkit.errors import CheckpointError
@@ -64,3 +65,8 @@ def training_image_size(num_patches: int, patch: int, source_img_size: Size | No
         f"load_pretrained(path, source_img_size={example}). Sizes whose {patch}-px patch grid "
         f"has {num_patches} cells: {sizes}. img_size=(height, width) alone works as well when "
         "the model is to keep that resolution.")
+
+
+def damaged(path: str | Path, why: str) -> CheckpointError:
+    """The one wording for a file whose bytes fail a check."""
+    return CheckpointError(f"{path} is damaged ({why}): download or copy it again")

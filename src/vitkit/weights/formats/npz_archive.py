@@ -21,17 +21,13 @@ from typing import IO
 import numpy as np
 
 from vitkit.errors import CheckpointError
+from vitkit.weights.formats.base import damaged
 
 # Deflate cannot expand data more than ~1032:1: a member claiming more is damaged.
 _MAX_DEFLATE_RATIO = 1032
 _NUMERIC_KINDS = "fiub"  # float, signed/unsigned int, bool
 _READ_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
                 NotImplementedError, RuntimeError, struct.error, ValueError, OverflowError)
-
-
-def damaged(path: Path, why: str) -> CheckpointError:
-    """The one wording for a file whose bytes fail a check."""
-    return CheckpointError(f"{path} is damaged ({why}): download or copy it again")
 
 
 def read_npz_arrays(path: str | Path) -> dict[str, np.ndarray]:

@@ -25,7 +25,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vitkit.errors import CheckpointError
-from vitkit.weights.formats.npz_archive import damaged, read_npz_arrays
+from vitkit.weights.formats.base import damaged
+from vitkit.weights.formats.npz_archive import read_npz_arrays
 
 CONFIG_FILE = "config.json"
 KINDS = ("folder", "npz", "torch", "safetensors", "html", "unknown")
