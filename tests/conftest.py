@@ -11,11 +11,26 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+# Both hubs offline before any test imports huggingface_hub or datasets (they read it once).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _offline_caches(tmp_path_factory: pytest.TempPathFactory,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test touches the network or the user's caches: vitkit's cache (file indexes, named
+    checkpoints) and Hugging Face's live in a temporary folder, and both hubs are offline."""
+    caches = tmp_path_factory.getbasetemp() / "caches"
+    monkeypatch.setenv("VITKIT_CACHE", str(caches / "vitkit"))
+    monkeypatch.setenv("HF_HOME", str(caches / "huggingface"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
 def real_cifar10_dir() -> Path:

@@ -158,10 +158,10 @@ def test_finetune_resumes_exactly_without_reading_init_from_again(tmp_path, pret
     first = Trainer(split)
     step = first._train_step
 
-    def stop_halfway(indices, lr):
+    def stop_halfway(images, labels, lr):
         if first.position.step == 14:  # mid-epoch (22 batches an epoch), mid-cosine
             first._stop_reason = "SIGTERM"
-        return step(indices, lr)
+        return step(images, labels, lr)
 
     first._train_step = stop_halfway
     first.run()

@@ -148,7 +148,7 @@ def test_one_channel(tmp_path: Path) -> None:
     assert torch.equal(ds3.images[1, 0], ds3.images[1, 2])
 
 
-def test_folder_errors(tmp_path: Path) -> None:
+def test_folder_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(DataError, match=r"does not exist.*<class_name>"):
         load_image_folder(tmp_path / "missing")
     with pytest.raises(DataError, match="no class folders"):
@@ -158,9 +158,13 @@ def test_folder_errors(tmp_path: Path) -> None:
         load_image_folder(tmp_path)
     (tmp_path / "cat").mkdir()
     (tmp_path / "cat" / "readme.txt").write_text("no images here")
+    with pytest.raises(DataError, match=r"no images in any class folder"):
+        load_image_folder(tmp_path / "cat/..")  # only "cat", which is empty, so far
     _save(tmp_path / "dog/0.png", _pixels(4, 4, 0))
-    with pytest.raises(DataError, match=r"class folder\(s\) with no images.*: cat; add images"):
-        load_image_folder(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="vitkit.data"):
+        loaded = load_image_folder(tmp_path)  # the empty class is warned about and left out
+    assert loaded.classes == ["dog"] and len(loaded) == 1
+    assert "class folder(s) with no images, left out: cat" in caplog.text
     with pytest.raises(DataError, match="channels must be 1"):
         load_image_folder(tmp_path, channels=4)
     with pytest.raises(DataError, match="image_size must be"):

@@ -43,8 +43,8 @@ def _poison(trainer: Trainer, bad_steps: set[int]) -> None:
 def _stop_after(trainer: Trainer, step: int) -> None:
     original = trainer._train_step
 
-    def step_then_stop(indices, lr):
-        outcome = original(indices, lr)
+    def step_then_stop(images, labels, lr):
+        outcome = original(images, labels, lr)
         if trainer.position.step + 1 == step:
             trainer._stop_reason = "SIGTERM"
         return outcome

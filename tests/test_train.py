@@ -54,10 +54,10 @@ def test_resume_continues_exactly(tmp_path):
     halfway = first.position.total_steps // 2 + 3  # mid-epoch, mid-schedule
     step = first._train_step
 
-    def stop_halfway(indices, lr):
+    def stop_halfway(images, labels, lr):
         if first.position.step == halfway - 1:
             first._stop_reason = "SIGTERM"
-        return step(indices, lr)
+        return step(images, labels, lr)
 
     first._train_step = stop_halfway
     first.run()
@@ -87,10 +87,10 @@ def test_version_1_checkpoints_still_read_and_resume_exactly(tmp_path):
     first = Trainer(split)
     step = first._train_step
 
-    def stop_halfway(indices, lr):
+    def stop_halfway(images, labels, lr):
         if first.position.step == 5:
             first._stop_reason = "SIGTERM"
-        return step(indices, lr)
+        return step(images, labels, lr)
 
     first._train_step = stop_halfway
     first.run()
@@ -279,10 +279,10 @@ def test_progressive_resizing_trains_and_resumes_exactly(tmp_path):
     first = Trainer(split_cfg)
     step = first._train_step
 
-    def stop_early(indices, lr):
+    def stop_early(images, labels, lr):
         if first.position.step == 8:  # still at 4x4: the checkpoint holds a 2x2 grid
             first._stop_reason = "SIGTERM"
-        return step(indices, lr)
+        return step(images, labels, lr)
 
     first._train_step = stop_early
     first.run()

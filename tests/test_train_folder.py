@@ -51,7 +51,7 @@ def test_a_head_of_another_size_than_the_classes_found_is_refused(tmp_path, digi
     args = ["train", "digits", *QUICK, "--data-dir", str(digit_folder), "--out", str(tmp_path)]
     assert main(args) == 2  # the digits recipe's 10-way head, 3 class folders
     err = capsys.readouterr().err
-    assert f"model.num_classes=10 but the data folder {digit_folder} holds 3 classes" in err
+    assert f"model.num_classes=10 but the data {digit_folder} holds 3 classes" in err
     assert main([*args, f"model.num_classes={CLASSES}"]) == 0  # the advice works
     assert load_checkpoint(tmp_path / "last.pt")["model"]["head.weight"].shape[0] == CLASSES
 

@@ -3,7 +3,9 @@
 `predict` and `explain` do it).
 
 Files are decoded in worker processes and gathered into one uint8 (N, C, H, W) tensor.
-Classes are the sub-folder names, sorted; label i names `classes[i]`.
+Classes are the sub-folder names, sorted; label i names `classes[i]`. The files are listed by
+`FolderRecords` (the one owner of the folder layout and its cached index); empty class folders
+are warned about and left out.
 """
 
 from __future__ import annotations
@@ -22,14 +24,12 @@ from PIL import Image
 from vitkit.data.dataset import DataError, ImageDataset
 from vitkit.data.images import decode_image
 from vitkit.data.skipped import summarize_skips, write_skipped_files
+from vitkit.data.sources.folder_index import IMAGE_EXTENSIONS, FolderRecords
 
 __all__ = ["IMAGE_EXTENSIONS", "load_image_folder", "write_skipped_files"]
 
 logger = logging.getLogger("vitkit.data")
 
-IMAGE_EXTENSIONS = frozenset({
-    ".bmp", ".gif", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp",
-})
 # Below this many files (with `workers=None`) decoding in-process beats starting a pool.
 _POOL_MIN_FILES = 64
 _MAX_AUTO_WORKERS = 8
@@ -68,38 +68,6 @@ def _decode(path: str, channels: int, size: tuple[int, int] | None, resize: bool
     arr = np.asarray(img, dtype=np.uint8)
     arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
     return "ok", np.ascontiguousarray(arr)
-
-
-def _list_files(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
-    if not root.exists():
-        raise DataError(f"image folder {root} does not exist; pass the folder that holds one "
-                        f"sub-folder per class (root/<class_name>/<image>.jpg)")
-    if not root.is_dir():
-        raise DataError(f"{root} is a file, not a folder; pass the folder that holds one "
-                        f"sub-folder per class (root/<class_name>/<image>.jpg)")
-    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not class_dirs:
-        loose = sum(1 for p in root.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
-        hint = (f" ({loose} images lie directly in it: move them into one sub-folder per class)"
-                if loose else "")
-        raise DataError(f"{root} has no class folders{hint}; expected "
-                        f"{root}/<class_name>/<image>.jpg, one sub-folder per class")
-    files: list[tuple[Path, int]] = []
-    empty: list[str] = []
-    for label, class_dir in enumerate(class_dirs):
-        found = sorted(
-            p for p in class_dir.rglob("*")
-            if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
-            and not any(part.startswith(".") for part in p.relative_to(class_dir).parts)
-        )
-        if not found:
-            empty.append(class_dir.name)
-        files.extend((p, label) for p in found)
-    if empty:
-        raise DataError(f"class folder(s) with no images in {root}: {', '.join(empty[:5])}"
-                        f"{' ...' if len(empty) > 5 else ''}; add images "
-                        f"({', '.join(sorted(IMAGE_EXTENSIONS))}) or remove the folder(s)")
-    return [p.name for p in class_dirs], files
 
 
 def _worker_count(workers: int | None, n_files: int) -> int:
@@ -149,7 +117,10 @@ def load_image_folder(
         raise DataError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
     size = _size_hw(image_size)
     root = Path(root).expanduser()
-    classes, files = _list_files(root)
+    records = FolderRecords.scan(root)
+    classes = records.classes
+    files = [(Path(records.where(i)), int(label)) for i, label in enumerate(records.labels)]
+    root = records.root
     paths = [str(p) for p, _ in files]
     n_workers = _worker_count(workers, len(paths))
     fn = partial(_decode, channels=channels, size=size, resize=resize,

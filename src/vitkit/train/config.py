@@ -32,8 +32,25 @@ class TrainConfig:
 
     # A variant name, or a dict: {"variant": "Ti/4", ...ViTConfig overrides} or a full config.
     model: str | dict[str, Any] | None = "Ti/4"
-    data: str = "digits"  # digits | cifar10 | cifar100 | folder
+    data: str = "digits"  # digits | cifar10 | cifar100 | folder | hf:NAME_OR_PATH
     data_dir: str | None = None
+    # Folders and Hugging Face datasets: "memory" decodes every image up front at the model's
+    # size; "stream" reads them as training goes (DataLoader workers, Inception crop, flat
+    # memory); "auto" streams when the decoded images would take over 2 GiB.
+    data_mode: str = "auto"  # auto | memory | stream
+    workers: int | None = None  # loader processes for streamed data; null = one per core (<= 8)
+    # The Inception crop of streamed training images: area fraction and aspect-ratio range.
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (0.75, 1.3333333333333333)
+    # Evaluation of streamed data in a fresh run: shorter side to size / eval_crop_pct, then a
+    # centre crop (fine-tuning uses the checkpoint's own preprocessing).
+    eval_crop_pct: float = 0.875
+    # Hugging Face datasets: the training split (default "train") and the held-out split
+    # (default: the first of validation, valid, val, test); streaming=true reads the dataset
+    # as an IterableDataset (nothing downloaded up front).
+    train_split: str | None = None
+    split: str | None = None
+    streaming: bool = False
     train_limit: int | None = None  # use only the first N training images (quick runs)
     test_limit: int | None = None
     epochs: float = 10
@@ -213,11 +230,25 @@ class TrainConfig:
                      list(self.std))
 
     def _check_evaluation_and_output(self) -> None:
-        from vitkit.data.sources import SOURCES
+        from vitkit.data.sources import DATA_MODES, SOURCES, is_known_source
 
-        if self.data not in SOURCES:
+        if not is_known_source(self.data):
             raise ConfigError(f"data={self.data!r} is not a data source: use one of "
-                              f"{', '.join(SOURCES)}." + _did_you_mean(self.data, SOURCES))
+                              f"{', '.join(SOURCES)}." + _did_you_mean(self.data, SOURCES[:-1]))
+        _require(self.data_mode in DATA_MODES, "data_mode={!r} is not one of "
+                 + ", ".join(DATA_MODES), self.data_mode)
+        _require(self.workers is None or self.workers >= 0, "workers={} must be >= 0 (0 reads "
+                 "in the training process; null = one per core)", self.workers)
+        _require(0 < self.crop_scale[0] <= self.crop_scale[1] <= 1, "crop_scale={} must be two "
+                 "area fractions 0 < low <= high <= 1, e.g. [0.08, 1.0]", list(self.crop_scale))
+        _require(0 < self.crop_ratio[0] <= self.crop_ratio[1], "crop_ratio={} must be two "
+                 "aspect ratios 0 < low <= high, e.g. [0.75, 1.3333]", list(self.crop_ratio))
+        _require(0 < self.eval_crop_pct <= 1, "eval_crop_pct={} must be in (0, 1], e.g. 0.875",
+                 self.eval_crop_pct)
+        hf_only = [key for key in ("train_split", "split") if getattr(self, key)]
+        hf_only += ["streaming=true"] if self.streaming else []
+        _require(not hf_only or self.data.startswith("hf:"), "{} apply to Hugging Face "
+                 "datasets only (data=hf:NAME_OR_PATH)", ", ".join(hf_only))
         _require(self.eval_every >= 1, "eval_every={} must be >= 1 (evaluate every N epochs; "
                  "the end of the run is always evaluated)", self.eval_every)
         _require(self.eval_batch_size >= 1, "eval_batch_size={} must be >= 1, e.g. 500",

@@ -22,7 +22,10 @@ from vitkit.data.dataset import DataError, ImageDataset
 from vitkit.data.loader import BatchOrder, shard
 from vitkit.data.preprocess import Preprocess
 from vitkit.data.skipped import write_skipped_files
-from vitkit.data.sources import load_source
+from vitkit.data.sources import open_source
+from vitkit.data.sources.records import ImageRecords
+from vitkit.data.streaming import MemoryFeed, StreamEval, StreamFeed
+from vitkit.data.transforms import EvalResize, InceptionCrop
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
@@ -86,9 +89,18 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_data_fits(config: ViTConfig, train: ImageDataset, resize: bool = False) -> None:
+def check_data_fits(config: ViTConfig, train: ImageDataset | ImageRecords,
+                    resize: bool = False) -> None:
     """Refuse data the model cannot take, naming the fix (`resize`: images of another size
-    are resized to the model's, as when fine-tuning at a higher resolution)."""
+    are resized to the model's, as when fine-tuning at a higher resolution). Streamed records
+    are decoded to the model's channels and size, so only their labels are checked."""
+    labels = torch.as_tensor(train.labels)
+    top = int(labels.max())
+    if top >= config.num_classes or int(labels.min()) < 0:
+        raise DataError(f"labels run from {int(labels.min())} to {top} but the head has "
+                        f"{config.num_classes} outputs: set model.num_classes={top + 1}")
+    if not isinstance(train, ImageDataset):
+        return
     if train.channels != config.in_chans:
         raise DataError(f"the data has {train.channels} channel(s) but the model takes "
                         f"{config.in_chans}: set model.in_chans={train.channels}")
@@ -96,26 +108,24 @@ def check_data_fits(config: ViTConfig, train: ImageDataset, resize: bool = False
         raise DataError(f"the images are {train.image_size[0]}x{train.image_size[1]} but the "
                         f"model takes {config.img_size[0]}x{config.img_size[1]}: set "
                         f"model.img_size={list(train.image_size)} (or resize the data)")
-    top = int(train.labels.max())
-    if top >= config.num_classes or int(train.labels.min()) < 0:
-        raise DataError(f"labels run from {int(train.labels.min())} to {top} but the head has "
-                        f"{config.num_classes} outputs: set model.num_classes={top + 1}")
 
 
-def size_head_to_folder(cfg: TrainConfig, config: ViTConfig, train: ImageDataset) -> ViTConfig:
-    """A fresh run on `data=folder`: the head has one output per class folder found. A
-    `model.num_classes` set to another number is refused; left unset (a variant name, or a
+def size_head_to_folder(cfg: TrainConfig, config: ViTConfig,
+                        train: ImageDataset | ImageRecords) -> ViTConfig:
+    """A fresh run on `data=folder` or `data=hf:...`: the head has one output per class found.
+    A `model.num_classes` set to another number is refused; left unset (a variant name, or a
     model dict without it), the head is sized from the data."""
     found = len(train.classes)
-    if cfg.data != "folder" or cfg.init_from or not found or config.num_classes == found:
+    named_classes = cfg.data == "folder" or cfg.data.startswith("hf:")
+    if not named_classes or cfg.init_from or not found or config.num_classes == found:
         return config
     if isinstance(cfg.model, dict) and "num_classes" in cfg.model:
         shown = ", ".join(train.classes[:5]) + (", ..." if found > 5 else "")
-        raise ConfigError(f"model.num_classes={config.num_classes} but the data folder "
-                          f"{cfg.data_dir} holds {found} classes ({shown}): set "
+        raise ConfigError(f"model.num_classes={config.num_classes} but the data "
+                          f"{cfg.data_dir or cfg.data} holds {found} classes ({shown}): set "
                           f"model.num_classes={found} (or use a recipe whose model leaves "
                           "num_classes unset, and the head is sized from the data)")
-    log.info("data=folder: %d classes found, the head has %d outputs", found, found)
+    log.info("data=%s: %d classes found, the head has %d outputs", cfg.data, found, found)
     return config.replace(num_classes=found)
 
 
@@ -143,15 +153,16 @@ class Trainer:
         check_fits_in_memory(self.model_config, cfg.batch_size, cfg.accum_steps, self.device,
                              self.info.world_size)  # before the data and model are made
         if train_data is None or test_data is None:
-            train_data, test_data = load_source(cfg.data, cfg.data_dir,
-                                                self.model_config.img_size,
-                                                self.model_config.in_chans, cfg.train_limit,
-                                                cfg.test_limit)
+            train_data, test_data = open_source(
+                cfg.data, cfg.data_dir, self.model_config.img_size, self.model_config.in_chans,
+                cfg.train_limit, cfg.test_limit, cfg.data_mode, cfg.train_split, cfg.split,
+                cfg.streaming, cfg.workers)
         self.train_data, self.test_data = train_data, test_data
+        self.streamed = not isinstance(train_data, ImageDataset)
         self.model_config = size_head_to_folder(cfg, self.model_config, train_data)
         self.out_dir = Path(cfg.out_dir)
-        if self.info.is_main:  # the run's folder names every image it could not read
-            write_skipped_files(self.out_dir, train_data, test_data)
+        if self.info.is_main and not self.streamed:  # the run's folder names every image it
+            write_skipped_files(self.out_dir, train_data, test_data)  # could not read
         torch.manual_seed(cfg.seed)
         if init is not None:
             classes = len(train_data.classes) or int(train_data.labels.max()) + 1
@@ -165,12 +176,13 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay,
                                          cfg.betas, cfg.momentum)
         self.ema = self._make_ema()
-        self.augment = BatchAugment(AugmentConfig(**cfg.augment), self.model_config.num_classes)
+        self.augment = BatchAugment(self._augment_config(), self.model_config.num_classes)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.order = BatchOrder(len(train_data), cfg.batch_size, cfg.seed)
         if self.order.batches_per_epoch() == 0:
             raise DataError(f"{len(train_data)} training images do not fill one batch of "
                             f"{cfg.batch_size}: lower batch_size")
+        self.feed, self.eval_data = self._feeds(train_data, test_data)
         self.plan = RunPlan.create(self.model_config, self.order.batches_per_epoch(),
                                    cfg.epochs, cfg.total_steps, cfg.warmup_steps,
                                    cfg.warmup_epochs, cfg.resolution_schedule)
@@ -194,11 +206,43 @@ class Trainer:
         size = list(self.model_config.img_size)
         channels = (0.5,) * self.model_config.in_chans
         base = init.preprocess if init is not None else saved
-        pre = base.replace(img_size=size) if base is not None else \
-            Preprocess(img_size=size, mean=channels, std=channels)
+        if base is not None:
+            pre = base.replace(img_size=size)
+        elif self.streamed:  # full-size images: shorter side to size / crop_pct, centre crop
+            pre = Preprocess(img_size=size, resize_mode="shorter_side",
+                             crop_pct=self.cfg.eval_crop_pct, mean=channels, std=channels)
+        else:
+            pre = Preprocess(img_size=size, mean=channels, std=channels)
         if self.cfg.mean is not None and self.cfg.std is not None:
             pre = pre.replace(mean=list(self.cfg.mean), std=list(self.cfg.std))
         return pre
+
+    def _augment_config(self) -> AugmentConfig:
+        """The batched augmentation; on streamed data the Inception crop replaces the padded
+        random crop."""
+        augment = AugmentConfig(**self.cfg.augment)
+        if self.streamed and augment.crop_padding:
+            if "crop_padding" in self.cfg.augment:
+                log.info("streamed data: the Inception crop replaces augment.crop_padding")
+            augment = replace(augment, crop_padding=0)
+        return augment
+
+    def _feeds(self, train: ImageDataset | ImageRecords, test: ImageDataset | ImageRecords
+               ) -> tuple[MemoryFeed | StreamFeed, ImageDataset | StreamEval]:
+        """Where the batches come from: memory, or DataLoader workers decoding records."""
+        if not self.streamed:
+            return MemoryFeed(train, self.order), test
+        cfg, size = self.cfg, tuple(self.model_config.img_size)
+        channels, pin = self.model_config.in_chans, self.device.type == "cuda"
+        crop = InceptionCrop(size, tuple(cfg.crop_scale), tuple(cfg.crop_ratio),
+                             self.preprocess.interpolation)
+        if cfg.resize_crop > 1:
+            log.info("streamed data: the Inception crop replaces resize_crop")
+        feed = StreamFeed(train, self.order, crop, channels, size, cfg.seed, self.info.rank,
+                          self.info.world_size, cfg.workers, pin)
+        evaluation = test if isinstance(test, ImageDataset) else StreamEval(
+            test, EvalResize(self.preprocess), channels, size, cfg.workers, pin)
+        return feed, evaluation
 
     def _make_ema(self) -> torch.optim.swa_utils.AveragedModel | None:
         if not self.cfg.ema_decay:
@@ -373,24 +417,24 @@ class Trainer:
                 bar = self._progress(pos.epoch, per_epoch, pos.batch)
                 epoch_loss, epoch_images, epoch_start = 0.0, 0, time.perf_counter()
                 epoch_tokens = 0
-                for batch_index, indices in self.order.iterate(pos.epoch, pos.batch):
+                for batch_index, images, labels in self.feed.epoch(pos.epoch, pos.batch):
                     lr = cfg.lr * schedule(pos.step, pos.total_steps, self.warmup_steps,
                                            cfg.min_lr_ratio)
-                    outcome = self._train_step(indices, lr)
+                    outcome = self._train_step(images, labels, lr)
                     step_tokens = self.plan.tokens(tuple(self.model.config.img_size))
                     epoch_tokens += step_tokens
                     pos.step += 1  # a skipped step uses up its batch and schedule position
                     pos.batch = batch_index + 1
                     if outcome.updated:
-                        epoch_loss += outcome.loss * len(indices)
-                        epoch_images += len(indices)
+                        epoch_loss += outcome.loss * len(labels)
+                        epoch_images += len(labels)
                     diverged = guard.observe(outcome, pos.step, pos.epoch + pos.batch / per_epoch,
                                              lr)
                     if diverged is not None:
                         self.save("last")  # the weights in memory are the last finite ones
                         raise diverged
                     if bar is not None:
-                        bar.update(len(indices))
+                        bar.update(len(labels))
                         bar.set_postfix(loss=f"{outcome.loss:.3f}", lr=f"{lr:.2e}",
                                         refresh=False)
                     if pos.step == calibrate_from[0]:
@@ -424,6 +468,7 @@ class Trainer:
                     if cfg.time_budget and not self._stop_reason:
                         self._fit_schedule_to_budget(train_seconds, epoch_tokens, eval_seconds)
                 self.save("last")
+                self._write_skipped()
             # Checked after the loop, not inside it: a signal can land during an evaluation or a
             # save, after the in-loop check, and must still be reported.
             if self._stop_reason in ("SIGINT", "SIGTERM"):
@@ -432,6 +477,7 @@ class Trainer:
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
+            self.feed.close()
             barrier(self.info)
             if recorder is not None:
                 recorder.close()
@@ -447,13 +493,20 @@ class Trainer:
         return tqdm(total=total * batch, initial=start * batch, desc=f"epoch {epoch + 1}",
                     unit="img", dynamic_ncols=True, leave=False)
 
-    def _train_step(self, indices: torch.Tensor, lr: float) -> StepOutcome:
-        """One optimizer update on a global batch (none when its loss or gradients are not
-        finite); returns the batch's mean loss and gradient norm."""
+    def _write_skipped(self) -> None:
+        """Streamed data: name every record skipped so far in the run's skipped_files.txt."""
+        if self.streamed and self.info.is_main:
+            write_skipped_files(self.out_dir, self.feed, self.eval_data)
+
+    def _train_step(self, images: torch.Tensor, labels: torch.Tensor, lr: float) -> StepOutcome:
+        """One optimizer update on a batch (none when its loss or gradients are not finite);
+        returns the batch's mean loss and gradient norm. In-memory batches are global (sharded
+        here, after augmenting); streamed ones are already this rank's share."""
         cfg = self.cfg
-        images, targets = self.augment(self.train_data.images[indices],
-                                       self.train_data.labels[indices], self.generator,
-                                       self.preprocess.mean, self.preprocess.std)
+        if len(labels) == 0:  # every record of a streamed batch was unreadable
+            return StepOutcome(0.0, 0.0, updated=False)
+        images, targets = self.augment(images, labels, self.generator, self.preprocess.mean,
+                                       self.preprocess.std)
         size = self.plan.resolution_at(self.position.step, self.position.total_steps)
         last = self._trained_size
         if last is not None and size[0] * size[1] < last[0] * last[1]:
@@ -464,8 +517,11 @@ class Trainer:
             images = resize_random_crop(images, size, cfg.resize_crop, self.generator)
         else:
             images = resize_batch(images, size)
-        images = shard(images, self.info.rank, self.info.world_size).to(self.device)
-        targets = shard(targets, self.info.rank, self.info.world_size).to(self.device)
+        if self.feed.global_batches:
+            images = shard(images, self.info.rank, self.info.world_size)
+            targets = shard(targets, self.info.rank, self.info.world_size)
+        images = images.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         micro_images = images.chunk(cfg.accum_steps)
@@ -502,7 +558,7 @@ class Trainer:
         num_classes = self.model_config.num_classes
         size = tuple(self.model.config.img_size)
         signalled = self._signalled
-        result = evaluate(self.model, self.test_data, num_classes, self.preprocess,
+        result = evaluate(self.model, self.eval_data, num_classes, self.preprocess,
                           cfg.eval_batch_size, self.device, self.info, self.amp_dtype, size,
                           signalled)
         if result.interrupted:  # SIGINT/SIGTERM mid-evaluation: no row, the run stops
@@ -514,7 +570,7 @@ class Trainer:
             "images_per_s": images / max(seconds, 1e-9), "minutes": self._time_used() / 60,
         }
         if self.ema is not None:
-            ema_result = evaluate(self.ema.module, self.test_data, num_classes, self.preprocess,
+            ema_result = evaluate(self.ema.module, self.eval_data, num_classes, self.preprocess,
                                   cfg.eval_batch_size, self.device, self.info, self.amp_dtype,
                                   size, signalled)
             if ema_result.interrupted:

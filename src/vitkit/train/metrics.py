@@ -12,6 +12,7 @@ from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import eval_batches
 from vitkit.data.preprocess import Preprocess
+from vitkit.data.streaming import StreamEval
 from vitkit.train.distributed import DistInfo, all_reduce_sum
 
 
@@ -34,7 +35,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
+def evaluate(model: torch.nn.Module, dataset: ImageDataset | StreamEval, num_classes: int,
              preprocess: Preprocess, batch_size: int = 500, device: torch.device | None = None,
              info: DistInfo | None = None, autocast_dtype: torch.dtype | None = None,
              image_size: tuple[int, int] | None = None,
@@ -54,7 +55,11 @@ def evaluate(model: torch.nn.Module, dataset: ImageDataset, num_classes: int,
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
     k = min(5, num_classes)
     interrupted = False
-    for images, labels in eval_batches(dataset, batch_size, info.rank, info.world_size):
+    if isinstance(dataset, ImageDataset):
+        batches = eval_batches(dataset, batch_size, info.rank, info.world_size)
+    else:  # streamed records (StreamEval): decoded by loader workers
+        batches = dataset.eval_batches(batch_size, info.rank, info.world_size)
+    for images, labels in batches:
         if should_stop is not None and not info.enabled and should_stop():
             interrupted = True  # under DDP every rank must join the all-reduce below
             break

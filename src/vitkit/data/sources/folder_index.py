@@ -1,0 +1,225 @@
+"""A class-per-folder image set (`root/<class_name>/**/<image>`) read lazily from a file index.
+
+The folder is scanned once and the index cached (~/.cache/vitkit/index, or $VITKIT_CACHE/index):
+a later start re-reads the index after checking the modification times of the folders it
+covers, so millions of files are not listed again on every start (adding or removing a file
+changes its folder's time and triggers a rescan). Paths are kept as one byte buffer with
+offsets, so the index costs a few bytes per file and worker processes share it.
+Empty class folders are warned about and left out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from vitkit.data.images import DecodedImage, decode_image
+from vitkit.errors import DataError
+
+logger = logging.getLogger("vitkit.data")
+
+IMAGE_EXTENSIONS = frozenset({
+    ".bmp", ".gif", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp",
+})
+INDEX_VERSION = 1
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("VITKIT_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "vitkit"
+
+
+def _scan_class(class_dir: str, files: list[str], dirs: list[str]) -> None:
+    """Append every image under `class_dir` (paths relative to its parent), sorted, skipping
+    hidden files and folders; `dirs` collects the folders visited (their times key the cache)."""
+    stack = [class_dir]
+    found: list[str] = []
+    while stack:
+        folder = stack.pop()
+        dirs.append(folder)
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir():
+                    stack.append(entry.path)
+                elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+                    found.append(entry.path)
+    files.extend(sorted(found))
+
+
+def _check_root(root: Path) -> None:
+    if not root.exists():
+        raise DataError(f"image folder {root} does not exist; pass the folder that holds one "
+                        "sub-folder per class (root/<class_name>/<image>.jpg)")
+    if not root.is_dir():
+        raise DataError(f"{root} is a file, not a folder; pass the folder that holds one "
+                        "sub-folder per class (root/<class_name>/<image>.jpg)")
+
+
+class FolderRecords:
+    """`ImageRecords` over `root/<class_name>/...`: classes sorted by folder name, label i names
+    `classes[i]`, files sorted within a class."""
+
+    def __init__(self, root: str | Path, classes: list[str], labels: np.ndarray,
+                 blob: np.ndarray, offsets: np.ndarray) -> None:
+        self.root = Path(root)
+        self.name = self.root.name
+        self.classes = classes
+        self._labels = labels
+        self._blob = blob  # every relative path, utf-8, back to back
+        self._offsets = offsets  # path i is blob[offsets[i]:offsets[i + 1]]
+
+    @classmethod
+    def scan(cls, root: str | Path, use_cache: bool = True) -> FolderRecords:
+        """The index of `root`: from the cache when its folders are unchanged, else scanned."""
+        root = Path(root).expanduser().resolve()
+        _check_root(root)
+        cache = _cache_root() / "index" / (hashlib.sha1(str(root).encode()).hexdigest()[:20]
+                                           + ".npz")
+        if use_cache:
+            cached = cls._from_cache(root, cache)
+            if cached is not None:
+                return cached
+        records, dirs = cls._scan(root)
+        if use_cache:
+            records._save_cache(cache, dirs)
+        return records
+
+    @classmethod
+    def _scan(cls, root: Path) -> tuple[FolderRecords, list[str]]:
+        class_dirs = sorted(p.name for p in os.scandir(root)
+                            if p.is_dir() and not p.name.startswith("."))
+        if not class_dirs:
+            loose = sum(1 for p in root.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+            hint = (f" ({loose} images lie directly in it: move them into one sub-folder per "
+                    "class)" if loose else "")
+            raise DataError(f"{root} has no class folders{hint}; expected "
+                            f"{root}/<class_name>/<image>.jpg, one sub-folder per class")
+        dirs: list[str] = [str(root)]
+        paths: list[str] = []
+        labels: list[int] = []
+        classes: list[str] = []
+        empty: list[str] = []
+        for name in class_dirs:
+            before = len(paths)
+            _scan_class(str(root / name), paths, dirs)
+            if len(paths) == before:
+                empty.append(name)
+                continue
+            labels.extend([len(classes)] * (len(paths) - before))
+            classes.append(name)
+        if empty:
+            logger.warning("%s: class folder(s) with no images, left out: %s", root,
+                           ", ".join(empty[:10]) + (" ..." if len(empty) > 10 else ""))
+        if not classes:
+            raise DataError(f"no images in any class folder of {root}; add images "
+                            f"({', '.join(sorted(IMAGE_EXTENSIONS))}) to "
+                            f"{root}/<class_name>/")
+        start = len(str(root)) + 1
+        encoded = [p[start:].encode() for p in paths]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        return cls(root, classes, np.asarray(labels, dtype=np.int64), blob, offsets), dirs
+
+    @classmethod
+    def _from_cache(cls, root: Path, cache: Path) -> FolderRecords | None:
+        try:
+            with np.load(cache, allow_pickle=False) as saved:
+                meta = json.loads(bytes(saved["meta"]).decode())
+                if meta.get("version") != INDEX_VERSION or meta.get("root") != str(root):
+                    return None
+                times = saved["times"]
+                dirs = meta["dirs"]
+                if len(dirs) != len(times):
+                    return None
+                for folder, stamp in zip(dirs, times.tolist(), strict=True):
+                    if os.stat(folder).st_mtime_ns != stamp:
+                        return None
+                records = cls(root, meta["classes"], saved["labels"], saved["blob"],
+                              saved["offsets"])
+        except (OSError, ValueError, KeyError):
+            return None  # missing, stale or damaged: scan again
+        logger.info("%s: %d files in %d classes (cached index)", root, len(records),
+                    len(records.classes))
+        return records
+
+    def _save_cache(self, cache: Path, dirs: list[str]) -> None:
+        try:
+            times = np.array([os.stat(d).st_mtime_ns for d in dirs], dtype=np.int64)
+            meta = {"version": INDEX_VERSION, "root": str(self.root), "classes": self.classes,
+                    "dirs": dirs}
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=cache.parent, suffix=".npz",
+                                             delete=False) as handle:
+                np.savez(handle, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                         times=times, labels=self._labels, blob=self._blob,
+                         offsets=self._offsets)
+            os.replace(handle.name, cache)
+        except OSError as err:  # a read-only home: the index still works, uncached
+            logger.info("could not cache the file index of %s (%s)", self.root, err)
+
+    # -- ImageRecords --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._labels
+
+    def relative_path(self, index: int) -> str:
+        start, end = self._offsets[index], self._offsets[index + 1]
+        return self._blob[start:end].tobytes().decode()
+
+    def where(self, index: int) -> str:
+        return str(self.root / self.relative_path(index))
+
+    def read(self, index: int, channels: int) -> DecodedImage:
+        return decode_image(self.where(index), channels)
+
+    def subset(self, count: int) -> FolderRecords:
+        """The first `count` records (by class, then file name), same classes."""
+        count = min(count, len(self))
+        return FolderRecords(self.root, self.classes, self._labels[:count],
+                             self._blob[:self._offsets[count]], self._offsets[:count + 1])
+
+
+def folder_splits(root: str | Path) -> tuple[Path, Path]:
+    """(train folder, held-out folder) of a data folder: root/train and root/val (or test)."""
+    root = Path(root).expanduser()
+    _check_root(root)
+    train = root / "train"
+    held_out = next((root / sub for sub in ("val", "validation", "test")
+                     if (root / sub).is_dir()), None)
+    if not train.is_dir() or held_out is None:
+        found = sorted(p.name for p in root.iterdir() if p.is_dir())
+        missing = "train/" if not train.is_dir() else "val/ (or test/)"
+        raise DataError(f"{root} has no {missing} folder (it holds: "
+                        f"{', '.join(found) or 'no folders'}); data=folder needs "
+                        f"{root}/train/<class>/... and {root}/val/<class>/... (or test/), one "
+                        "sub-folder per class in each")
+    return train, held_out
+
+
+def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
+                       held_out_dir: Path) -> None:
+    """Refuse splits whose class folders differ, naming the classes only one of them has."""
+    if train == held_out:
+        return
+    only_train = sorted(set(train) - set(held_out))
+    only_held = sorted(set(held_out) - set(train))
+
+    def shown(names: list[str]) -> str:
+        return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "") if names else "none"
+
+    raise DataError(f"the class folders of {train_dir} and {held_out_dir} differ: only in "
+                    f"{train_dir.name}/: {shown(only_train)}; only in {held_out_dir.name}/: "
+                    f"{shown(only_held)}. Both splits need the same class sub-folders (with "
+                    "images in each)")

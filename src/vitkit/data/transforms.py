@@ -1,0 +1,95 @@
+"""Per-image transforms of streamed data: the Inception crop for training, the resize and centre
+crop of `Preprocess` for evaluation. Both take a decoded PIL image at its original resolution
+and return a (C, H, W) uint8 array at the model's size; the batched augmentation
+(`vitkit.data.augment`) does the rest on whole batches.
+
+The Inception crop is the random resized crop of Szegedy et al. (2015) that the paper's
+pre-training, big_vision's `inception_crop` and timm's `RandomResizedCrop` use: a window
+covering a random fraction `scale` of the image area with a random aspect ratio (log-uniform
+in `ratio`), resized to the output size. The window is drawn as torchvision/timm do (ten tries,
+then the largest centred window the ratio range allows). Defaults: scale (0.08, 1) and ratio
+(3/4, 4/3), timm's and torchvision's; big_vision's default area range is (0.05, 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from vitkit.data.preprocess import INTERPOLATIONS, Preprocess
+from vitkit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class InceptionCrop:
+    """A random resized crop to `size` (H, W), with its window drawn from `scale` and `ratio`."""
+
+    size: tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    interpolation: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        low, high = self.scale
+        if not 0 < low <= high <= 1:
+            raise ConfigError(f"crop_scale={list(self.scale)} must be two area fractions "
+                              "0 < low <= high <= 1, e.g. [0.08, 1.0]")
+        low, high = self.ratio
+        if not 0 < low <= high:
+            raise ConfigError(f"crop_ratio={list(self.ratio)} must be two aspect ratios "
+                              "0 < low <= high, e.g. [0.75, 1.3333]")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"interpolation={self.interpolation!r} is not one of "
+                              f"{', '.join(INTERPOLATIONS)}")
+
+    def window(self, width: int, height: int, rng: np.random.Generator
+               ) -> tuple[int, int, int, int]:
+        """(left, top, crop width, crop height) of one random window in a width x height image."""
+        area = width * height
+        log_low, log_high = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(10):
+            target = area * rng.uniform(*self.scale)
+            aspect = math.exp(rng.uniform(log_low, log_high))
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                left = int(rng.integers(0, width - w + 1))
+                top = int(rng.integers(0, height - h + 1))
+                return left, top, w, h
+        aspect = width / height  # fallback: the largest centred window within the ratio range
+        if aspect < self.ratio[0]:
+            w, h = width, round(width / self.ratio[0])
+        elif aspect > self.ratio[1]:
+            w, h = round(height * self.ratio[1]), height
+        else:
+            w, h = width, height
+        return (width - w) // 2, (height - h) // 2, w, h
+
+    def __call__(self, image: Image.Image, rng: np.random.Generator) -> np.ndarray:
+        left, top, w, h = self.window(image.width, image.height, rng)
+        out_h, out_w = self.size
+        resized = image.resize((out_w, out_h), INTERPOLATIONS[self.interpolation],
+                               box=(left, top, left + w, top + h))
+        return to_chw(resized)
+
+
+@dataclass(frozen=True)
+class EvalResize:
+    """The evaluation transform: `Preprocess.resize` (shorter side to size / crop_pct, then a
+    centre crop; or a squash resize), as predict and export apply it."""
+
+    preprocess: Preprocess
+
+    def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> np.ndarray:
+        return to_chw(self.preprocess.resize(image))
+
+
+def to_chw(image: Image.Image) -> np.ndarray:
+    """A PIL image ("L" or "RGB") as a contiguous (C, H, W) uint8 array."""
+    array = np.asarray(image, dtype=np.uint8)
+    if array.ndim == 2:
+        return array[None].copy()
+    return np.ascontiguousarray(array.transpose(2, 0, 1))
