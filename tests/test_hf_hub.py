@@ -236,3 +236,19 @@ def test_cli_summary_and_predict_take_hub_names(hf_cache, tmp_path, capsys):
     assert main(["predict", f"hf-hub:{HF_REPO}", str(image)]) in (0, None)
     out = capsys.readouterr().out
     assert any(label in out for label in LABELS)
+
+
+def test_cli_finetunes_from_a_hub_repository(hf_cache, tmp_path):
+    # a 1-channel 8-px ViT, as for the 8x8 digits, fine-tuned at 16 px (position grid 2x2->4x4)
+    config = HFViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=32,
+                         num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                         num_labels=10)
+    ViTForImageClassification(config).save_pretrained(snapshot(hf_cache, "acme/digits-vit"))
+    out = tmp_path / "run"
+    code = main(["finetune", "hf-hub:acme/digits-vit", "data=digits", "model.img_size=16",
+                 "batch_size=64", "total_steps=10", "warmup_steps=2", "progress=false",
+                 "--out", str(out)])
+    assert code in (0, None)
+    tuned = load_pretrained(out / "last.pt")
+    assert tuned.config.img_size == (16, 16) and tuned.config.width == 32
+    assert tuned.pos_embed.shape[1] == 1 + 16

@@ -1,4 +1,5 @@
-"""Named official checkpoints: their download URLs, a local cache, and an offline folder.
+"""Named official checkpoints (the 2020 release and the recommended AugReg ones): their
+download URLs, expected ImageNet top-1, a local cache, and an offline folder.
 
 A source adapter: it turns a name into a local file, which the npz adapter then reads.
 `resolve_named("B/16-i21k")` returns a local path: the file in `weights_dir` (or
