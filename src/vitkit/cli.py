@@ -23,6 +23,7 @@ from vitkit.model.create import count_parameters, resolve_config
 
 if TYPE_CHECKING:
     from vitkit.train.config import TrainConfig
+    from vitkit.weights.formats.hub import NamedCheckpoint
 
 EXIT_PARTIAL = 1  # some inputs failed, the others were done
 EXIT_BUG = 1  # an unexpected exception (as Python's own exit status for one)
@@ -85,8 +86,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("weights", help="weights file, model folder, training run folder or "
-                                        "checkpoint name (e.g. B/16-i21k)")
+    parser.add_argument("weights", help="weights file, model folder, training run folder, "
+                                        "checkpoint name (e.g. B/16-i21k; `vitkit models "
+                                        "--checkpoints` lists them) or Hub repository "
+                                        "(hf-hub:ORG/NAME[@REVISION])")
     parser.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
 
 
@@ -108,6 +111,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str
 
 
 def cmd_models(args: argparse.Namespace) -> None:
+    from vitkit.weights.formats.hub import checkpoint_table
+
+    if args.checkpoints:
+        print_checkpoint_table(checkpoint_table())
+        return
     print(f"{'name':<18}{'layers':>7}{'width':>7}{'MLP':>7}{'heads':>7}{'image':>9}"
           f"{'params':>15}")
     for name in list_model_names():
@@ -119,13 +127,28 @@ def cmd_models(args: argparse.Namespace) -> None:
     sizes = "/".join(SIZES)
     print(f"\nAny size {sizes} with any patch size parses too (e.g. 'L/8', 'Ti/4'); "
           "change anything with keyword overrides.")
-    from vitkit.weights import named_checkpoints
-
+    rows = checkpoint_table()
+    original = [row for row in rows if "-augreg-" not in row.name]
     print("\nNamed official checkpoints (load_pretrained(NAME), or NAME wherever a command takes "
-          "weights; cached in "
-          "~/.cache/vitkit, or put the file in --weights-dir):")
-    for name, url in named_checkpoints().items():
-        print(f"  {name:<24}{url}")
+          "weights; cached in ~/.cache/vitkit, or put the file in --weights-dir):")
+    for row in original:
+        print(f"  {row.name:<24}{row.url}")
+    print(f"  ... and {len(rows) - len(original)} AugReg checkpoints (e.g. "
+          "B/16-augreg-i21k-i1k-384): `vitkit models --checkpoints` lists every name with its "
+          "URL and ImageNet top-1.\nHub repositories load as hf-hub:ORG/NAME "
+          "(e.g. hf-hub:google/vit-base-patch16-224).")
+
+
+def print_checkpoint_table(rows: list[NamedCheckpoint]) -> None:
+    """`vitkit models --checkpoints`: name, expected ImageNet top-1, URL."""
+    print(f"{'name':<30}{'top-1 %':>8}  {'source':<11}url")
+    for row in rows:
+        top1 = f"{row.top1:.2f}" if row.top1 is not None else "-"
+        print(f"{row.name:<30}{top1:>8}  {row.top1_source or '-':<11}{row.url}")
+    print("\ntop-1: ImageNet-2012 validation; 'timm' = timm's results-imagenet.csv (its own "
+          "evaluation of the same weights), 'vit README' = the official README's expected "
+          "figure; '-' = no published figure. i21k checkpoints have a 21,843-way ImageNet-21k "
+          "head.")
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
@@ -266,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     models = verbs.add_parser("models", help="list model names with their sizes")
+    models.add_argument("--checkpoints", action="store_true",
+                        help="list every named checkpoint with its URL and ImageNet top-1")
     models.set_defaults(run=cmd_models)
 
     summary = verbs.add_parser("summary", help="layer table with output shapes and parameters")

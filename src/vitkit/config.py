@@ -325,7 +325,11 @@ def _variant_fields(name: str) -> dict[str, Any]:
 # names): "-i21k" is ImageNet-21k pre-training at 224 px, with a pre-logits layer of width D
 # and a 21,843-way head; "-i21k-i1k-N" is fine-tuned on ImageNet-2012 at N px (1000 classes,
 # pre-logits dropped). The weights are the official JAX port: tanh GELU, LayerNorm eps 1e-6.
-_CHECKPOINT_TAG_RE = re.compile(r"^(?P<variant>.+)-i21k(?:-i1k-(?P<size>\d+))?$")
+_CHECKPOINT_TAG_RE = re.compile(
+    r"^(?P<variant>.+?)(?P<augreg>-augreg)?-i21k(?:-i1k-(?P<size>\d+))?$")
+# AugReg ("-augreg-i21k...", "How to train your ViT?") has no pre-logits layer at all. Its
+# "R+Ti/16" is the released R+ViT-Ti_16: 8x8 patches on the root block (vitkit's "R+Ti/32").
+_AUGREG_VARIANTS = {"R+Ti/16": "R+ViT-Ti_16"}
 _OFFICIAL_FIELDS = {"act": "gelu_tanh", "norm_eps": 1e-6, "init": "jax"}
 
 
@@ -339,6 +343,10 @@ def named_checkpoint_config(name: str) -> ViTConfig | None:
     if match is None:
         return None
     variant, size = match["variant"], match["size"]
+    if match["augreg"]:
+        variant = _AUGREG_VARIANTS.get(variant, variant)
+        return variant_config(variant, img_size=int(size or 224),
+                              num_classes=1000 if size else 21843, **_OFFICIAL_FIELDS)
     if size is None:
         width = variant_config(variant).width
         return variant_config(variant, img_size=224, num_classes=21843, pre_logits_dim=width,
@@ -349,16 +357,19 @@ def named_checkpoint_config(name: str) -> ViTConfig | None:
 def config_of(source: str | Path, **overrides: Any) -> ViTConfig:
     """The model a name or file describes, without building it or downloading anything.
 
-    `source` is a JSON config file, a checkpoint file or folder (its stored config), a named
-    official checkpoint ("R50+B/16-i21k", from the name) or a variant name ("B/16").
+    `source` is a JSON config file, a checkpoint file or folder (its stored config), a Hub
+    repository ("hf-hub:ORG/NAME", fetched through the Hugging Face cache), a named official
+    checkpoint ("R50+B/16-i21k", from the name) or a variant name ("B/16").
     """
+    from vitkit.weights.formats import hf_hub  # weights build on this module
+
     path = Path(source)
     if path.suffix.lower() == ".json":
         config = ViTConfig.from_json(path)
-    elif path.exists():
-        from vitkit.weights import read_weights  # weights build on this module
+    elif path.exists() or hf_hub.claims(str(source)):
+        from vitkit.weights import read_weights
 
-        config = read_weights(path).config
+        config = read_weights(source).config
     else:
         config = named_checkpoint_config(str(source))
         if config is None:

@@ -2,7 +2,9 @@
 `save_pretrained` (and `build_model`, from a record to a model).
 
 Read, recognised by content (`vitkit.weights.formats`, one adapter per format): official
-Google .npz (every layout), named official checkpoints ("B/16-i21k"), timm and Hugging Face
+Google .npz (every layout), named official checkpoints ("B/16-i21k", the AugReg
+"B/16-augreg-i21k-i1k-384"), Hub repositories ("hf-hub:ORG/NAME[@REVISION]", through
+huggingface_hub's cache), timm and Hugging Face
 state dicts (.safetensors, or .bin/.pth read with `torch.load(weights_only=True)`) and model
 folders, vitkit's folder (model.safetensors + config.json), vitkit training checkpoints
 (last.pt, best.pt) and training run folders. Every reader returns a `WeightsRecord`.

@@ -3,7 +3,8 @@
 An adapter is a module with `detect(found) -> bool` and `read(found, options) -> WeightsRecord`
 (and `write` where vitkit writes the format). `read_record` sniffs the path once
 (`sniff.Found`) and hands it to the first adapter that detects it. A name that is not a path
-goes to a source adapter (`hub`: named official checkpoints) that makes it one. Adding a
+goes to a source adapter that makes it one (`hf_hub`: "hf-hub:ORG/NAME" through
+huggingface_hub; `hub`: named official checkpoints). Adding a
 format = one module here, listed in ADAPTERS.
 """
 
@@ -12,7 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitkit.errors import CheckpointError
-from vitkit.weights.formats import hf, hub, npz, run_folder, timm, train_checkpoint, vitkit
+from vitkit.weights.formats import (
+    hf,
+    hf_hub,
+    hub,
+    npz,
+    run_folder,
+    timm,
+    train_checkpoint,
+    vitkit,
+)
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import CONFIG_FILE, Found
 from vitkit.weights.record import WeightsRecord
@@ -20,7 +30,7 @@ from vitkit.weights.record import WeightsRecord
 # Order matters where formats overlap: a training checkpoint holds a timm-named "model" dict,
 # and vitkit's model.safetensors holds timm-named tensors.
 ADAPTERS = (train_checkpoint, run_folder, vitkit, npz, hf, timm)
-SOURCES = (hub,)
+SOURCES = (hf_hub, hub)
 
 
 def locate(source: str | Path, weights_dir: str | Path | None = None,
@@ -67,5 +77,5 @@ def _not_recognised(found: Found) -> CheckpointError:
         ".safetensors, a PyTorch .bin/.pth/.pt, a model folder or a training run's folder")
 
 
-__all__ = ["ADAPTERS", "SOURCES", "ReadOptions", "hf", "hub", "locate", "npz", "read_record",
-           "run_folder", "timm", "train_checkpoint", "vitkit"]
+__all__ = ["ADAPTERS", "SOURCES", "ReadOptions", "hf", "hf_hub", "hub", "locate", "npz",
+           "read_record", "run_folder", "timm", "train_checkpoint", "vitkit"]

@@ -1,4 +1,5 @@
-"""Named official checkpoints: their download URLs, a local cache, and an offline folder.
+"""Named official checkpoints (the 2020 release and the recommended AugReg ones): their
+download URLs, expected ImageNet top-1, a local cache, and an offline folder.
 
 A source adapter: it turns a name into a local file, which the npz adapter then reads.
 `resolve_named("B/16-i21k")` returns a local path: the file in `weights_dir` (or
@@ -13,6 +14,7 @@ import re
 import tempfile
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from vitkit.config import _did_you_mean
@@ -39,12 +41,110 @@ _OFFICIAL = {
     "L/32-i21k-i1k-384": "imagenet21k+imagenet2012/ViT-L_32.npz",
     "R50+B/16-i21k-i1k-384": "imagenet21k+imagenet2012/R50+ViT-B_16.npz",
 }
+# The recommended AugReg checkpoints of "How to train your ViT?" (Steiner et al., 2021;
+# gs://vit_models/augreg, described by its index.csv): per variant, the ImageNet-21k
+# pre-training ("-augreg-i21k": 21,843-way head, no pre-logits layer) and its ImageNet-2012
+# fine-tunes at 224 and 384 ("-augreg-i21k-i1k-224/-384": 1000 classes, no pre-logits).
+# File names: timm's vision_transformer.py and vision_transformer_hybrid.py default_cfgs (the
+# "augreg_in21k" and "augreg_in21k_ft_in1k" tags' url fields), which name exactly these files;
+# the "Ti_16"/"R26_S_32" stems follow vit_jax/configs/models.py (AUGREG_CONFIGS).
+# Note the 384 px fine-tunes of B/32 and R26+S/32 start from another pre-training run than
+# the 224 px ones (as in timm); "-augreg-i21k" is the one timm tags augreg_in21k.
+_AUGREG_ROOT = "augreg/"
+_AUGREG = {
+    "Ti/16": ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+              {224: "", 384: ""}),
+    "S/32": ("S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0",
+             {224: "", 384: ""}),
+    "S/16": ("S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0",
+             {224: "", 384: ""}),
+    "B/32": ("B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0",
+             {224: "", 384: "B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"}),
+    "B/16": ("B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
+             {224: "", 384: ""}),
+    "B/8": ("B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0", {224: ""}),
+    "L/16": ("L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1",
+             {224: "", 384: ""}),
+    "R+Ti/16": ("R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+                {224: "", 384: ""}),
+    "R26+S/32": ("R26_S_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.03-do_0.0-sd_0.0",
+                 {224: "R26_S_32-i21k-300ep-lr_0.001-aug_light0-wd_0.03-do_0.1-sd_0.1",
+                  384: ""}),
+    "R50+L/32": ("R50_L_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0",
+                 {224: "R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1",
+                  384: ""}),
+}
+# Fine-tuning steps and learning rate of each fine-tune, as in its file name (timm's urls).
+_AUGREG_FINETUNE_LR = {"Ti/16": "0.03", "S/32": "0.03", "S/16": "0.03", "B/32": "0.03",
+                       "B/16": "0.01", "B/8": "0.01", "L/16": "0.01", "R+Ti/16": "0.03",
+                       "R26+S/32": "0.03", "R50+L/32": "0.01"}
+
+
+def _augreg_files() -> dict[str, str]:
+    files = {}
+    for variant, (pretrain, finetunes) in _AUGREG.items():
+        files[f"{variant}-augreg-i21k"] = f"{_AUGREG_ROOT}{pretrain}.npz"
+        for size, start in finetunes.items():
+            files[f"{variant}-augreg-i21k-i1k-{size}"] = (
+                f"{_AUGREG_ROOT}{start or pretrain}--imagenet2012-steps_20k-"
+                f"lr_{_AUGREG_FINETUNE_LR[variant]}-res_{size}.npz")
+    return files
+
+
+_OFFICIAL.update(_augreg_files())
+
+# ImageNet-2012 validation top-1 (%) where a source gives one; names not here have none.
+# timm: results/results-imagenet.csv of huggingface/pytorch-image-models (timm's own
+# evaluation of the same files, its crop_pct 0.9 at 224 and 1.0 at 384); vit README: the
+# vision_transformer README's expected figure for the -224 fine-tunes.
+TOP1 = {
+    "B/16-i21k-i1k-224": (81.2, "vit README"),
+    "L/16-i21k-i1k-224": (82.7, "vit README"),
+    "B/16-i21k-i1k-384": (84.200, "timm"),
+    "L/32-i21k-i1k-384": (81.510, "timm"),
+    "R50+B/16-i21k-i1k-384": (84.976, "timm"),
+    "Ti/16-augreg-i21k-i1k-224": (75.454, "timm"),
+    "Ti/16-augreg-i21k-i1k-384": (78.424, "timm"),
+    "S/32-augreg-i21k-i1k-224": (75.994, "timm"),
+    "S/32-augreg-i21k-i1k-384": (80.486, "timm"),
+    "S/16-augreg-i21k-i1k-224": (81.384, "timm"),
+    "S/16-augreg-i21k-i1k-384": (83.802, "timm"),
+    "B/32-augreg-i21k-i1k-224": (80.716, "timm"),
+    "B/32-augreg-i21k-i1k-384": (83.350, "timm"),
+    "B/16-augreg-i21k-i1k-224": (84.532, "timm"),
+    "B/16-augreg-i21k-i1k-384": (85.996, "timm"),
+    "B/8-augreg-i21k-i1k-224": (85.798, "timm"),
+    "L/16-augreg-i21k-i1k-224": (85.834, "timm"),
+    "L/16-augreg-i21k-i1k-384": (87.084, "timm"),
+    "R+Ti/16-augreg-i21k-i1k-224": (71.798, "timm"),
+    "R+Ti/16-augreg-i21k-i1k-384": (75.962, "timm"),
+    "R26+S/32-augreg-i21k-i1k-224": (81.864, "timm"),
+    "R26+S/32-augreg-i21k-i1k-384": (84.048, "timm"),
+    "R50+L/32-augreg-i21k-i1k-224": (84.422, "timm"),
+    "R50+L/32-augreg-i21k-i1k-384": (86.182, "timm"),
+}
 _ALIASES = {"R50+ViT-B/16-i21k": "R50+B/16-i21k"}
+
+
+@dataclass(frozen=True)
+class NamedCheckpoint:
+    """One row of `vitkit models --checkpoints`."""
+
+    name: str
+    url: str
+    top1: float | None  # ImageNet-2012 validation top-1 in %, None where no source gives one
+    top1_source: str = ""
 
 
 def named_checkpoints() -> dict[str, str]:
     """Every known name and its download URL."""
     return {name: _url(path) for name, path in _OFFICIAL.items()}
+
+
+def checkpoint_table() -> list[NamedCheckpoint]:
+    """Every known name with its URL and expected top-1."""
+    return [NamedCheckpoint(name, url, *TOP1.get(name, (None, "")))
+            for name, url in named_checkpoints().items()]
 
 
 def _url(path: str) -> str:

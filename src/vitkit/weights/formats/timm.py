@@ -174,19 +174,48 @@ def _read(found: Found, options: ReadOptions) -> WeightsRecord:
 
 
 def _read_folder(found: Found, options: ReadOptions) -> WeightsRecord:
+    """A timm Hub folder: config.json (`architecture`, `global_pool`, `pretrained_cfg` with
+    input_size, mean, std, crop_pct, interpolation, label_names) + model.safetensors or
+    pytorch_model.bin, as timm's save_for_hf / push_to_hf_hub write it."""
     weights = found.weights_file()
     if weights is None:
         raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin")
-    config, state_dict = convert_timm(found.tensors() or {}, img_size=options.source_img_size,
-                                      target_img_size=options.img_size, **options.timm_hints())
-    cfg = (found.config() or {}).get("pretrained_cfg", {})
+    meta = found.config() or {}
+    cfg = meta.get("pretrained_cfg", {})
     if not isinstance(cfg, dict):
         raise CheckpointError(f"'pretrained_cfg' in {found.path / 'config.json'} is a "
                               f"{type(cfg).__name__}, expected an object: restore the file")
+    hints = options.timm_hints()
+    if "global_pool" not in hints and meta.get("global_pool") in ("token", "avg"):
+        hints["global_pool"] = meta["global_pool"]
+    config, state_dict = convert_timm(found.tensors() or {}, img_size=options.source_img_size,
+                                      target_img_size=options.img_size or _input_size(cfg),
+                                      **hints)
     settings = {"crop_pct": cfg.get("crop_pct", 1.0),
                 "interpolation": cfg.get("interpolation", "bicubic"),
                 "mean": cfg.get("mean", IMAGENET_MEAN), "std": cfg.get("std", IMAGENET_STD)}
     for key, value in settings.items():
         check_value(Preprocess, key, value, f"pretrained_cfg.{key}", what="preprocess")
     preprocess = Preprocess(img_size=config.img_size, resize_mode="shorter_side", **settings)
-    return WeightsRecord(config, state_dict, preprocess, "timm", path=weights)
+    return WeightsRecord(config, state_dict, preprocess, "timm",
+                         _label_names(meta, cfg, config.num_classes), path=weights)
+
+
+def _input_size(cfg: dict[str, Any]) -> tuple[int, int] | None:
+    """pretrained_cfg["input_size"] ([C, H, W]) as (H, W): the training resolution, which
+    settles a non-square position grid."""
+    size = cfg.get("input_size")
+    if isinstance(size, list | tuple) and len(size) == 3 and \
+            all(isinstance(v, int) and v > 0 for v in size):
+        return (size[1], size[2])
+    return None
+
+
+def _label_names(meta: dict[str, Any], cfg: dict[str, Any], num_classes: int
+                 ) -> list[str] | None:
+    """Class names from `label_names` (top level or pretrained_cfg) when one per class."""
+    names = meta.get("label_names", cfg.get("label_names"))
+    if isinstance(names, list) and len(names) == num_classes and num_classes and \
+            all(isinstance(n, str) for n in names):
+        return names
+    return None
