@@ -1,7 +1,8 @@
 """The one image decoder: a file becomes an 8-bit grayscale or RGB PIL image, or a named reason.
 
-Every reader of image files (the folder loader, `predict`, `explain`) goes through here, so a
-file is converted the same way everywhere. The rules:
+Every reader of image files (the folder loader, `predict`, `explain`, Hugging Face datasets,
+whose images arrive as bytes) goes through here, so an image is converted the same way
+everywhere. The rules:
 
 * EXIF orientation is applied (as `PIL.ImageOps.exif_transpose`): photos come out upright.
 * Transparency (RGBA, LA, palette or colour-key transparency) is composited on white
