@@ -318,3 +318,26 @@ def test_fuzzed_image_files_load_or_are_refused_clearly(fuzzer: ModuleType) -> N
     assert counts.other == 0, counts.examples
     assert counts.cases >= 50 and counts.clear_error > 0 and counts.loaded > 0
     assert set(FIXES) >= {"truncated", "corrupt", "not an image"}
+
+
+def test_bytes_and_file_objects_decode_like_the_path(tmp_path: Path) -> None:
+    """An image stored inside a dataset (bytes) decodes exactly as the same file on disk."""
+    path = tmp_path / "a.png"
+    path.write_bytes(_png_bytes(Image.fromarray(_pixels(9, 7), mode="RGB")))
+    data = path.read_bytes()
+    expected = _decoded(path)
+    for source in (data, bytearray(data), io.BytesIO(data)):
+        decoded = decode_image(source, 3)
+        assert decoded.ok, decoded.reason
+        np.testing.assert_array_equal(np.asarray(decoded.image), expected)
+
+
+def test_bad_bytes_refused_like_bad_files(tmp_path: Path) -> None:
+    data = _png_bytes(Image.fromarray(_pixels(32, 32), mode="RGB"))
+    cut = data[: len(data) // 2]
+    (tmp_path / "cut.png").write_bytes(cut)
+    assert decode_image(b"").kind == "empty file"
+    assert decode_image(b"hello, not an image").kind == "not an image"
+    from_bytes, from_file = decode_image(cut), decode_image(tmp_path / "cut.png")
+    assert from_bytes.kind == from_file.kind == "truncated"
+    assert from_bytes.detail == from_file.detail

@@ -1,7 +1,8 @@
 """The one image decoder: a file becomes an 8-bit grayscale or RGB PIL image, or a named reason.
 
-Every reader of image files (the folder loader, `predict`, `explain`) goes through here, so a
-file is converted the same way everywhere. The rules:
+Every reader of image files (the folder loader, `predict`, `explain`, Hugging Face datasets,
+whose images arrive as bytes) goes through here, so an image is converted the same way
+everywhere. The rules:
 
 * EXIF orientation is applied (as `PIL.ImageOps.exif_transpose`): photos come out upright.
 * Transparency (RGBA, LA, palette or colour-key transparency) is composited on white
@@ -22,11 +23,13 @@ file named .png), truncated or corrupt data, images over Pillow's decompression-
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -37,6 +40,7 @@ __all__ = [
     "BACKGROUND",
     "FIXES",
     "DecodedImage",
+    "ImageSource",
     "decode_image",
     "open_image",
 ]
@@ -62,6 +66,9 @@ FIXES = {
                      "the check), or shrink the image",
     UNSUPPORTED: "save the image as 8- or 16-bit grayscale or RGB",
 }
+
+# A file path, or an image file's contents (bytes, or a binary file object open for reading).
+ImageSource = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
 
 _ALPHA_MODES = frozenset({"LA", "La", "PA", "RGBA", "RGBa"})
 _SIXTEEN_BIT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
@@ -125,7 +132,10 @@ def _describe_unidentified(head: bytes) -> _Refused:
 
 
 def _error_detail(err: BaseException, path: str) -> str:
-    text = str(err).replace(repr(path), "").replace(path, "").strip().rstrip(":").strip()
+    text = str(err)
+    if path:  # Pillow names the file in some messages; the caller names it already
+        text = text.replace(repr(path), "").replace(path, "")
+    text = text.strip().rstrip(":").strip()
     return text or type(err).__name__
 
 
@@ -174,7 +184,18 @@ def _to_target(image: Image.Image, mode: str) -> Image.Image:
     return image if image.mode == mode else image.convert(mode)
 
 
-def _decode(path: str, mode: str, max_pixels: int | None) -> Image.Image:
+def _open_source(source: ImageSource) -> tuple[str | io.BytesIO, bytes, str]:
+    """What Pillow opens (a path, or the bytes in memory), the first bytes, and the path ("" for
+    bytes), refusing empty or unreadable sources."""
+    if isinstance(source, (bytes, bytearray, memoryview)) or hasattr(source, "read"):
+        try:
+            data = bytes(source) if not hasattr(source, "read") else source.read()
+        except OSError as err:
+            raise _Refused(CANNOT_OPEN, err.strerror or type(err).__name__) from err
+        if not data:
+            raise _Refused(EMPTY, "0 bytes")
+        return io.BytesIO(data), data[:32], ""
+    path = str(source)
     try:
         if os.path.getsize(path) == 0:
             raise _Refused(EMPTY, "0 bytes")
@@ -182,8 +203,13 @@ def _decode(path: str, mode: str, max_pixels: int | None) -> Image.Image:
             head = handle.read(32)
     except OSError as err:
         raise _Refused(CANNOT_OPEN, err.strerror or type(err).__name__) from err
+    return path, head, path
+
+
+def _decode(source: ImageSource, mode: str, max_pixels: int | None) -> Image.Image:
+    opened, head, path = _open_source(source)
     try:
-        with Image.open(path) as image:
+        with Image.open(opened) as image:
             _check_pixels(image, max_pixels)
             image.load()  # decodes the whole first frame: truncation and corruption show here
             upright = ImageOps.exif_transpose(image)
@@ -208,9 +234,11 @@ def _decode(path: str, mode: str, max_pixels: int | None) -> Image.Image:
         raise _Refused(kind, detail) from err
 
 
-def decode_image(path: str | Path, channels: int = 3) -> DecodedImage:
+def decode_image(path: ImageSource, channels: int = 3) -> DecodedImage:
     """Decode `path` to an 8-bit image with `channels` (1: mode "L", 3: "RGB"), or say why not.
 
+    `path` is a file path, or the file's contents as bytes or a binary file object (an image
+    stored inside a dataset): the same rules and refusals apply to each.
     Never raises for a bad file: the result carries the kind of problem and a detail. Images
     over `PIL.Image.MAX_IMAGE_PIXELS` are refused (Pillow only warns up to twice that); its
     warnings are silenced, since the result says it all.
@@ -220,7 +248,7 @@ def decode_image(path: str | Path, channels: int = 3) -> DecodedImage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # bomb, palette and EXIF warnings: we decide here
-            return DecodedImage(image=_decode(str(path), mode, limit))
+            return DecodedImage(image=_decode(path, mode, limit))
     except _Refused as refused:
         return DecodedImage(kind=refused.kind, detail=refused.detail)
 
