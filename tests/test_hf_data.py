@@ -136,7 +136,7 @@ def test_missing_split_names_the_splits_found_and_the_named_one_works(tmp_path: 
     parts.save_to_disk(str(tmp_path / "saved"))
     with pytest.raises(DataError, match="splits are train, validation, test") as caught:
         load_hf_splits(str(tmp_path / "saved"), eval_split="dev")
-    assert "eval_split=" in str(caught.value)
+    assert "split=" in str(caught.value)
     with pytest.raises(DataError, match="train_split="):
         load_hf_splits(str(tmp_path / "saved"), train_split="training")
     train, held_out = load_hf_splits(str(tmp_path / "saved"), train_split="validation",
@@ -147,7 +147,7 @@ def test_missing_split_names_the_splits_found_and_the_named_one_works(tmp_path: 
 def test_only_a_train_split_asks_for_eval_split(tmp_path: Path) -> None:
     images, labels = _digit_images()
     _dataset(images, labels).save_to_disk(str(tmp_path / "one"))  # a lone Dataset
-    with pytest.raises(DataError, match=r"splits are train: pass eval_split=NAME"):
+    with pytest.raises(DataError, match=r"splits are train: pass split=NAME"):
         load_hf_splits(str(tmp_path / "one"))
     train, held_out = load_hf_splits(str(tmp_path / "one"), eval_split="train")
     assert len(train) == len(held_out) == 40

@@ -177,7 +177,16 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
             overrides.append(f"{key}={json.dumps(flag)}")
     if recipe is None and args.resume:
         return load_train_config(None, overrides, base=checkpoint_train_config(args.resume))
+    if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
+        return load_train_config(None, overrides)
     return load_train_config(recipe or "digits", overrides)
+
+
+def _names_other_data(overrides: list[str]) -> bool:
+    """Whether KEY=VALUE overrides choose data other than the embedded digits (then a run with
+    no recipe starts from TrainConfig's defaults, not from the digits recipe)."""
+    data = [item.partition("=")[2].strip('"') for item in overrides if item.startswith("data=")]
+    return bool(data) and data[-1] != "digits"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -302,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = verbs.add_parser("train", help="train from scratch (default: the embedded digits)")
     train.add_argument("recipe", nargs="?", default=None,
                        help="recipe JSON file or shipped recipe name (digits, cifar10, ...); "
-                            "default: digits, or with --resume the checkpoint's recipe")
+                            "default: digits; with data=... another source, TrainConfig's "
+                            "defaults; with --resume the checkpoint's recipe")
     add_run_arguments(train, "recipe", "epochs=5 model.depth=4 augment.flip=false")
     train.set_defaults(run=cmd_train)
 
@@ -320,10 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
     add_weights_argument(evaluate)
     evaluate.add_argument("--data", default=None,
-                          help="digits, cifar10, cifar100 or folder (default: the data a "
-                               "training checkpoint records; required for other weights)")
+                          help="digits, cifar10, cifar100, folder or hf:NAME_OR_PATH (default: "
+                               "the data a training checkpoint records; required for other "
+                               "weights)")
     evaluate.add_argument("--data-dir", help="local dataset folder")
-    evaluate.add_argument("--split", default="test", choices=("train", "test"))
+    evaluate.add_argument("--split", default="test",
+                          help="train, test (the held-out split: a folder's val/ or test/; a "
+                               "Hugging Face dataset's validation/test), or any split name of "
+                               "a Hugging Face dataset (default: test)")
     evaluate.add_argument("--limit", type=positive_int, help="evaluate only the first N images "
                                                               "(default: as the training run did)")
     evaluate.add_argument("--batch-size", type=positive_int, default=500)

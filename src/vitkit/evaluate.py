@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.data.dataset import ImageDataset
-from vitkit.data.sources import SOURCES, load_source
+from vitkit.data.sources import SOURCES, open_source
+from vitkit.data.sources.records import IterableRecords
+from vitkit.data.streaming import IterableEval, StreamEval
+from vitkit.data.transforms import EvalResize
 from vitkit.errors import DataError
 from vitkit.train.metrics import evaluate
 from vitkit.weights import WeightsRecord, build_model, read_weights
@@ -36,12 +39,15 @@ def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, spl
     return data, data_dir, limit
 
 
-def _check_fits(dataset: ImageDataset, num_classes: int, in_chans: int, data: str) -> None:
+def _check_fits(dataset: ImageDataset | StreamEval | IterableEval, num_classes: int,
+                in_chans: int, data: str) -> None:
     if num_classes <= 0:
         raise DataError("these weights have no classification head (num_classes=0), so there "
                         f"is nothing to evaluate: fine-tune a head first (vitkit finetune "
                         f"WEIGHTS --data {data})")
-    if dataset.channels != in_chans:
+    if isinstance(dataset, IterableEval):
+        return  # a stream's labels are known only as it is read
+    if isinstance(dataset, ImageDataset) and dataset.channels != in_chans:
         raise DataError(f"the {data} images have {dataset.channels} channel(s) but the model "
                         f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
     top = int(dataset.labels.max())
@@ -68,12 +74,10 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     model = build_model(weights)
     config = model.config
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
-    train_set, test_set = load_source(data, data_dir, config.img_size, config.in_chans,
-                                      limit if split == "train" else None,
-                                      limit if split == "test" else None)
-    dataset = train_set if split == "train" else test_set
+    dataset = _split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
+                                 config.in_chans)
     _check_fits(dataset, config.num_classes, config.in_chans, data)
-    if tuple(dataset.image_size) != tuple(config.img_size):
+    if isinstance(dataset, ImageDataset) and tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
     result = evaluate(model, dataset, config.num_classes, weights.preprocess, batch_size,
@@ -96,6 +100,40 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     lines += [f"  {name:<12} {100 * acc:6.2f}%" for name, acc in per_class.items()]
     lines.append(f"wrote {out_dir / 'eval.json'} and {png}")
     return "\n".join(lines)
+
+
+def _split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
+                       limit: int | None, size: tuple[int, int], channels: int
+                       ) -> ImageDataset | StreamEval | IterableEval:
+    """The split to evaluate: in memory, or streamed through the weights' own preprocessing.
+
+    Folders and Hugging Face datasets are streamed (each image resized and cropped as the
+    weights expect), except that a vitkit run's own data is read as the run read it (its
+    `data_mode`), so its score is reproduced. `split`: "train", "test" (the held-out split:
+    val/ or test/ of a folder, the run's `split` or validation/test of a Hugging Face
+    dataset) or, for a Hugging Face dataset, any split name it has.
+    """
+    recipe = weights.train_config or {}
+    own = data == recipe.get("data")
+    mode = recipe.get("data_mode", "auto") if own else "stream"
+    train_split = recipe.get("train_split") if own else None
+    eval_split = recipe.get("split") if own else None
+    if split not in ("train", "test"):
+        if not data.startswith("hf:"):
+            raise DataError(f"--split {split}: {data} has the splits train and test; other "
+                            "split names are for Hugging Face datasets (--data hf:NAME)")
+        eval_split, split = split, "test"
+    train_set, test_set = open_source(
+        data, data_dir, size, channels, limit if split == "train" else None,
+        limit if split == "test" else None, mode, train_split, eval_split,
+        bool(recipe.get("streaming")) if own else False)
+    chosen = train_set if split == "train" else test_set
+    if isinstance(chosen, ImageDataset):
+        return chosen
+    resize = EvalResize(weights.preprocess.replace(img_size=list(size)))
+    if isinstance(chosen, IterableRecords):
+        return IterableEval(chosen, resize, channels, size)
+    return StreamEval(chosen, resize, channels, size)
 
 
 def _default_out(source: str | Path, weights: WeightsRecord) -> Path:

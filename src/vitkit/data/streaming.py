@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import BatchOrder, shard
-from vitkit.data.sources.records import ImageRecords
+from vitkit.data.sources.records import ImageRecords, IterableRecords
 from vitkit.data.transforms import EvalResize
 
 logger = logging.getLogger("vitkit.data")
@@ -84,6 +84,41 @@ class _DecodedBatches(torch.utils.data.Dataset):
             labels.append(int(record_labels[index]))
         images = out if len(labels) == len(keys) else out[:len(labels)].clone()
         return Batch(images, torch.tensor(labels, dtype=torch.int64), skipped)
+
+
+class _StreamedBatches(torch.utils.data.IterableDataset):
+    """Reads an `IterableRecords` share in order into `Batch`es of `batch_size` records (the
+    last one may be short), starting after `skip_batches` batches (one worker process)."""
+
+    def __init__(self, records: IterableRecords, transform: Transform, channels: int,
+                 size: tuple[int, int], seed: int, rank: int, world_size: int,
+                 batch_size: int) -> None:
+        self.records, self.transform = records, transform
+        self.channels, self.size, self.seed = channels, size, seed
+        self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
+        self.epoch, self.skip_batches = 0, 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        skip = self.skip_batches * self.batch_size
+        stream = self.records.iterate(self.epoch, self.seed, self.rank, self.world_size,
+                                      self.channels, skip=skip)
+        out = torch.empty((self.batch_size, self.channels, *self.size), dtype=torch.uint8)
+        labels: list[int] = []
+        skipped: list[tuple[str, str]] = []
+        read = 0
+        for position, (decoded, label, where) in enumerate(stream, skip):
+            read += 1
+            if decoded.image is None:
+                skipped.append((where, decoded.reason))
+            else:
+                rng = np.random.default_rng((self.seed, self.epoch, self.rank, position))
+                out[len(labels)] = torch.from_numpy(self.transform(decoded.image, rng))
+                labels.append(label)
+            if read == self.batch_size:
+                yield Batch(out[:len(labels)].clone(), torch.tensor(labels), skipped)
+                labels, skipped, read = [], [], 0
+        if read:
+            yield Batch(out[:len(labels)].clone(), torch.tensor(labels), skipped)
 
 
 def _single(batch: Batch) -> Batch:
@@ -198,6 +233,69 @@ class StreamFeed:
         iterator = getattr(self.loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+
+
+class IterableFeed:
+    """Training batches of `IterableRecords` (a streamed Hugging Face dataset): each rank reads
+    its own share in a seeded shuffled order, `batch_size / world_size` records per step; a
+    resumed epoch skips the records of the batches already trained on."""
+
+    global_batches = False
+
+    def __init__(self, records: IterableRecords, order: BatchOrder, transform: Transform,
+                 channels: int, size: tuple[int, int], seed: int, rank: int = 0,
+                 world_size: int = 1, pin_memory: bool = False) -> None:
+        self.order = order
+        local = len(shard(torch.arange(order.batch_size), rank, world_size))
+        self.dataset = _StreamedBatches(records, transform, channels, size, seed, rank,
+                                        world_size, local)
+        self.pin_memory = pin_memory
+        self.skips = SkipLog(records.name)
+
+    def epoch(self, epoch: int, start: int = 0
+              ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        self.dataset.epoch, self.dataset.skip_batches = epoch, start
+        loader = DataLoader(self.dataset, batch_size=None, num_workers=1,
+                            pin_memory=self.pin_memory, prefetch_factor=4)
+        total = self.order.batches_per_epoch()
+        for index, batch in enumerate(loader, start):
+            if index >= total:
+                break  # every rank trains the same number of steps per epoch
+            self.skips.add(batch.skipped)
+            yield index, batch.images, batch.labels
+
+    @property
+    def skipped_files(self) -> list[tuple[str, str]]:
+        return self.skips.as_list()
+
+    def close(self) -> None:
+        pass
+
+
+class IterableEval:
+    """Evaluation batches of `IterableRecords`: this rank's share, in the stream's order."""
+
+    def __init__(self, records: IterableRecords, transform: Transform, channels: int,
+                 size: tuple[int, int], pin_memory: bool = False) -> None:
+        self.records, self.transform = records, transform
+        self.channels, self.size, self.pin_memory = channels, size, pin_memory
+        self.skips = SkipLog(records.name)
+        self.classes, self.name = records.classes, records.name
+
+    def eval_batches(self, batch_size: int, rank: int = 0, world_size: int = 1
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        dataset = _StreamedBatches(self.records, self.transform, self.channels, self.size, 0,
+                                   rank, world_size, batch_size)
+        loader = DataLoader(dataset, batch_size=None, num_workers=1,
+                            pin_memory=self.pin_memory)
+        for batch in loader:
+            self.skips.add(batch.skipped)
+            if len(batch.labels):
+                yield batch.images, batch.labels
+
+    @property
+    def skipped_files(self) -> list[tuple[str, str]]:
+        return self.skips.as_list()
 
 
 class StreamEval:

@@ -31,7 +31,7 @@ class TrainConfig:
     """Everything a training run needs besides the data files themselves."""
 
     # A variant name, or a dict: {"variant": "Ti/4", ...ViTConfig overrides} or a full config.
-    model: str | dict[str, Any] | None = "Ti/4"
+    model: str | dict[str, Any] | None = "Ti/16"
     data: str = "digits"  # digits | cifar10 | cifar100 | folder | hf:NAME_OR_PATH
     data_dir: str | None = None
     # Folders and Hugging Face datasets: "memory" decodes every image up front at the model's
@@ -369,6 +369,8 @@ def apply_override(data: dict[str, Any], item: str) -> None:
                           "(model.depth=4, augment.flip=false); other keys have no dots")
     parent = parents[0]
     current = data.get(parent)
+    if parent == "model" and "model" not in data:  # the default model, with this change
+        current = TrainConfig.model
     if parent == "model" and isinstance(current, str):
         current = {"variant": current}
     target = dict(current) if isinstance(current, dict) else {}

@@ -23,8 +23,14 @@ from vitkit.data.loader import BatchOrder, shard
 from vitkit.data.preprocess import Preprocess
 from vitkit.data.skipped import write_skipped_files
 from vitkit.data.sources import open_source
-from vitkit.data.sources.records import ImageRecords
-from vitkit.data.streaming import MemoryFeed, StreamEval, StreamFeed
+from vitkit.data.sources.records import ImageRecords, IterableRecords
+from vitkit.data.streaming import (
+    IterableEval,
+    IterableFeed,
+    MemoryFeed,
+    StreamEval,
+    StreamFeed,
+)
 from vitkit.data.transforms import EvalResize, InceptionCrop
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.posembed import resample_grid_embed
@@ -94,6 +100,8 @@ def check_data_fits(config: ViTConfig, train: ImageDataset | ImageRecords,
     """Refuse data the model cannot take, naming the fix (`resize`: images of another size
     are resized to the model's, as when fine-tuning at a higher resolution). Streamed records
     are decoded to the model's channels and size, so only their labels are checked."""
+    if isinstance(train, IterableRecords):
+        return  # a stream's labels are only known as it is read (its classes size the head)
     labels = torch.as_tensor(train.labels)
     top = int(labels.max())
     if top >= config.num_classes or int(labels.min()) < 0:
@@ -178,7 +186,7 @@ class Trainer:
         self.ema = self._make_ema()
         self.augment = BatchAugment(self._augment_config(), self.model_config.num_classes)
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.order = BatchOrder(len(train_data), cfg.batch_size, cfg.seed)
+        self.order = BatchOrder(self._record_count(train_data), cfg.batch_size, cfg.seed)
         if self.order.batches_per_epoch() == 0:
             raise DataError(f"{len(train_data)} training images do not fill one batch of "
                             f"{cfg.batch_size}: lower batch_size")
@@ -227,8 +235,21 @@ class Trainer:
             augment = replace(augment, crop_padding=0)
         return augment
 
-    def _feeds(self, train: ImageDataset | ImageRecords, test: ImageDataset | ImageRecords
-               ) -> tuple[MemoryFeed | StreamFeed, ImageDataset | StreamEval]:
+    @staticmethod
+    def _record_count(train: ImageDataset | ImageRecords | IterableRecords) -> int:
+        if not isinstance(train, IterableRecords):
+            return len(train)
+        if train.num_records is None:
+            raise DataError(f"{train.name} is streamed and does not state its size, so epochs "
+                            "cannot be counted: use streaming=false (the dataset is prepared "
+                            "locally and read by index), or a dataset whose split info gives "
+                            "its number of examples")
+        return train.num_records
+
+    def _feeds(self, train: ImageDataset | ImageRecords | IterableRecords,
+               test: ImageDataset | ImageRecords | IterableRecords
+               ) -> tuple[MemoryFeed | StreamFeed | IterableFeed,
+                          ImageDataset | StreamEval | IterableEval]:
         """Where the batches come from: memory, or DataLoader workers decoding records."""
         if not self.streamed:
             return MemoryFeed(train, self.order), test
@@ -238,10 +259,15 @@ class Trainer:
                              self.preprocess.interpolation)
         if cfg.resize_crop > 1:
             log.info("streamed data: the Inception crop replaces resize_crop")
-        feed = StreamFeed(train, self.order, crop, channels, size, cfg.seed, self.info.rank,
-                          self.info.world_size, cfg.workers, pin)
+        rank, world, evaluate_as = self.info.rank, self.info.world_size, EvalResize(self.preprocess)
+        if isinstance(train, IterableRecords):
+            return (IterableFeed(train, self.order, crop, channels, size, cfg.seed, rank, world,
+                                 pin),
+                    IterableEval(test, evaluate_as, channels, size, pin))
+        feed = StreamFeed(train, self.order, crop, channels, size, cfg.seed, rank, world,
+                          cfg.workers, pin)
         evaluation = test if isinstance(test, ImageDataset) else StreamEval(
-            test, EvalResize(self.preprocess), channels, size, cfg.workers, pin)
+            test, evaluate_as, channels, size, cfg.workers, pin)
         return feed, evaluation
 
     def _make_ema(self) -> torch.optim.swa_utils.AveragedModel | None:

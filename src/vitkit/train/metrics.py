@@ -12,7 +12,7 @@ from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import eval_batches
 from vitkit.data.preprocess import Preprocess
-from vitkit.data.streaming import StreamEval
+from vitkit.data.streaming import IterableEval, StreamEval
 from vitkit.train.distributed import DistInfo, all_reduce_sum
 
 
@@ -35,7 +35,8 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset: ImageDataset | StreamEval, num_classes: int,
+def evaluate(model: torch.nn.Module, dataset: ImageDataset | StreamEval | IterableEval,
+             num_classes: int,
              preprocess: Preprocess, batch_size: int = 500, device: torch.device | None = None,
              info: DistInfo | None = None, autocast_dtype: torch.dtype | None = None,
              image_size: tuple[int, int] | None = None,

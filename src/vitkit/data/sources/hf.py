@@ -176,7 +176,7 @@ def _checked_classes(labels: np.ndarray, classes: list[str] | None, column: str,
         raise DataError(f"{where}: {bad} of {len(labels)} records have no valid label (-1 or "
                         f"outside 0..{len(classes) - 1} in column {column!r}); an unlabelled "
                         f"split cannot train or evaluate: choose another with train_split= / "
-                        f"eval_split= (splits found: {', '.join(splits)})")
+                        f"split= (splits found: {', '.join(splits)})")
     return classes
 
 
@@ -203,19 +203,23 @@ def _records(spec: str, split: str, part: Dataset | IterableDataset, splits: lis
     return HFStreamRecords(part, where, image_column, label_column, classes, num_records)
 
 
+# The TrainConfig keys (and `vitkit eval --split`) that choose each split.
+_KEYS = {"train": "train_split=", "eval": "split="}
+
+
 def _choose(spec: str, splits: Mapping[str, object], wanted: str | None, role: str) -> str:
     found = ", ".join(splits)
     if wanted is not None:
         if wanted not in splits:
             raise DataError(f"hf:{spec} has no split {wanted!r} for {role}; its splits are "
-                            f"{found}: pass one of them as {role}_split=")
+                            f"{found}: pass one of them as {_KEYS[role]}")
         return wanted
     defaults = (TRAIN_SPLIT,) if role == "train" else EVAL_SPLITS
     chosen = next((name for name in defaults if name in splits), None)
     if chosen is None:
         held_out = "" if role == "train" else " (a held-out split, not the training one)"
         raise DataError(f"hf:{spec} has no {'/'.join(defaults)} split for {role}; its splits "
-                        f"are {found}: pass {role}_split=NAME{held_out}")
+                        f"are {found}: pass {_KEYS[role]}NAME{held_out}")
     return chosen
 
 
@@ -237,7 +241,7 @@ def load_hf_splits(spec: str, train_split: str | None = None, eval_split: str | 
     if train.classes != held_out.classes:
         raise DataError(f"hf:{spec}: split {train_name!r} has classes {train.classes[:5]}... but "
                         f"{eval_name!r} has {held_out.classes[:5]}...: pass splits of one "
-                        f"labelling with train_split= / eval_split=")
+                        f"labelling with train_split= / split=")
     return train, held_out
 
 
