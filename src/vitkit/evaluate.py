@@ -115,7 +115,8 @@ def _split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, 
     """
     recipe = weights.train_config or {}
     own = data == recipe.get("data")
-    mode = recipe.get("data_mode", "auto") if own else "stream"
+    streamable = data == "folder" or data.startswith("hf:")
+    mode = recipe.get("data_mode", "auto") if own else ("stream" if streamable else "auto")
     train_split = recipe.get("train_split") if own else None
     eval_split = recipe.get("split") if own else None
     if split not in ("train", "test"):
