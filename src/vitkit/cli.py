@@ -163,7 +163,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The run's TrainConfig: the recipe (with --resume and no recipe, the checkpoint's),
     then KEY=VALUE overrides, then the flags. With --resume and no --out, the run goes on in
     the checkpoint's folder."""
-    from vitkit.train.config import checkpoint_train_config, load_train_config
+    from vitkit.train.config import TrainConfig, checkpoint_train_config, load_train_config
 
     recipe, overrides = args.recipe, list(args.overrides)
     if recipe and "=" in recipe and not Path(recipe).exists():  # `train epochs=3`: no recipe
@@ -178,7 +178,9 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     if recipe is None and args.resume:
         return load_train_config(None, overrides, base=checkpoint_train_config(args.resume))
     if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
-        return load_train_config(None, overrides)
+        fine_tuning = any(item.startswith("init_from=") for item in overrides)
+        base = {} if fine_tuning else {"model": TrainConfig.model}  # model.X=... changes it
+        return load_train_config(None, overrides, base=base)
     return load_train_config(recipe or "digits", overrides)
 
 

@@ -369,8 +369,6 @@ def apply_override(data: dict[str, Any], item: str) -> None:
                           "(model.depth=4, augment.flip=false); other keys have no dots")
     parent = parents[0]
     current = data.get(parent)
-    if parent == "model" and "model" not in data:  # the default model, with this change
-        current = TrainConfig.model
     if parent == "model" and isinstance(current, str):
         current = {"variant": current}
     target = dict(current) if isinstance(current, dict) else {}
