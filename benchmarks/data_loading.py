@@ -11,12 +11,13 @@
    crop) and StreamEval (shorter side to size / 0.875, centre crop) against torchvision's
    ImageFolder + DataLoader with RandomResizedCrop / Resize + CenterCrop, both ending in uint8
    tensors. No flip in either (vitkit flips later, on whole batches). Repetitions alternate the
-   loaders; medians are reported. Target: vitkit >= torchvision.
+   loaders; medians of images/s and of the loader processes' CPU time per image (what a busy,
+   shared machine distorts least) are reported. Target: vitkit >= torchvision.
 4. The model's training step rate (forward + backward + AdamW, fp32) against the loader's rate.
    Target: the loader keeps up.
 
-    python benchmarks/data_loading.py                 # 50,000 files, S/16 (~25 min, 2 cores)
-    python benchmarks/data_loading.py --quick         # 2,000 files, Ti/16: a smoke check
+    python benchmarks/data_loading.py                 # 50,000 files: ~2 min to generate, ~10 min
+    python benchmarks/data_loading.py --quick         # 2,000 files, Ti/16: a ~2 min smoke check
 """
 
 from __future__ import annotations
@@ -235,33 +236,47 @@ LOADERS = {
 }
 
 
-def images_per_second(make, folder: Path, size: int, batch: int, workers: int, epoch: int,
-                      images: int) -> float:
-    """Images/s of one loader over `images` images, after 2 x workers warm-up batches (worker
-    start-up and the first fills of the prefetch queue are not timed)."""
+def _cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its live children (the loader workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+def loader_rate(make, folder: Path, size: int, batch: int, workers: int, epoch: int,
+                images: int) -> tuple[float, float]:
+    """(images/s, CPU ms per image of the whole loader) over `images` images, after
+    2 x workers warm-up batches (worker start-up and the first fills of the prefetch queue are
+    not counted). CPU time is what a busy shared machine distorts least."""
     batches, close = make(folder, size, batch, workers, epoch)
     try:
         for _ in range(2 * max(workers, 1)):
             next(batches)
-        seen, start = 0, time.perf_counter()
+        seen, cpu, start = 0, _cpu_seconds(), time.perf_counter()
         while seen < images:
             seen += len(next(batches))
-        return seen / (time.perf_counter() - start)
+        wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+        return seen / wall, 1e3 * cpu / seen
     finally:
         close()
 
 
 def time_loaders(folder: Path, size: int, batch: int, workers: int, images: int, reps: int
-                 ) -> dict[str, dict[str, list[float]]]:
-    """Images/s of every loader, `reps` rounds with the order alternating each round."""
-    rates: dict[str, dict[str, list[float]]] = {}
+                 ) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """(images/s, CPU ms/image) of every loader, `reps` rounds, the order alternating."""
+    rates: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for path, makers in LOADERS.items():
         rates[path] = {name: [] for name in makers}
         names = list(makers)
         for rep in range(reps):
             for name in names if rep % 2 == 0 else names[::-1]:
-                rates[path][name].append(images_per_second(makers[name], folder, size, batch,
-                                                           workers, rep, images))
+                rates[path][name].append(loader_rate(makers[name], folder, size, batch,
+                                                     workers, rep, images))
     return rates
 
 
@@ -321,10 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--train-steps", type=int, help="steps of each training run "
-                        "(default 16; quick 2)")
+                        "(default 12; quick 2)")
     parser.add_argument("--images", type=int, help="timed images per loader repetition "
-                        "(default 3,000; quick 400)")
-    parser.add_argument("--reps", type=int, help="repetitions per loader (default 3; quick 2)")
+                        "(default 2,000; quick 400)")
+    parser.add_argument("--reps", type=int, help="repetitions per loader (default 5; quick 2)")
     parser.add_argument("--step-reps", type=int, help="timed model steps (default 3; quick 1)")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -333,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     val_count = args.val_count or (200 if quick else 1_000)
     subset = args.subset or count // 5
     model = args.model or ("Ti/16" if quick else "S/16")
-    train_steps = args.train_steps or (2 if quick else 16)
-    images = args.images or (400 if quick else 3_000)
-    reps = args.reps or (2 if quick else 3)
+    train_steps = args.train_steps or (2 if quick else 12)
+    images = args.images or (400 if quick else 2_000)
+    reps = args.reps or (2 if quick else 5)
     step_reps = args.step_reps or (1 if quick else 3)
     if not args.cifar_dir:
         parser.error("pass --cifar-dir or set VITKIT_CIFAR10_DIR (the CIFAR-10 binary folder)")
@@ -375,17 +390,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'difference':<16}{_mb(growth):>28}{_mb(large_own - small_own):>20}   "
           f"target < {_mb(TARGET_RSS_GROWTH)}: {verdict}")
 
-    print(f"\nLoader images/s at {args.size}px, batch {args.batch}, {args.workers} workers, "
-          f"uint8 out, no flip; median of {reps} alternating repetitions of {images:,} images")
-    print(f"{'path':<7}{'loader':<26}{'images/s':>10}{'vs torchvision':>16}")
+    print(f"\nLoaders at {args.size}px, batch {args.batch}, {args.workers} workers, uint8 out, "
+          f"no flip; medians of {reps} alternating repetitions of {images:,} images "
+          "(min-max of images/s in brackets; CPU = loader processes' CPU time per image)")
+    print(f"{'path':<7}{'loader':<25}{'images/s':>9}{'(min-max)':>12}{'vs tv':>7}"
+          f"{'CPU ms/img':>12}{'vs tv':>7}")
     best_train = 0.0
     for path, by_name in rates.items():
-        medians = {name: statistics.median(values) for name, values in by_name.items()}
-        base = medians["torchvision ImageFolder"]
-        for name, value in medians.items():
-            print(f"{path:<7}{name:<26}{value:>10.0f}{value / base:>15.2f}x")
+        speed = {name: statistics.median(r for r, _ in runs) for name, runs in by_name.items()}
+        cpu = {name: statistics.median(c for _, c in runs) for name, runs in by_name.items()}
+        tv = "torchvision ImageFolder"
+        for name, runs in by_name.items():
+            spread = f"({min(r for r, _ in runs):.0f}-{max(r for r, _ in runs):.0f})"
+            print(f"{path:<7}{name:<25}{speed[name]:>9.0f}{spread:>12}"
+                  f"{speed[name] / speed[tv]:>6.2f}x{cpu[name]:>12.2f}{cpu[tv] / cpu[name]:>6.2f}x")
         if path == "train":
-            best_train = medians["vitkit StreamFeed"]
+            best_train = speed["vitkit StreamFeed"]
+    print("(vs tv: vitkit's speed / torchvision's, and torchvision's CPU time / vitkit's: above "
+          "1 is better for vitkit)")
 
     keeps_up = "PASS" if best_train >= step_rate else "FAIL"
     print(f"\n{model} training step (fp32, forward + backward + AdamW, batch {args.batch}): "
