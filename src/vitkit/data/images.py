@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from vitkit.errors import InputError
 
@@ -72,6 +72,7 @@ ImageSource = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
 
 _ALPHA_MODES = frozenset({"LA", "La", "PA", "RGBA", "RGBa"})
 _SIXTEEN_BIT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
+_TRANSPOSED_ORIENTATIONS = frozenset(range(2, 9))  # EXIF orientations exif_transpose turns
 _SIGNATURES = {  # file starts that name a format, for "damaged header" vs "not an image"
     b"\x89PNG": "PNG", b"\xff\xd8": "JPEG", b"GIF8": "GIF", b"BM": "BMP", b"II*\x00": "TIFF",
     b"MM\x00*": "TIFF",
@@ -184,6 +185,14 @@ def _to_target(image: Image.Image, mode: str) -> Image.Image:
     return image if image.mode == mode else image.convert(mode)
 
 
+def _upright(image: Image.Image) -> Image.Image:
+    """`ImageOps.exif_transpose(image)`, but `image` itself when its EXIF orientation is absent
+    or 1 (most files), sparing exif_transpose's copy of the decoded pixels."""
+    if image.getexif().get(ExifTags.Base.Orientation, 1) not in _TRANSPOSED_ORIENTATIONS:
+        return image
+    return ImageOps.exif_transpose(image)
+
+
 def _open_source(source: ImageSource) -> tuple[str | io.BytesIO, bytes, str]:
     """What Pillow opens (a path, or the bytes in memory), the first bytes, and the path ("" for
     bytes), refusing empty or unreadable sources."""
@@ -196,14 +205,14 @@ def _open_source(source: ImageSource) -> tuple[str | io.BytesIO, bytes, str]:
             raise _Refused(EMPTY, "0 bytes")
         return io.BytesIO(data), data[:32], ""
     path = str(source)
-    try:
-        if os.path.getsize(path) == 0:
-            raise _Refused(EMPTY, "0 bytes")
+    try:  # one read of the whole file: no second open, stat or small reads while decoding
         with open(path, "rb") as handle:
-            head = handle.read(32)
+            data = handle.read()
     except OSError as err:
         raise _Refused(CANNOT_OPEN, err.strerror or type(err).__name__) from err
-    return path, head, path
+    if not data:
+        raise _Refused(EMPTY, "0 bytes")
+    return io.BytesIO(data), data[:32], path
 
 
 def _decode(source: ImageSource, mode: str, max_pixels: int | None) -> Image.Image:
@@ -212,8 +221,7 @@ def _decode(source: ImageSource, mode: str, max_pixels: int | None) -> Image.Ima
         with Image.open(opened) as image:
             _check_pixels(image, max_pixels)
             image.load()  # decodes the whole first frame: truncation and corruption show here
-            upright = ImageOps.exif_transpose(image)
-            result = _to_target(upright, mode)
+            result = _to_target(_upright(image), mode)
             return result.copy() if result is image else result
     except _Refused:
         raise
