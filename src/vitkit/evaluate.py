@@ -8,8 +8,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from vitkit.config import ViTConfig
 from vitkit.data.dataset import ImageDataset
-from vitkit.data.sources import SOURCES, load_source
+from vitkit.data.sources import SOURCES, load_source, open_source
+from vitkit.data.streaming import StreamEval
+from vitkit.data.transforms import EvalResize
 from vitkit.errors import DataError
 from vitkit.train.metrics import evaluate
 from vitkit.weights import WeightsRecord, build_model, read_weights
@@ -36,12 +39,34 @@ def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, spl
     return data, data_dir, limit
 
 
-def _check_fits(dataset: ImageDataset, num_classes: int, in_chans: int, data: str) -> None:
+def _split_to_evaluate(weights: WeightsRecord, config: ViTConfig, data: str,
+                       data_dir: str | None, split: str, limit: int | None
+                       ) -> ImageDataset | StreamEval:
+    """The split, decoded into memory (squashed to the model's size); or, for weights that
+    crop (`resize_mode="shorter_side"`: runs on streamed folders and Hugging Face datasets),
+    streamed through their own resize and centre crop, as their run evaluated."""
+    train_limit, test_limit = (limit, None) if split == "train" else (None, limit)
+    crops = weights.preprocess.resize_mode != "squash"
+    if crops and (data == "folder" or data.startswith("hf:")):
+        recipe: dict[str, Any] = weights.train_config or {}
+        train, test = open_source(data, data_dir, config.img_size, config.in_chans,
+                                  train_limit, test_limit, mode="stream",
+                                  train_split=recipe.get("train_split"),
+                                  eval_split=recipe.get("split"))
+        return StreamEval(train if split == "train" else test, EvalResize(weights.preprocess),
+                          config.in_chans, tuple(config.img_size))
+    train_set, test_set = load_source(data, data_dir, config.img_size, config.in_chans,
+                                      train_limit, test_limit)
+    return train_set if split == "train" else test_set
+
+
+def _check_fits(dataset: ImageDataset | StreamEval, num_classes: int, in_chans: int,
+                data: str) -> None:
     if num_classes <= 0:
         raise DataError("these weights have no classification head (num_classes=0), so there "
                         f"is nothing to evaluate: fine-tune a head first (vitkit finetune "
                         f"WEIGHTS --data {data})")
-    if dataset.channels != in_chans:
+    if isinstance(dataset, ImageDataset) and dataset.channels != in_chans:
         raise DataError(f"the {data} images have {dataset.channels} channel(s) but the model "
                         f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
     top = int(dataset.labels.max())
@@ -68,12 +93,9 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     model = build_model(weights)
     config = model.config
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
-    train_set, test_set = load_source(data, data_dir, config.img_size, config.in_chans,
-                                      limit if split == "train" else None,
-                                      limit if split == "test" else None)
-    dataset = train_set if split == "train" else test_set
+    dataset = _split_to_evaluate(weights, config, data, data_dir, split, limit)
     _check_fits(dataset, config.num_classes, config.in_chans, data)
-    if tuple(dataset.image_size) != tuple(config.img_size):
+    if isinstance(dataset, ImageDataset) and tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
     result = evaluate(model, dataset, config.num_classes, weights.preprocess, batch_size,
