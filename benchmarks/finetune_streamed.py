@@ -258,6 +258,7 @@ def main() -> None:
     parser.add_argument("--init", type=Path, help="start from these weights (no pre-training)")
     parser.add_argument("--runs", default=",".join(RUNS), help="of folder, hf, scratch")
     parser.add_argument("--budget", type=float, help="seconds per fine-tuning run")
+    parser.add_argument("--pretrain-steps", type=int, help="CIFAR-10 pre-training steps")
     parser.add_argument("--quick", action="store_true", help="a few images, a tiny model")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
@@ -266,6 +267,10 @@ def main() -> None:
     settings = QUICK if args.quick else FULL
     if args.budget is not None:
         settings = replace(settings, budget=args.budget)
+    if args.pretrain_steps is not None:
+        warmup = max(args.pretrain_steps // 16, 1)
+        settings = replace(settings, pretrain_args=(f"total_steps={args.pretrain_steps}",
+                                                    f"warmup_steps={warmup}"))
     root = args.root / "quick" if args.quick else args.root
     print("settings:", json.dumps(asdict(settings)), flush=True)
     rows = run_all(args.data_dir, root, settings, args.init, tuple(args.runs.split(",")))
