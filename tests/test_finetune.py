@@ -24,6 +24,7 @@ from vitkit.train.config import load_train_config
 from vitkit.train.finetune import default_img_size, resize_random_crop, target_config
 from vitkit.train.loop import Trainer
 from vitkit.weights import load_pretrained, read_weights, save_npz, save_pretrained
+from vitkit.weights.record import check_tensors
 
 # Fine-tuning at 16 px what was pretrained at 8 px: the 4x4 position grid becomes 8x8.
 SMALL = ["data=digits", "model.img_size=16", "batch_size=64", "accum_steps=2",
@@ -251,3 +252,28 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_allocating(tmp_path, 
     assert "lower batch_size" in err and "model.img_size" in err
     assert not (tmp_path / "last.pt").exists()
     assert main([*args, "--img-size", "16"]) == 0  # following the advice: a lower img_size
+
+
+def test_a_hybrid_checkpoint_with_batchnorm_step_counters_is_a_valid_init(tmp_path):
+    """The conv stem's BatchNorm keeps an int64 `num_batches_tracked` buffer: fine-tuning from
+    such a run (the cifar10 recipe's model) reads it, and the stem's running statistics come
+    along; an integer tensor that is not such a counter is still refused."""
+    stem = ["model.stem=conv", "model.stem_channels=[8,16]", "model.depth=1"]
+    cfg = load_train_config("digits", [*stem, "total_steps=3", "warmup_steps=1", "batch_size=32",
+                                       "progress=false", f"out_dir={tmp_path / 'hybrid'}"])
+    Trainer(cfg).run()
+    saved = load_checkpoint(tmp_path / "hybrid" / "last.pt")["model"]
+    counters = [name for name in saved if name.endswith("num_batches_tracked")]
+    assert counters and all(saved[name].dtype == torch.int64 for name in counters)
+
+    cfg = load_train_config("finetune", [f"init_from={tmp_path / 'hybrid' / 'last.pt'}", *SMALL,
+                                         f"out_dir={tmp_path / 'tuned'}"])
+    state = Trainer(cfg).model.state_dict()
+    for name in counters:
+        running_mean = name.replace("num_batches_tracked", "running_mean")
+        assert torch.equal(state[running_mean], saved[running_mean])
+        assert int(state[name]) == int(saved[name]) == 3
+
+    bad = dict(saved, **{"head.weight": saved["head.weight"].long()})
+    with pytest.raises(CheckpointError, match=r"1 entry is not .* head.weight \(torch.int64\)"):
+        check_tensors(bad, "ints.pt")

@@ -74,7 +74,7 @@ def check_tensors(state_dict: Any, source: object, shown: int = 5) -> None:
                               "a checkpoint; download or copy it again")
     wrong = [f"{name} ({_kind(value)})" for name, value in state_dict.items()
              if not isinstance(name, str) or not isinstance(value, torch.Tensor)
-             or not value.is_floating_point()]
+             or not (value.is_floating_point() or _is_step_counter(name, value))]
     if wrong:
         raise CheckpointError(
             f"{source}: {len(wrong)} entr{'y is' if len(wrong) == 1 else 'ies are'} not "
@@ -87,6 +87,12 @@ def check_tensors(state_dict: Any, source: object, shown: int = 5) -> None:
             f"{', '.join(bad[:shown])}{' ...' if len(bad) > shown else ''}. Such weights give "
             "NaN outputs: the file is damaged or was saved from a diverged run; use another "
             "checkpoint (e.g. an earlier one of the run) or download it again.")
+
+
+def _is_step_counter(name: str, value: torch.Tensor) -> bool:
+    """BatchNorm's integer step counter (the hybrid stems' convolutions have BatchNorm)."""
+    return name.endswith(".num_batches_tracked") and value.dtype == torch.int64 \
+        and value.dim() == 0
 
 
 def check_config_fits(config: ViTConfig, state_dict: dict[str, torch.Tensor],
