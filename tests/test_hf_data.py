@@ -284,7 +284,8 @@ def test_unlabelled_split_is_refused_and_a_labelled_one_works(tmp_path: Path) ->
                         test=_dataset(images[30:], [-1] * 10),
                         valid=_dataset(images[30:], labels[30:]))
     parts.save_to_disk(str(tmp_path / "kaggle"))
-    with pytest.raises(DataError, match=r"10 of 10 records have no valid label.*eval_split=.*"
+    with pytest.raises(DataError, match=r"10 of 10 records have no valid label.*"
+                                        r"train_split= / split=.*"
                                         r"splits found: train, test, valid"):
         load_hf_splits(str(tmp_path / "kaggle"), eval_split="test")
     _, held_out = load_hf_splits(str(tmp_path / "kaggle"))  # "valid" comes before "test"
