@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
 from vitkit.data.dataset import ImageDataset
+from vitkit.data.images import DecodedImage
 from vitkit.data.loader import BatchOrder, shard
 from vitkit.data.sources.records import ImageRecords, IterableRecords
 from vitkit.data.transforms import EvalResize
@@ -55,6 +57,24 @@ class Batch:
         return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped)
 
 
+def _pack(items: Iterable[tuple[DecodedImage, int, str, tuple[int, ...]]], capacity: int,
+          transform: Transform, channels: int, size: tuple[int, int]) -> Batch:
+    """Transform up to `capacity` decoded records, each (image, label, where, crop seed), into
+    one `Batch`; refused images are left out and named."""
+    out = torch.empty((capacity, channels, *size), dtype=torch.uint8)
+    labels: list[int] = []
+    skipped: list[tuple[str, str]] = []
+    for decoded, label, where, seed in items:
+        if decoded.image is None:
+            skipped.append((where, decoded.reason))
+            continue
+        out[len(labels)] = torch.from_numpy(transform(decoded.image,
+                                                      np.random.default_rng(seed)))
+        labels.append(label)
+    images = out if len(labels) == capacity else out[:len(labels)].clone()
+    return Batch(images, torch.tensor(labels, dtype=torch.int64), skipped)
+
+
 class _DecodedBatches(torch.utils.data.Dataset):
     """Reads a list of (epoch, index) keys into one `Batch` (runs in the worker processes)."""
 
@@ -70,20 +90,11 @@ class _DecodedBatches(torch.utils.data.Dataset):
         return self.__getitems__([key])
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> Batch:
-        out = torch.empty((len(keys), self.channels, *self.size), dtype=torch.uint8)
-        labels: list[int] = []
-        skipped: list[tuple[str, str]] = []
-        record_labels = self.records.labels
-        for epoch, index in keys:
-            decoded = self.records.read(index, self.channels)
-            if decoded.image is None:
-                skipped.append((self.records.where(index), decoded.reason))
-                continue
-            rng = np.random.default_rng((self.seed, epoch, index))
-            out[len(labels)] = torch.from_numpy(self.transform(decoded.image, rng))
-            labels.append(int(record_labels[index]))
-        images = out if len(labels) == len(keys) else out[:len(labels)].clone()
-        return Batch(images, torch.tensor(labels, dtype=torch.int64), skipped)
+        labels = self.records.labels
+        items = ((self.records.read(index, self.channels), int(labels[index]),
+                  self.records.where(index), (self.seed, epoch, index))
+                 for epoch, index in keys)
+        return _pack(items, len(keys), self.transform, self.channels, self.size)
 
 
 class _StreamedBatches(torch.utils.data.IterableDataset):
@@ -102,23 +113,14 @@ class _StreamedBatches(torch.utils.data.IterableDataset):
         skip = self.skip_batches * self.batch_size
         stream = self.records.iterate(self.epoch, self.seed, self.rank, self.world_size,
                                       self.channels, skip=skip)
-        out = torch.empty((self.batch_size, self.channels, *self.size), dtype=torch.uint8)
-        labels: list[int] = []
-        skipped: list[tuple[str, str]] = []
-        read = 0
-        for position, (decoded, label, where) in enumerate(stream, skip):
-            read += 1
-            if decoded.image is None:
-                skipped.append((where, decoded.reason))
-            else:
-                rng = np.random.default_rng((self.seed, self.epoch, self.rank, position))
-                out[len(labels)] = torch.from_numpy(self.transform(decoded.image, rng))
-                labels.append(label)
-            if read == self.batch_size:
-                yield Batch(out[:len(labels)].clone(), torch.tensor(labels), skipped)
-                labels, skipped, read = [], [], 0
-        if read:
-            yield Batch(out[:len(labels)].clone(), torch.tensor(labels), skipped)
+        items = ((decoded, label, where, (self.seed, self.epoch, self.rank, position))
+                 for position, (decoded, label, where) in enumerate(stream, skip))
+        while True:  # batch_size records per batch, read lazily; the last one may be short
+            batch = _pack(islice(items, self.batch_size), self.batch_size, self.transform,
+                          self.channels, self.size)
+            if not len(batch.labels) and not batch.skipped:
+                return
+            yield batch
 
 
 def _single(batch: Batch) -> Batch:
@@ -164,6 +166,16 @@ def _loader(dataset: _DecodedBatches, sampler: Sampler, workers: int, pin_memory
                       prefetch_factor=4 if workers > 0 else None)
 
 
+class _NamesSkips:
+    """A feed whose `skips` (a `SkipLog`) name the records it left out."""
+
+    skips: SkipLog
+
+    @property
+    def skipped_files(self) -> list[tuple[str, str]]:
+        return self.skips.as_list()
+
+
 class SkipLog:
     """Records left out while streaming, each named once, with a warning for the first few."""
 
@@ -202,7 +214,7 @@ class MemoryFeed:
         pass
 
 
-class StreamFeed:
+class StreamFeed(_NamesSkips):
     """This rank's share of each global batch, decoded and transformed by worker processes."""
 
     global_batches = False
@@ -225,17 +237,13 @@ class StreamFeed:
             self.skips.add(batch.skipped)
             yield index, batch.images, batch.labels
 
-    @property
-    def skipped_files(self) -> list[tuple[str, str]]:
-        return self.skips.as_list()
-
     def close(self) -> None:
         iterator = getattr(self.loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
 
 
-class IterableFeed:
+class IterableFeed(_NamesSkips):
     """Training batches of `IterableRecords` (a streamed Hugging Face dataset): each rank reads
     its own share in a seeded shuffled order, `batch_size / world_size` records per step; a
     resumed epoch skips the records of the batches already trained on."""
@@ -264,15 +272,11 @@ class IterableFeed:
             self.skips.add(batch.skipped)
             yield index, batch.images, batch.labels
 
-    @property
-    def skipped_files(self) -> list[tuple[str, str]]:
-        return self.skips.as_list()
-
     def close(self) -> None:
         pass
 
 
-class IterableEval:
+class IterableEval(_NamesSkips):
     """Evaluation batches of `IterableRecords`: this rank's share, in the stream's order."""
 
     def __init__(self, records: IterableRecords, transform: Transform, channels: int,
@@ -293,12 +297,8 @@ class IterableEval:
             if len(batch.labels):
                 yield batch.images, batch.labels
 
-    @property
-    def skipped_files(self) -> list[tuple[str, str]]:
-        return self.skips.as_list()
 
-
-class StreamEval:
+class StreamEval(_NamesSkips):
     """Evaluation batches of `ImageRecords`: this rank's share in fixed order, through the
     evaluation transform (resize the shorter side, centre crop)."""
 
@@ -328,10 +328,6 @@ class StreamEval:
             self.skips.add(batch.skipped)
             if len(batch.labels):
                 yield batch.images, batch.labels
-
-    @property
-    def skipped_files(self) -> list[tuple[str, str]]:
-        return self.skips.as_list()
 
 
 
