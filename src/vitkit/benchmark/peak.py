@@ -20,12 +20,12 @@ class MatmulPeak:
     setting). Sample it before and between timed runs too, so a busy moment at start-up does
     not lower the peak (and raise MFU)."""
 
-    def __init__(self, threads: int | None = None, size: int = 2048) -> None:
+    def __init__(self, threads: int | None = None, size: int = 2048, warmup: int = 3) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.size, self.samples, self.best = size, 0, float("inf")
         self.a, self.b = torch.randn(size, size), torch.randn(size, size)
-        for _ in range(3):
+        for _ in range(warmup):
             self.a @ self.b
 
     def sample(self, reps: int) -> None:

@@ -103,12 +103,12 @@ def benchmark(source: str, img_size: Size | None = None, batch_size: int = 8,
     config = model.config
     flops = forward_flops(config, stem=model.patch_embed)
     weights = weights_mib(model)
-    peak = peak or MatmulPeak(options.threads)
+    peak = peak or MatmulPeak(options.threads, warmup=1)
     peak.sample(3)
     engine = Engine(model, options)
     timing, memory = throughput(engine, batch_size, warmup, iters)
     lat = time_calls(engine.runner(1), warmup, iters) if latency else None
-    peak.sample(2)
+    peak.sample(1)
     images_per_s = batch_size / timing.median
     return BenchmarkResult(
         model=config.name or source, weights=origin, img_size=tuple(config.img_size),

@@ -86,7 +86,7 @@ def measure_cell(variant: str, resolution: int, batch_size: int, options: Engine
     image_bytes = 4 * config.in_chans * resolution**2 + 4 * config.seq_len * config.width
     line = LinearMemoryModel.fit(1, single.bytes, other_batch, other_bytes, image_bytes)
     largest = largest_fitting_batch(lambda b: weights + line(b), cap_bytes)
-    peak.sample(2)
+    peak.sample(1)
     images_per_s = batch_size / timing.median
     return SweepRow(config.name or variant, resolution, batch_size, flops / 1e9, images_per_s,
                     mfu(flops, images_per_s, peak.gflops), memory.mib, single.mib,
@@ -108,8 +108,8 @@ def sweep(variants: Sequence[str] = DEFAULT_VARIANTS,
     if cap <= 0:
         raise ConfigError(f"the memory cap must be positive, got {cap / 2**30:g} GB: e.g. "
                           "--memory-gb 8")
-    peak = MatmulPeak(options.threads)
-    peak.sample(5)
+    peak = MatmulPeak(options.threads, warmup=1)
+    peak.sample(3)
     rows = [measure_cell(variant, resolution, batch_size, options, warmup, iters, cap, peak,
                          weights_dir)
             for variant in variants for resolution in resolutions]
