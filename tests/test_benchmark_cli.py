@@ -125,13 +125,15 @@ def test_sweep_writes_a_two_panel_png_and_one_row_per_variant_and_resolution(cap
     rows = [json.loads(line) for line in out.splitlines()]
     assert [(r["variant"], r["img_size"]) for r in rows] == [("cifar10-tutorial", 32),
                                                              ("cifar10-tutorial", 64)]
-    for row in rows:  # the largest batch is the estimate's: it fits, one more does not
-        def needed(batch: int, row=row) -> float:
-            return (row["weights_mib"] + row["memory_mib_batch1"]
-                    + row["memory_per_image_mib"] * (batch - 1)) * 2**20
-        assert needed(row["largest_batch"]) <= 2 * 2**30 < needed(row["largest_batch"] + 1) \
-            or row["memory_mib_batch1"] > row["memory_per_image_mib"]
+    for row in rows:  # the largest batch is the estimate's: it fits the cap, one more does not
+        per_image = row["memory_per_image_mib"]
+        fixed = max(0.0, row["memory_mib_batch1"] - per_image)  # the line through batch 1
 
+        def needed(batch: int, row=row, fixed=fixed, per_image=per_image) -> float:
+            return (row["weights_mib"] + fixed + per_image * batch) * 2**20
+        cap = row["memory_cap_gib"] * 2**30
+        assert cap == 2 * 2**30
+        assert needed(row["largest_batch"]) <= cap < needed(row["largest_batch"] + 1)
 
 def test_largest_fitting_batch_matches_the_closed_form_of_a_linear_estimate():
     for fixed, per_image, cap in [(0, 1, 1), (10, 3, 1000), (5e8, 7.3e6, 2**34), (100, 1, 99)]:
