@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vitkit.benchmark.peak import MatmulPeak
+
 LIBRARIES = ("vitkit", "timm", "hf", "timm+runtime")
 LABELS = {"vitkit": "vitkit", "timm": "timm", "hf": "Hugging Face",
           "timm+runtime": "timm + vitkit runtime"}
@@ -145,32 +147,6 @@ def worker(library: str, threads: int, conn) -> None:
         else:
             conn.send("bye")
             return
-
-
-class MatmulPeak:
-    """Best fp32 GFLOP/s of a square matmul on `threads` threads, sampled between the
-    repetitions as well, so a busy moment at start-up does not lower the peak (and raise MFU)."""
-
-    def __init__(self, threads: int, size: int = 2048) -> None:
-        torch.set_num_threads(threads)
-        self.size, self.samples, self.best = size, 0, float("inf")
-        self.a, self.b = torch.randn(size, size), torch.randn(size, size)
-        for _ in range(3):
-            self.a @ self.b
-
-    def sample(self, reps: int) -> None:
-        self.best = min([self.best, *(_timed(lambda: self.a @ self.b) for _ in range(reps))])
-        self.samples += reps
-
-    @property
-    def gflops(self) -> float:
-        return 2 * self.size**3 / self.best / 1e9
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def time_task(task: Task, pipes: dict, reps: int, peak: MatmulPeak) -> dict[str, list[float]]:

@@ -295,6 +295,49 @@ def cmd_explain(args: argparse.Namespace) -> None:
     print(f"wrote {len(report['files'])} figures and explain.json to {args.out}")
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def cmd_benchmark(args: argparse.Namespace) -> None:
+    """One benchmark, or with --sweep the variants x resolutions table and figure."""
+    from vitkit.benchmark import DEFAULT_VARIANTS, EngineOptions, benchmark, sweep
+    from vitkit.benchmark.figure import plot_sweep
+    from vitkit.benchmark.sweep import format_sweep, parse_list, parse_resolutions
+    from vitkit.errors import ConfigError
+
+    options = EngineOptions(args.engine, args.compile, args.int8, args.merge_tokens,
+                            args.threads)
+    if not args.sweep:
+        if args.model is None:
+            raise ConfigError("name the model to benchmark, e.g. `vitkit benchmark B/16`, or "
+                              "add --sweep for the variants x resolutions table")
+        result = benchmark(args.model, args.img_size, args.batch_size, options, args.warmup,
+                           args.iters, weights_dir=args.weights_dir)
+        print(json.dumps(result.to_dict()) if args.json else result.format())
+        return
+    variants = parse_list(args.variants, "variants") if args.variants else \
+        [args.model] if args.model else list(DEFAULT_VARIANTS)
+    resolutions = parse_resolutions(args.resolutions)
+    cap = args.memory_gb * 2**30 if args.memory_gb is not None else None
+    rows, peak = sweep(variants, resolutions, args.batch_size, options, args.warmup,
+                       args.iters, cap, args.weights_dir)
+    path = plot_sweep(rows, args.out, title=f"inference, {options.describe()}")
+    if args.json:
+        for row in rows:
+            print(json.dumps({**row.to_dict(), "peak_gflops": peak.gflops}))
+    else:
+        print(format_sweep(rows, peak))
+        print(f"wrote {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -384,6 +427,44 @@ def build_parser() -> argparse.ArgumentParser:
                                         "trained)")
     explain.add_argument("--data-dir", help="local dataset folder")
     explain.set_defaults(run=cmd_explain)
+
+    bench = verbs.add_parser("benchmark", help="inference images/s, latency, peak memory, "
+                                               "FLOPs and MFU (--sweep: Figure 12)")
+    bench.add_argument("model", nargs="?", metavar="MODEL_OR_WEIGHTS",
+                       help="variant ('B/16', 'cifar10-tutorial', ...: random weights) or "
+                            "weights file, folder, run folder or hf-hub:ORG/NAME")
+    bench.add_argument("--img-size", type=parse_img_size,
+                       help="image size (default: the model's; positions resampled)")
+    bench.add_argument("--batch-size", type=positive_int, default=8,
+                       help="batch of the images/s measurement (default 8)")
+    bench.add_argument("--int8", action="store_true",
+                       help="int8 weights (vitkit.quantize.quantize_int8, for --engine)")
+    bench.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
+                       help="merge R tokens per block (token merging)")
+    bench.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
+                       help="torch (default) or onnxruntime (exported with vitkit export)")
+    bench.add_argument("--compile", action="store_true",
+                       help="torch.compile the model (compile time reported apart)")
+    bench.add_argument("--threads", type=positive_int,
+                       help="intra-op threads (default: torch's)")
+    bench.add_argument("--warmup", type=non_negative_int, default=3,
+                       help="untimed calls after the first (default 3)")
+    bench.add_argument("--iters", type=positive_int, default=10,
+                       help="timed calls; medians are reported (default 10)")
+    bench.add_argument("--json", action="store_true",
+                       help="one JSON object (per sweep row) instead of the table")
+    bench.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
+    bench.add_argument("--sweep", action="store_true",
+                       help="variants x resolutions (the paper's Figure 12): images/s and "
+                            "the largest batch that fits --memory-gb")
+    bench.add_argument("--variants", help="sweep variants, comma-separated (default "
+                                          "Ti/16,S/16,B/16,B/32,L/16)")
+    bench.add_argument("--resolutions", default="224,384",
+                       help="sweep resolutions, comma-separated (default 224,384)")
+    bench.add_argument("--memory-gb", type=float,
+                       help="sweep memory cap (default: 0.8 x the available memory)")
+    bench.add_argument("--out", default="benchmark_sweep.png", help="sweep figure (PNG)")
+    bench.set_defaults(run=cmd_benchmark)
     return parser
 
 

@@ -1,0 +1,105 @@
+"""What runs the model: eager PyTorch, torch.compile, or an onnxruntime session; int8 and
+token merging applied first. Each engine gives a zero-argument callable per batch size that
+runs one batch of random images."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vitkit.errors import ConfigError
+from vitkit.model.vit import VisionTransformer
+
+ENGINES = ("torch", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    engine: str = "torch"
+    compile: bool = False
+    int8: bool = False
+    merge_tokens: int = 0
+    threads: int | None = None
+
+    def check(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r}: use --engine "
+                              + " or --engine ".join(ENGINES))
+        if self.compile and self.engine != "torch":
+            raise ConfigError("--compile applies to the torch engine only: drop --compile, or "
+                              "use --engine torch")
+        if self.merge_tokens < 0:
+            raise ConfigError(f"--merge-tokens must be >= 0 (tokens merged per block), got "
+                              f"{self.merge_tokens}")
+
+    def describe(self) -> str:
+        parts = [self.engine + (" (torch.compile)" if self.compile else "")]
+        if self.int8:
+            parts.append("int8 (vitkit.quantize.quantize_int8)")
+        if self.merge_tokens:
+            parts.append(f"token merging r={self.merge_tokens}")
+        return ", ".join(parts) if len(parts) > 1 else parts[0] + ", fp32"
+
+
+Runner = Callable[[], object]
+
+
+class Engine:
+    """Prepared once; `runner(batch)` gives a callable that runs one batch."""
+
+    def __init__(self, model: VisionTransformer, options: EngineOptions) -> None:
+        options.check()
+        self.options = options
+        self.in_chans, self.img_size = model.config.in_chans, tuple(model.config.img_size)
+        if options.threads:
+            torch.set_num_threads(options.threads)
+        if options.merge_tokens:
+            from vitkit.model.merging import apply_token_merging
+
+            model = apply_token_merging(model, options.merge_tokens)
+        module: nn.Module = model.eval()
+        if options.int8:  # quantize_int8 owns the engine choice for int8: its module runs as is
+            from vitkit.quantize import quantize_int8
+
+            module = quantize_int8(model, engine=options.engine)
+        self.session = None
+        if options.engine == "onnxruntime" and not options.int8:
+            self.session = _onnx_session(model, options.threads)
+        elif options.compile:
+            module = torch.compile(module)
+        self.module = module
+
+    def images(self, batch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(0)
+        return torch.randn(batch, self.in_chans, *self.img_size, generator=generator)
+
+    def runner(self, batch: int) -> Runner:
+        images = self.images(batch)
+        if self.session is not None:
+            feed = {self.session.get_inputs()[0].name: images.numpy()}
+            return lambda: self.session.run(None, feed)
+
+        def run() -> torch.Tensor:
+            with torch.no_grad():
+                return self.module(images)
+        return run
+
+
+def _onnx_session(model: VisionTransformer, threads: int | None):
+    """Export with vitkit's exporter to a temporary file and open it in onnxruntime."""
+    from vitkit.export import export_onnx, require
+
+    ort = require("onnxruntime")
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    with tempfile.TemporaryDirectory(prefix="vitkit-benchmark-") as folder:
+        path = export_onnx(model, Path(folder) / "model.onnx", dynamic_batch=True,
+                           dynamic_size=False)
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,194 @@
+"""`vitkit benchmark`: what it reports, from names and weights, on each engine; the sweep's
+table and figure; bad input that names its fix. Tiny models, few calls; timings are not
+asserted (the machine is shared), only that they are measured and consistent."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.flop_counter import FlopCounterMode
+
+from vitkit import create_model
+from vitkit.benchmark.memory import LinearMemoryModel, largest_fitting_batch, peak_rss_growth
+from vitkit.benchmark.timing import Timing
+from vitkit.cli import main
+
+FAST = ["--batch-size", "4", "--warmup", "0", "--iters", "2"]
+KEYS = ("images_per_s", "latency_ms_median", "latency_ms_p90", "peak_memory_mib",
+        "gflops_per_image", "peak_gflops", "mfu")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["benchmark", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv: str) -> dict:
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def counted_gflops(name_or_config, img_size: int) -> float:
+    """torch's own FlopCounterMode count of one image's forward pass (on the meta device, where
+    attention is counted too, as tests/test_stems.py counts it)."""
+    model = create_model(name_or_config, device="meta", img_size=img_size)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, model.config.in_chans, img_size, img_size, device="meta"))
+    return counter.get_total_flops() / 1e9
+
+
+def test_benchmark_prints_images_per_s_latency_peak_memory_and_mfu(capsys):
+    code, out, err = run_cli(capsys, "cifar10-tutorial", *FAST)
+    assert code == 0, err
+    for label in ("images/s (batch 4", "latency at batch 1 (median / p90)",
+                  "peak memory during the run", "GFLOPs per image", "fp32 matmul peak", "MFU"):
+        assert label in out
+    images_per_s = float(re.search(r"images/s \(batch 4, median of 2\)\s+([\d,.]+)", out)[1]
+                         .replace(",", ""))
+    assert images_per_s > 0
+
+
+def test_benchmark_json_has_positive_measurements_consistent_with_each_other(capsys):
+    result = run_json(capsys, "cifar10-tutorial", *FAST)
+    for key in KEYS:
+        assert result[key] > 0, key
+    assert result["latency_ms_p90"] >= result["latency_ms_median"]
+    # images/s is the batch over the median batch time; MFU is FLOP/s over the peak
+    assert result["images_per_s"] == pytest.approx(4 / (result["batch_ms_median"] / 1e3))
+    assert result["mfu"] == pytest.approx(result["gflops_per_image"] * result["images_per_s"]
+                                          / result["peak_gflops"])
+    # FLOPs per image as torch's FlopCounterMode counts the real forward pass
+    assert result["gflops_per_image"] == pytest.approx(counted_gflops("cifar10-tutorial", 32),
+                                                       rel=1e-9)
+    assert result["img_size"] == [32, 32] and result["weights"] == "random init"
+
+
+def test_benchmark_reads_saved_weights_and_resamples_to_img_size(capsys, tmp_path):
+    from vitkit.weights import save_pretrained
+
+    model = create_model("cifar10-tutorial")
+    folder = save_pretrained(model, tmp_path / "tiny")
+    result = run_json(capsys, str(folder), *FAST)
+    assert result["weights"] == f"weights {folder}" and result["img_size"] == [32, 32]
+
+    result = run_json(capsys, str(folder), "--img-size", "48", *FAST)
+    assert result["img_size"] == [48, 48] and result["images_per_s"] > 0
+    assert result["gflops_per_image"] == pytest.approx(counted_gflops(model.config, 48),
+                                                       rel=1e-9)
+
+
+def test_benchmark_on_onnxruntime_reports_the_same_measurements(capsys):
+    pytest.importorskip("onnxruntime")
+    result = run_json(capsys, "cifar10-tutorial", "--engine", "onnxruntime", "--threads", "1",
+                      *FAST)
+    assert result["engine"].startswith("onnxruntime") and result["threads"] == 1
+    for key in KEYS:
+        assert result[key] > 0, key
+
+
+def test_benchmark_int8_runs_the_quantized_model(capsys):
+    pytest.importorskip("vitkit.quantize")
+    result = run_json(capsys, "cifar10-tutorial", "--int8", *FAST)
+    assert "int8" in result["engine"] and result["images_per_s"] > 0
+
+
+def test_benchmark_merge_tokens_runs_the_merged_model(capsys):
+    pytest.importorskip("vitkit.model.merging")
+    result = run_json(capsys, "cifar10-tutorial", "--merge-tokens", "4", *FAST)
+    assert "token merging r=4" in result["engine"] and result["images_per_s"] > 0
+
+
+def test_sweep_writes_a_two_panel_png_and_one_row_per_variant_and_resolution(capsys, tmp_path):
+    png = tmp_path / "sweep.png"
+    code, out, err = run_cli(capsys, "--sweep", "--variants", "cifar10-tutorial",
+                             "--resolutions", "32,64", "--memory-gb", "2", "--out", str(png),
+                             *FAST)
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if line.startswith("cifar10-tutorial")]
+    assert [row[1] for row in rows] == ["32", "64"]
+    assert all(int(row[-1].replace(",", "")) >= 1 for row in rows)  # largest batch
+    assert "doubling then bisecting" in out and f"wrote {png}" in out
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.width > 1.5 * image.height  # two panels
+
+    code, out, err = run_cli(capsys, "--sweep", "--variants", "cifar10-tutorial",
+                             "--resolutions", "32,64", "--memory-gb", "2", "--out", str(png),
+                             "--json", *FAST)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["variant"], r["img_size"]) for r in rows] == [("cifar10-tutorial", 32),
+                                                             ("cifar10-tutorial", 64)]
+    for row in rows:  # the largest batch is the estimate's: it fits the cap, one more does not
+        per_image = row["memory_per_image_mib"]
+        fixed = max(0.0, row["memory_mib_batch1"] - per_image)  # the line through batch 1
+
+        def needed(batch: int, row=row, fixed=fixed, per_image=per_image) -> float:
+            return (row["weights_mib"] + fixed + per_image * batch) * 2**20
+        cap = row["memory_cap_gib"] * 2**30
+        assert cap == 2 * 2**30
+        assert needed(row["largest_batch"]) <= cap < needed(row["largest_batch"] + 1)
+
+def test_largest_fitting_batch_matches_the_closed_form_of_a_linear_estimate():
+    for fixed, per_image, cap in [(0, 1, 1), (10, 3, 1000), (5e8, 7.3e6, 2**34), (100, 1, 99)]:
+        expected = max(0, int((cap - fixed) // per_image))
+        assert largest_fitting_batch(lambda b, f=fixed, p=per_image: f + p * b, cap) == expected
+    line = LinearMemoryModel.fit(1, 100.0, 8, 90.0, min_per_image=5.0)  # noisy: slope < 0
+    assert line.per_image == 5.0 and line(1) <= 100.0
+
+
+def test_peak_rss_growth_is_the_runs_own_even_after_a_bigger_earlier_peak():
+    big = torch.ones(300 * 2**20 // 4)  # 300 MiB, touched
+    del big
+    with peak_rss_growth() as peak:
+        small = torch.ones(100 * 2**20 // 4)  # 100 MiB
+        del small
+    assert "high-water" in peak.method  # Linux: the exact kernel counter
+    assert 90 < peak.mib < 200
+
+
+def test_latency_percentile_matches_numpy():
+    seconds = [0.5, 0.1, 0.3, 0.9, 0.2, 0.7, 0.4]
+    timing = Timing(seconds, first_call_s=1.0)
+    for q in (0, 50, 90, 100):
+        assert timing.percentile(q) == pytest.approx(np.percentile(seconds, q))
+    assert timing.median == pytest.approx(np.median(seconds))
+
+
+# -- bad input: the message names the fix, and the fix works -----------------------------------
+def test_unknown_variant_suggests_the_name_that_works(capsys):
+    code, _, err = run_cli(capsys, "cifar10-tutorail", *FAST)
+    assert code == 2 and "unknown model 'cifar10-tutorail'" in err
+    suggestion = re.search(r"Did you mean '([^']+)'", err)[1]
+    code, out, err = run_cli(capsys, suggestion, *FAST)
+    assert code == 0 and "images/s" in out, err
+
+
+def test_img_size_not_divisible_by_the_patch_suggests_a_size_that_works(capsys):
+    code, _, err = run_cli(capsys, "cifar10-tutorial", "--img-size", "30", *FAST)
+    assert code == 2 and "not divisible by patch size 4" in err
+    suggestion = re.search(r"e\.g\. (\d+x\d+)", err)[1]
+    result = run_json(capsys, "cifar10-tutorial", "--img-size", suggestion, *FAST)
+    assert result["img_size"] == [int(n) for n in suggestion.split("x")]
+
+
+def test_batch_size_zero_is_refused_with_the_smallest_that_works(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["benchmark", "cifar10-tutorial", "--batch-size", "0"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--batch-size: must be >= 1, got 0" in err
+    smallest = re.search(r"must be >= (\d+)", err)[1]
+    result = run_json(capsys, "cifar10-tutorial", "--batch-size", smallest, "--warmup", "0",
+                      "--iters", "2")
+    assert result["batch_size"] == 1 and result["images_per_s"] > 0
+
+
+def test_benchmark_without_a_model_or_sweep_says_what_to_give(capsys):
+    code, _, err = run_cli(capsys, *FAST)
+    assert code == 2 and "vitkit benchmark B/16" in err and "--sweep" in err
