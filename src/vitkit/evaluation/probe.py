@@ -9,6 +9,8 @@ grid; the probe is then refitted on the whole training split and scored on the t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +22,20 @@ from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix, standardiz
 
 WEIGHT_DECAYS = tuple(float(v) for v in np.logspace(-5, 0, 6))  # 1e-5 ... 1
 HOLDOUT_FRACTION = 0.1
+SINGLE_THREAD_WORK = 2**24  # below this many multiply-adds per pass, threads cost more than help
+
+
+@contextmanager
+def _threads_for(work: int) -> Iterator[None]:
+    """One torch thread for small problems (thread hand-offs dominate a tiny matmul, badly so
+    on a busy machine), the current count otherwise; restored afterwards."""
+    before = torch.get_num_threads()
+    if work < SINGLE_THREAD_WORK:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
@@ -52,8 +68,9 @@ def fit_logistic(x: ArrayLike, y: ArrayLike, num_classes: int, weight_decay: flo
         loss.backward()
         return loss
 
-    optimizer.step(closure)
-    iterations = optimizer.state[optimizer._params[0]].get("n_iter", 0)
+    with _threads_for(features.numel() * num_classes):
+        optimizer.step(closure)
+    iterations = optimizer.state[weight].get("n_iter", 0)
     return LogisticProbe(weight.detach().numpy(), bias.detach().numpy(), int(iterations))
 
 
