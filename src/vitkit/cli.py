@@ -338,6 +338,55 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
+# -- frozen-feature evaluation (issue 12): `vitkit fewshot`, `vitkit probe` -------------------
+def parse_shots(text: str) -> tuple[int, ...]:
+    """"1,5,10,25" -> (1, 5, 10, 25)."""
+    return tuple(positive_int(part) for part in text.split(",") if part.strip())
+
+
+def cmd_fewshot(args: argparse.Namespace) -> None:
+    from vitkit.evaluation import fewshot_report
+
+    text, _ = fewshot_report(args.weights, args.data, args.data_dir, args.shots, args.seeds,
+                             args.l2, args.json, args.out, args.weights_dir)
+    print(text)
+
+
+def cmd_probe(args: argparse.Namespace) -> None:
+    from vitkit.evaluation import probe_report
+
+    text, _ = probe_report(args.weights, args.data, args.data_dir, args.k, args.temperature,
+                           args.json, args.weights_dir)
+    print(text)
+
+
+def add_frozen_feature_verbs(verbs: Any) -> None:
+    """`fewshot` and `probe`: evaluations of frozen features (cached between the two)."""
+    data_help = ("digits, cifar10, cifar100, folder or hf:NAME_OR_PATH (default: the data a "
+                 "training checkpoint records)")
+    fewshot = verbs.add_parser("fewshot", help="few-shot linear evaluation of frozen features "
+                                               "(the paper's, big_vision's ridge regression)")
+    probe = verbs.add_parser("probe", help="linear probe (logistic regression) and kNN "
+                                           "accuracy of frozen features")
+    for parser in (fewshot, probe):
+        add_weights_argument(parser)
+        parser.add_argument("--data", help=data_help)
+        parser.add_argument("--data-dir", help="local dataset folder")
+        parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    fewshot.add_argument("--shots", type=parse_shots, default=(1, 5, 10, 25),
+                         help="images per class, comma-separated (default 1,5,10,25)")
+    fewshot.add_argument("--seeds", type=positive_int, default=3,
+                         help="draws of the training images per shot count (default 3)")
+    fewshot.add_argument("--l2", type=float, default=1024.0,
+                         help="ridge regularisation (default 1024 = 2^10, big_vision's)")
+    fewshot.add_argument("--out", help="folder for fewshot.png (default: beside the weights)")
+    fewshot.set_defaults(run=cmd_fewshot)
+    probe.add_argument("--k", type=positive_int, default=20, help="kNN neighbours (default 20)")
+    probe.add_argument("--temperature", type=float, default=0.07,
+                       help="kNN vote temperature (default 0.07, DINO's)")
+    probe.set_defaults(run=cmd_probe)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -465,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sweep memory cap (default: 0.8 x the available memory)")
     bench.add_argument("--out", default="benchmark_sweep.png", help="sweep figure (PNG)")
     bench.set_defaults(run=cmd_benchmark)
+
+    add_frozen_feature_verbs(verbs)
     return parser
 
 

@@ -74,7 +74,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     model = build_model(weights)
     config = model.config
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
-    dataset = _split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
+    dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
                                  config.in_chans)
     _check_fits(dataset, config.num_classes, config.in_chans, data)
     if isinstance(dataset, ImageDataset) and tuple(dataset.image_size) != tuple(config.img_size):
@@ -84,7 +84,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                       image_size=config.img_size)
     classes = list(dataset.classes) if len(dataset.classes) == config.num_classes else \
         list(weights.class_names or [f"class {i}" for i in range(config.num_classes)])
-    out_dir = Path(out) if out else _default_out(path, weights)
+    out_dir = Path(out) if out else default_out_dir(path, weights.path)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_class = {name: round(float(acc), 4) for name, acc in zip(classes, result.per_class,
                                                                  strict=False)}
@@ -102,7 +102,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     return "\n".join(lines)
 
 
-def _split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
+def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
                        limit: int | None, size: tuple[int, int], channels: int
                        ) -> ImageDataset | StreamEval | IterableEval:
     """The split to evaluate: in memory, or streamed through the weights' own preprocessing.
@@ -137,8 +137,8 @@ def _split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, 
     return StreamEval(chosen, resize, channels, size)
 
 
-def _default_out(source: str | Path, weights: WeightsRecord) -> Path:
+def default_out_dir(source: str | Path, weights_file: Path | None) -> Path:
     """Beside the weights file (for a folder or a run folder: in it); ./eval for a name."""
-    if not Path(source).exists() or weights.path is None:
+    if not Path(source).exists() or weights_file is None:
         return Path("eval")
-    return weights.path.parent
+    return weights_file.parent

@@ -1,0 +1,183 @@
+"""Frozen features: the representation a model gives each image of a data set's train and
+test split, extracted once and cached for the few-shot, probe and kNN evaluations.
+
+The representation is `forward_head(forward_features(x), pre_logits=True)`: the pre-logits
+layer's output when the model has one (as big_vision's few-shot evaluator reads
+`pre_logits`), else the pooled representation after the model's final norm. Features are
+cached under $VITKIT_CACHE/features (default ~/.cache/vitkit/features) in a safetensors file
+keyed by a hash of the weights' tensors and config, the data, its splits and limits, the image
+size and the preprocessing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from vitkit.data.augment import resize_batch
+from vitkit.data.dataset import ImageDataset
+from vitkit.data.loader import eval_batches
+from vitkit.data.preprocess import Preprocess
+from vitkit.data.streaming import IterableEval, StreamEval
+from vitkit.errors import DataError
+from vitkit.evaluate import data_for, split_to_evaluate
+from vitkit.model.vit import VisionTransformer
+from vitkit.weights import WeightsRecord, build_model, read_weights
+from vitkit.weights.checksum import tensors_checksum
+
+log = logging.getLogger("vitkit.evaluation")
+
+CACHE_VERSION = 1
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class FrozenFeatures:
+    """Float32 features and int64 labels of the train and test split."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    classes: list[str]
+    representation: str  # which output of the model the features are
+    data: str
+    weights_file: Path | None = None  # the file the weights were read from
+    from_cache: bool = False
+
+    @property
+    def num_classes(self) -> int:
+        top = max(int(self.train_y.max()), int(self.test_y.max())) + 1
+        return max(len(self.classes), top)
+
+
+def representation_of(model: VisionTransformer) -> str:
+    """Which output `forward_head(..., pre_logits=True)` returns, in words."""
+    config = model.config
+    if config.pre_logits_dim:
+        return f"pre-logits (the tanh layer before the head, {config.pre_logits_dim} dims)"
+    return (f"pooled representation after the final norm (pool={config.pool}, "
+            f"{config.width} dims; the model has no pre-logits layer)")
+
+
+@torch.no_grad()
+def extract_features(model: VisionTransformer, dataset: ImageDataset | StreamEval | IterableEval,
+                     preprocess: Preprocess, image_size: tuple[int, int] | None = None,
+                     batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """(features (N, D) float32, labels (N,) int64) of every image, in the data set's order.
+
+    Images are normalised with `preprocess` and resized to `image_size` when theirs differs
+    (bilinear, antialiased when shrinking), as `vitkit eval` and fine-tuning do.
+    """
+    was_training = model.training
+    model.eval()
+    batches = eval_batches(dataset, batch_size) if isinstance(dataset, ImageDataset) else \
+        dataset.eval_batches(batch_size)
+    features, labels = [], []
+    for images, batch_labels in batches:
+        x = resize_batch(preprocess.normalize(images), image_size)
+        features.append(model.forward_head(model.forward_features(x), pre_logits=True).float())
+        labels.append(batch_labels)
+    model.train(was_training)
+    if not features:
+        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
+    return torch.cat(features).numpy(), torch.cat(labels).long().numpy()
+
+
+def features_cache_dir() -> Path:
+    base = os.environ.get("VITKIT_CACHE")
+    return (Path(base) if base else Path.home() / ".cache" / "vitkit") / "features"
+
+
+def _cache_key(weights: WeightsRecord, model: VisionTransformer, sources: dict[str, tuple]
+               ) -> str:
+    recipe = weights.train_config or {}
+    reading = {k: recipe.get(k) for k in ("data", "data_mode", "train_split", "split",
+                                         "streaming")}
+    key = {"version": CACHE_VERSION, "tensors": tensors_checksum(weights.state_dict),
+           "config": model.config.to_dict(), "preprocess": weights.preprocess.to_dict(),
+           "sources": {split: [str(Path(p).resolve()) if i == 1 and p else p
+                               for i, p in enumerate(source)]
+                       for split, source in sources.items()},
+           "recipe_reading": reading}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _read_cache(path: Path, data: str, weights_file: Path | None) -> FrozenFeatures:
+    with safe_open(str(path), framework="numpy") as file:
+        meta = file.metadata()
+        arrays = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118
+    return FrozenFeatures(arrays["train_x"], arrays["train_y"], arrays["test_x"],
+                          arrays["test_y"], json.loads(meta["classes"]), meta["representation"],
+                          data, weights_file, from_cache=True)
+
+
+def _write_cache(path: Path, features: FrozenFeatures) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {"train_x": features.train_x, "train_y": features.train_y,
+              "test_x": features.test_x, "test_y": features.test_y}
+    meta = {"classes": json.dumps(features.classes), "representation": features.representation}
+    handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(handle)
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp, metadata=meta)
+    os.replace(tmp, path)
+
+
+def _check_split(labels: np.ndarray, data: str, split: str) -> None:
+    if len(labels) == 0:
+        raise DataError(f"the {split} split of {data} has no images: check --data-dir (a "
+                        f"folder needs train/ and val/ or test/ with one sub-folder per class) "
+                        f"or choose another data set")
+    if labels.min() < 0:
+        raise DataError(f"the {split} split of {data} is unlabelled ({int((labels < 0).sum())} "
+                        "images without a label): evaluate on a labelled split")
+
+
+def frozen_features(weights_source: str | Path, data: str | None = None,
+                    data_dir: str | None = None, weights_dir: str | Path | None = None,
+                    batch_size: int = 256, use_cache: bool = True) -> FrozenFeatures:
+    """The train and test features of `data` under the weights (any format `load_pretrained`
+    reads), from the cache when they were extracted before. The data defaults to a training
+    checkpoint's own, as for `vitkit eval`."""
+    weights = read_weights(weights_source, weights_dir)
+    model = build_model(weights)
+    config = model.config
+    sources = {split: data_for(weights, data, data_dir, split, None) for split in SPLITS}
+    name = sources["train"][0]
+    path = features_cache_dir() / f"{_cache_key(weights, model, sources)}.safetensors"
+    if use_cache and path.exists():
+        log.info("features of %s read from the cache %s", name, path)
+        return _read_cache(path, name, weights.path)
+    arrays, classes = {}, []
+    for split, (split_data, split_dir, limit) in sources.items():
+        dataset = split_to_evaluate(weights, split_data, split_dir, split, limit,
+                                    config.img_size, config.in_chans)
+        if isinstance(dataset, ImageDataset) and tuple(dataset.image_size) != config.img_size:
+            log.info("the %s images are %dx%d and the model takes %dx%d: resizing them "
+                     "(bilinear, antialiased when shrinking), as fine-tuning does", split_data,
+                     *dataset.image_size, *config.img_size)
+        elif not isinstance(dataset, ImageDataset):
+            log.info("%s %s: each image resized to %dx%d by the weights' preprocessing "
+                     "(resize_mode=%s)", split_data, split, *config.img_size,
+                     weights.preprocess.resize_mode)
+        x, y = extract_features(model, dataset, weights.preprocess, config.img_size, batch_size)
+        _check_split(y, split_data, split)
+        arrays[split] = (x, y)
+        classes = classes or list(dataset.classes)
+    features = FrozenFeatures(*arrays["train"], *arrays["test"], classes,
+                              representation_of(model), name, weights.path)
+    log.info("extracted %d train and %d test features (%s)", len(features.train_y),
+             len(features.test_y), features.representation)
+    if use_cache:
+        _write_cache(path, features)
+    return features
