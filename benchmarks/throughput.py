@@ -7,15 +7,22 @@ alike, and reports medians; it times this machine's fp32 matmul peak before and 
 rounds and keeps the best, the denominator of MFU.
 
 Tasks:
-  infer  ViT-B/16 inference at 224, batch 8 (1000 classes)
-  train  CIFAR-sized training step: patch 4, width 192, depth 6, 3 heads, MLP 768,
-         32x32 images, batch 128, cross-entropy, AdamW (each library's usual optimizer)
+  infer     ViT-B/16 inference at 224, batch 8 (1000 classes)
+  train     CIFAR-sized training step: patch 4, width 192, depth 6, 3 heads, MLP 768,
+            32x32 images, batch 128, cross-entropy, AdamW (each library's usual optimizer)
+  tutorial  the tutorial's training step: patch 4, width 48, depth 4, 4 heads, MLP 192,
+            32x32 images, 10 classes, batch 256, AdamW
 
 vitkit runs as its training and evaluation commands run it (`vitkit.runtime.configure_cpu`:
 freed activation memory stays in the process). The row "timm + vitkit runtime" gives timm the
-same process setting, to show how much of the difference that setting accounts for.
+same process setting; the column "model for model" divides by that row, so it compares the
+models alone. The "+ compile" rows run the model under `torch.compile` (inductor, static
+shapes, as `vitkit train compile=true` does), vitkit and timm alike, both with the vitkit
+runtime; each compiled row's first call (compilation) is timed apart from the medians and
+printed below the table.
 
-    python benchmarks/throughput.py [--reps 7] [--threads 2] [--tasks infer,train]
+    python benchmarks/throughput.py [--reps 7] [--threads 2] [--tasks infer,train,tutorial]
+        [--libraries vitkit,timm,hf,timm+runtime,vitkit+compile,timm+compile]
 """
 
 from __future__ import annotations
@@ -28,11 +35,17 @@ from dataclasses import dataclass
 
 import torch
 
-from vitkit.benchmark.peak import MatmulPeak
+from vitkit.benchmark.peak import MatmulPeak, timed
 
 LIBRARIES = ("vitkit", "timm", "hf", "timm+runtime")
+COMPILED = ("vitkit+compile", "timm+compile")  # opt-in: each compiles for tens of seconds
 LABELS = {"vitkit": "vitkit", "timm": "timm", "hf": "Hugging Face",
-          "timm+runtime": "timm + vitkit runtime"}
+          "timm+runtime": "timm + vitkit runtime", "vitkit+compile": "vitkit + compile",
+          "timm+compile": "timm + compile"}
+# The "model for model" baseline of each row: the other library with the same settings.
+SAME_SETTINGS = {"vitkit": "timm+runtime", "timm+runtime": "timm+runtime", "hf": "timm",
+                 "timm": "timm", "vitkit+compile": "timm+compile",
+                 "timm+compile": "timm+compile"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,8 @@ TASKS = {
                   12, 1000),
     "train": Task("train", "CIFAR-sized training step (P4, D192, L6, 3 heads), batch 128", 128, 2,
                   True, 32, 4, 192, 6, 3, 10),
+    "tutorial": Task("tutorial", "Tutorial training step (P4, D48, L4, 4 heads), batch 256", 256,
+                     3, True, 32, 4, 48, 4, 4, 10),
 }
 
 
@@ -72,7 +87,7 @@ def task_flops(task: Task) -> float:
 def build(library: str, task: Task):
     """A zero-argument callable that runs one batch of `task` with `library`."""
     torch.manual_seed(0)
-    kind = "timm" if library.startswith("timm") else library
+    kind = library.split("+")[0]
     if kind == "vitkit":
         from vitkit import create_model
         from vitkit.train.optim import build_adamw
@@ -102,6 +117,8 @@ def build(library: str, task: Task):
         make_opt = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3,  # noqa: E731
                                                weight_decay=0.05)
         forward = lambda x: model(pixel_values=x).logits  # noqa: E731
+    if library.endswith("+compile"):
+        forward = torch.compile(model, dynamic=False)
 
     images = torch.randn(task.batch, 3, task.img, task.img)
     labels = torch.randint(0, task.classes, (task.batch,))
@@ -127,7 +144,7 @@ def build(library: str, task: Task):
 def worker(library: str, threads: int, conn) -> None:
     """Serve ('setup', task) / ('time', None) / ('stop', None) requests from the parent."""
     torch.set_num_threads(threads)
-    if library in ("vitkit", "timm+runtime"):
+    if library != "timm" and library != "hf":
         from vitkit.runtime import configure_cpu
         configure_cpu(threads)
     run, task = None, None
@@ -136,9 +153,9 @@ def worker(library: str, threads: int, conn) -> None:
         if command == "setup":
             task = TASKS[arg]
             run = build(library, task)
-            for _ in range(2):
-                run()
-            conn.send("ready")
+            first = timed(run)  # compiles, for the compiled rows
+            run()
+            conn.send(first)
         elif command == "time":
             start = time.perf_counter()
             for _ in range(task.iters):
@@ -149,13 +166,13 @@ def worker(library: str, threads: int, conn) -> None:
             return
 
 
-def time_task(task: Task, pipes: dict, reps: int, peak: MatmulPeak) -> dict[str, list[float]]:
+def time_task(task: Task, pipes: dict, reps: int, peak: MatmulPeak
+              ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Seconds per batch of each library: `reps` rounds in rotating order, the peak sampled
-    after each round."""
+    after each round; and each library's first-call seconds (compilation for compiled rows)."""
     for conn in pipes.values():
         conn.send(("setup", task.name))
-    for conn in pipes.values():
-        conn.recv()
+    first = {lib: conn.recv() for lib, conn in pipes.items()}
     times: dict[str, list[float]] = {lib: [] for lib in pipes}
     order = list(pipes)
     for rep in range(reps):
@@ -163,21 +180,34 @@ def time_task(task: Task, pipes: dict, reps: int, peak: MatmulPeak) -> dict[str,
             pipes[lib].send(("time", None))
             times[lib].append(pipes[lib].recv())
         peak.sample(2)
-    return times
+    return times, first
 
 
-def report(task: Task, times: dict[str, list[float]], peak_gflops: float) -> list[str]:
+def _ratio(times: dict[str, list[float]], base: str, med: float) -> str:
+    return f"{statistics.median(times[base]) / med:.2f}x" if base in times else "-"
+
+
+def report(task: Task, times: dict[str, list[float]], first: dict[str, float],
+           peak_gflops: float) -> list[str]:
+    """The task's table: ms and images per batch, speed vs timm, vs the same settings ("model
+    for model"), MFU; then the compiled rows' first-call (compile) seconds."""
     flops = task_flops(task)
-    base = statistics.median(times["timm"]) if "timm" in times else None
     reps = len(next(iter(times.values())))
     lines = [f"{task.title} -- median of {reps} interleaved repetitions",
-             f"{'library':<24}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}{'MFU':>7}"]
+             f"{'library':<24}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}"
+             f"{'model for model':>17}{'MFU':>7}"]
     for lib, samples in times.items():
         med = statistics.median(samples)
-        ratio = f"{base / med:.2f}x" if base else "-"
-        mfu = flops / med / 1e9 / peak_gflops
-        lines.append(f"{LABELS[lib]:<24}{med * 1e3:>10.1f}{task.batch / med:>10.1f}{ratio:>9}"
-                     f"{mfu:>7.0%}")
+        model_for_model = _ratio(times, SAME_SETTINGS[lib], med)
+        lines.append(f"{LABELS[lib]:<24}{med * 1e3:>10.1f}{task.batch / med:>10.1f}"
+                     f"{_ratio(times, 'timm', med):>9}{model_for_model:>17}"
+                     f"{flops / med / 1e9 / peak_gflops:>7.0%}")
+    lines.append("model for model: each row vs the row with its settings: " + "; ".join(
+        f"{LABELS[lib]} vs {LABELS[SAME_SETTINGS[lib]]}" for lib in times
+        if lib != SAME_SETTINGS[lib]))
+    compiled = [f"{LABELS[lib]} {first[lib]:.1f} s" for lib in times if lib.endswith("compile")]
+    if compiled:
+        lines.append("first call (compilation, not in the medians): " + ", ".join(compiled))
     return lines
 
 
@@ -204,8 +234,8 @@ def main() -> None:
         print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
               f"{peak.gflops:.0f} GFLOP/s (2048x2048, best of {peak.samples} timed before and "
               "between the repetitions); MFU = matmul FLOPs / time / peak\n")
-        for name, times in timings.items():
-            print("\n".join(report(TASKS[name], times, peak.gflops)), "\n", flush=True)
+        for name, (times, first) in timings.items():
+            print("\n".join(report(TASKS[name], times, first, peak.gflops)), "\n", flush=True)
     finally:
         for conn in pipes.values():
             conn.send(("stop", None))

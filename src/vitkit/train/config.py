@@ -96,6 +96,11 @@ class TrainConfig:
     amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int | None = None
+    # torch.compile the model for the training steps (inductor; CPU needs a C++ compiler).
+    # Faster steps on small models, but the first step (and the first at each new image size
+    # or batch shape: one recompile each) pays tens of seconds of compilation, counted in
+    # time_budget; off by default, as for short runs that costs more than it saves.
+    compile: bool = False
     seed: int = 0
     time_budget: float = 0.0  # seconds of training wall time; 0 = none
     eval_batch_size: int = 500

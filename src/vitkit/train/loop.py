@@ -36,6 +36,7 @@ from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.runtime import check_device, configure_cpu
+from vitkit.train.compiling import CompileClock, compile_for_training
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import (
     DistInfo,
@@ -197,9 +198,8 @@ class Trainer:
         self.position = Position(total_steps=self.plan.planned_steps)
         if resume_state:
             self._resume(resume_state, resume)
-        self.train_model: torch.nn.Module = self.model
-        if self.info.enabled:
-            self.train_model = DistributedDataParallel(self.model)
+        self.compile_clock = CompileClock(cfg.compile)
+        self.train_model = self._training_model()
         self.amp_dtype = self._amp_dtype()
         self._stop_reason = ""
         # the resolution the last step trained at (progressive resizing only moves up)
@@ -288,6 +288,12 @@ class Trainer:
         """Warmup steps of the run as now planned (scaled into a shorter budget-fitted run)."""
         return self.plan.warmup_for(self.position.total_steps)
 
+    def _training_model(self) -> torch.nn.Module:
+        """What the steps call: the model, in DDP under torchrun, compiled with compile=true
+        (`self.model` stays the plain module that checkpoints and evaluation use)."""
+        model = DistributedDataParallel(self.model) if self.info.enabled else self.model
+        return compile_for_training(model, self.device) if self.cfg.compile else model
+
     # -- progressive resizing ---------------------------------------------------------------------
     @torch.no_grad()
     def set_resolution(self, size: tuple[int, int]) -> None:
@@ -302,11 +308,13 @@ class Trainer:
         if isinstance(pos, torch.nn.Parameter) and pos in self.optimizer.state:
             for key, value in self.optimizer.state[pos].items():
                 if torch.is_tensor(value) and value.dim() == 3:
-                    self.optimizer.state[pos][key] = resample_grid_embed(
-                        value, old_grid, self.model.config.grid_size,
-                        self.model_config.num_prefix_tokens, "bicubic")
+                    moment = resample_grid_embed(value, old_grid, self.model.config.grid_size,
+                                                 self.model_config.num_prefix_tokens, "bicubic")
+                    if key.endswith("exp_avg_sq"):  # bicubic overshoots below zero; its
+                        moment.clamp_(min=0)  # square root in AdamW must stay real
+                    self.optimizer.state[pos][key] = moment
         if self.info.enabled and isinstance(pos, torch.nn.Parameter):
-            self.train_model = DistributedDataParallel(self.model)  # parameter shapes changed
+            self.train_model = self._training_model()  # parameter shapes changed
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint(self) -> TrainCheckpoint:
@@ -432,7 +440,8 @@ class Trainer:
         per_epoch = self.order.batches_per_epoch()
         eval_seconds = 0.0
         calibrate_at = pos.step + min(20, max(per_epoch // 4, 3))
-        calibrate_from = (pos.step + 2, time.perf_counter())
+        calibrate_from = (pos.step + 2, time.perf_counter(), 0.0)
+        clock = self.compile_clock
         final: dict[str, float] = {}
         guard = NonFiniteGuard(cfg, self.amp_dtype is not None)
         if pos.step >= pos.total_steps:
@@ -442,6 +451,7 @@ class Trainer:
             while pos.step < pos.total_steps and not self._stop_reason:
                 bar = self._progress(pos.epoch, per_epoch, pos.batch)
                 epoch_loss, epoch_images, epoch_start = 0.0, 0, time.perf_counter()
+                epoch_compile = clock.seconds
                 epoch_tokens = 0
                 for batch_index, images, labels in self.feed.epoch(pos.epoch, pos.batch):
                     lr = cfg.lr * schedule(pos.step, pos.total_steps, self.warmup_steps,
@@ -464,11 +474,12 @@ class Trainer:
                         bar.set_postfix(loss=f"{outcome.loss:.3f}", lr=f"{lr:.2e}",
                                         refresh=False)
                     if pos.step == calibrate_from[0]:
-                        calibrate_from = (pos.step, time.perf_counter())
+                        calibrate_from = (pos.step, time.perf_counter(), clock.seconds)
                     if cfg.time_budget and pos.step == calibrate_at:
                         steps = max(pos.step - calibrate_from[0], 1)
-                        self._fit_schedule_to_budget(time.perf_counter() - calibrate_from[1],
-                                                     steps * step_tokens, eval_seconds)
+                        seconds = time.perf_counter() - calibrate_from[1]
+                        seconds -= clock.seconds - calibrate_from[2]  # a recompile is no rate
+                        self._fit_schedule_to_budget(seconds, steps * step_tokens, eval_seconds)
                     out_of_time = bool(cfg.time_budget) and self._time_used() >= cfg.time_budget
                     if out_of_time and not self._stop_reason:
                         self._stop_reason = "time budget"
@@ -480,6 +491,7 @@ class Trainer:
                 if bar is not None:
                     bar.close()
                 train_seconds = time.perf_counter() - epoch_start
+                step_seconds = train_seconds - (clock.seconds - epoch_compile)
                 epoch_done = pos.batch >= per_epoch
                 interrupted = self._stop_reason in ("SIGINT", "SIGTERM")
                 scheduled = epoch_done and (pos.epoch + 1) % cfg.eval_every == 0
@@ -492,7 +504,7 @@ class Trainer:
                 if epoch_done:
                     pos.epoch, pos.batch = pos.epoch + 1, 0
                     if cfg.time_budget and not self._stop_reason:
-                        self._fit_schedule_to_budget(train_seconds, epoch_tokens, eval_seconds)
+                        self._fit_schedule_to_budget(step_seconds, epoch_tokens, eval_seconds)
                 self.save("last")
                 self._write_skipped()
             # Checked after the loop, not inside it: a signal can land during an evaluation or a
@@ -553,6 +565,7 @@ class Trainer:
         micro_images = images.chunk(cfg.accum_steps)
         micro_targets = targets.chunk(cfg.accum_steps)
         total = 0.0
+        self.compile_clock.start(micro_images[0].shape)
         for i, (x, y) in enumerate(zip(micro_images, micro_targets, strict=True)):
             last = i == len(micro_images) - 1
             sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
@@ -561,6 +574,7 @@ class Trainer:
                 loss = soft_cross_entropy(self.train_model(x).float(), y)
                 (loss * len(x) / len(images)).backward()
             total += loss.item() * len(x)
+        self.compile_clock.stop()
         # The total norm before clipping; with clip_grad=0 the factor is 1 (grads unchanged).
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or math.inf)
         outcome = StepOutcome(total / len(images), float(norm))
@@ -595,6 +609,8 @@ class Trainer:
             "train_loss": loss_sum / max(images, 1), **result.as_dict(),
             "images_per_s": images / max(seconds, 1e-9), "minutes": self._time_used() / 60,
         }
+        if cfg.compile:  # seconds of this process's steps that compiled, within "minutes"
+            row["compile_s"] = self.compile_clock.seconds
         if self.ema is not None:
             ema_result = evaluate(self.ema.module, self.eval_data, num_classes, self.preprocess,
                                   cfg.eval_batch_size, self.device, self.info, self.amp_dtype,

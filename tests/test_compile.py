@@ -1,0 +1,118 @@
+"""compile=true: compiled training steps match eager ones, train end to end from the CLI
+(through a resolution schedule, one compile per size), save plain state-dict keys, and the
+time budget counts compilation. Two real compiles on tiny models (tens of seconds on CPU)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit.train.compiling as compiling
+from vitkit import load_pretrained
+from vitkit.cli import main
+from vitkit.config import ViTConfig
+from vitkit.errors import ConfigError
+from vitkit.model.vit import VisionTransformer
+from vitkit.train.checkpoint import load_checkpoint
+from vitkit.train.config import load_train_config
+from vitkit.train.loop import Trainer
+
+TINY = ["model.width=16", "model.depth=1", "model.num_heads=2", "model.mlp_dim=32",
+        "progress=false"]
+
+
+def test_a_compiled_training_step_gives_the_eager_loss_and_gradients():
+    torch.manual_seed(0)
+    config = ViTConfig(img_size=8, patch_size=2, in_chans=1, width=16, depth=2, num_heads=2,
+                       mlp_dim=32, num_classes=10, dropout=0.0)
+    eager = VisionTransformer(config)
+    compiled_module = copy.deepcopy(eager)
+    compiled = compiling.compile_for_training(compiled_module, torch.device("cpu"))
+    images, labels = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    losses = []
+    for model in (eager, compiled):
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        losses.append(loss.detach())
+    # Fused kernels reorder float sums: agreement to float32 rounding, not bit for bit.
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    grads = dict(compiled_module.named_parameters())
+    for name, param in eager.named_parameters():
+        torch.testing.assert_close(grads[name].grad, param.grad, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert not any(k.startswith("_orig_mod") for k in compiled_module.state_dict())
+
+
+def test_compile_true_trains_from_the_cli_through_a_resolution_schedule(tmp_path):
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    out = tmp_path / "run"
+    assert main(["train", "digits", *TINY, "compile=true", "total_steps=6", "batch_size=32",
+                 "resolution_schedule=[[0, 4], [0.5, 8]]", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 6 and rows[-1]["resolution"] == 8
+    # the compile seconds are wall time of the run: inside its elapsed minutes
+    assert 0 < rows[-1]["compile_s"] <= rows[-1]["minutes"] * 60
+    # two sizes, two compiles of the training graph (no endless recompiling)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2 * 2
+    state = load_checkpoint(out / "last.pt")
+    assert not any("_orig_mod" in key for key in state["model"])  # plain keys
+    model = load_pretrained(out / "last.pt")
+    assert model.config.img_size == (8, 8)
+    # and the run resumes (eagerly here) from the compiled run's checkpoint
+    assert main(["train", "--resume", str(out / "last.pt"), "compile=false",
+                 "total_steps=7"]) == 0
+    assert load_checkpoint(out / "last.pt")["position"]["step"] == 7
+
+
+def test_the_time_budget_counts_compilation(tmp_path, monkeypatch):
+    """A stand-in for torch.compile whose first call takes 1.5 s (as compiling does): with a
+    1 s budget the run stops after that first step, and the metrics show why."""
+
+    def slow_first_call(model, device):
+        calls = []
+
+        def forward(images):
+            if not calls:
+                calls.append(1)
+                time.sleep(1.5)
+            return model(images)
+        return forward
+
+    monkeypatch.setattr("vitkit.train.loop.compile_for_training", slow_first_call)
+    cfg = load_train_config("digits", [*TINY, "compile=true", "time_budget=1", "epochs=50",
+                                       f"out_dir={tmp_path}"])
+    result = Trainer(cfg).run()
+    assert result.stopped_early == "time budget"
+    assert result.position.step == 1
+    assert result.final["compile_s"] >= 1.5 > cfg.time_budget
+
+
+def test_compile_without_a_c_compiler_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="compile=false") as error:
+        compiling.compile_for_training(model, torch.device("cpu"))
+    assert "g++" in str(error.value)
+    # following the advice: compile=false trains here without a C compiler
+    cfg = load_train_config("digits", [*TINY, "compile=false", "total_steps=1",
+                                       f"out_dir={tmp_path}"])
+    assert Trainer(cfg).run().position.step == 1
+
+
+def test_resizing_keeps_adamw_second_moments_non_negative(tmp_path):
+    """Bicubic resampling of exp_avg_sq to a larger grid overshoots below zero, and AdamW's
+    square root of it made the first steps at the new size NaN (this run, before the fix)."""
+    cfg = load_train_config("digits", [*TINY, "total_steps=6", "batch_size=32",
+                                       "resolution_schedule=[[0, 4], [0.5, 8]]",
+                                       f"out_dir={tmp_path}"])
+    trainer = Trainer(cfg)
+    result = trainer.run()
+    assert result.position.step == 6 and trainer.model.config.img_size == (8, 8)
+    assert min(trainer.optimizer.state[trainer.model.pos_embed]["exp_avg_sq"].flatten()) >= 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
