@@ -11,6 +11,7 @@ from vitkit.errors import (
     VitkitError,
 )
 from vitkit.model import VisionTransformer, count_parameters, create_model
+from vitkit.model.merging import apply_token_merging
 from vitkit.weights import load_pretrained, save_pretrained
 
 __version__ = "0.1.0"
@@ -25,6 +26,7 @@ __all__ = [
     "ViTConfig",
     "VisionTransformer",
     "VitkitError",
+    "apply_token_merging",
     "count_parameters",
     "create_model",
     "list_model_names",

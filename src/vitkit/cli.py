@@ -93,6 +93,36 @@ def add_weights_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: no merging), got {value}")
+    return value
+
+
+def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
+    """--int8 [--int8-engine E] and --merge-tokens R (eval, predict, export)."""
+    from vitkit.quantize import DEFAULT, ENGINES
+
+    parser.add_argument("--int8", action="store_true",
+                        help="dynamic int8 quantisation of the Linear layers (CPU)")
+    parser.add_argument("--int8-engine", choices=ENGINES, default=None,
+                        help=f"int8 implementation (default {DEFAULT}; implies --int8)")
+    parser.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
+                        help="Token Merging (ToMe): merge R tokens in every layer (default 0)")
+
+
+def int8_engine(args: argparse.Namespace) -> str | None:
+    """The int8 engine the flags ask for, or None for float."""
+    from vitkit.quantize import DEFAULT
+
+    return args.int8_engine or (DEFAULT if args.int8 else None)
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str) -> None:
     """The arguments `train` and `finetune` share: overrides, resume, budget, output, data."""
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -229,7 +259,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from vitkit.evaluate import evaluate_checkpoint
 
     report = evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split, args.out,
-                                 args.limit, args.batch_size, args.weights_dir)
+                                 args.limit, args.batch_size, args.weights_dir,
+                                 args.merge_tokens, int8_engine(args))
     print(report)
 
 
@@ -238,10 +269,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     stderr after the others' predictions), 2 when none could."""
     from vitkit.errors import InputError
     from vitkit.predict import expand_inputs, predict
+    from vitkit.speedups import speed_up
     from vitkit.weights import load_pretrained
 
     files = expand_inputs(args.inputs)  # a wrong path fails before the model loads
     model = load_pretrained(args.weights, weights_dir=args.weights_dir)
+    model = speed_up(model, args.merge_tokens, int8_engine(args))
     results = predict(model, files, topk=args.topk, batch_size=args.batch_size)
     for result in results:
         print(json.dumps(result.to_dict()) if args.json else result.format())
@@ -265,17 +298,36 @@ def cmd_export(args: argparse.Namespace) -> None:
     if args.format not in FORMATS:
         raise ExportError(f"unknown format {args.format!r}: use --format "
                           + " or ".join(FORMATS))
+    if args.merge_tokens:
+        raise ExportError("--merge-tokens does not export: token merging runs in PyTorch "
+                          "(vitkit eval/predict --merge-tokens R); export without it (--int8 "
+                          "makes the ONNX file faster)")
+    suffix = ".int8.onnx" if args.int8 else ".onnx"
     source, out = Path(args.weights), args.out  # default: beside the weights
     if out is None:
-        out = source / "model.onnx" if source.is_dir() else source.with_suffix(".onnx") \
-            if source.exists() else Path(args.weights.replace("/", "-") + ".onnx")
+        out = source / f"model{suffix}" if source.is_dir() else source.with_suffix(suffix) \
+            if source.exists() else Path(args.weights.replace("/", "-") + suffix)
     model = load_pretrained(args.weights, weights_dir=args.weights_dir)
-    path = export_onnx(model, out, dynamic_size=args.dynamic_size, opset=args.opset)
+    if args.int8:
+        from vitkit.export import export_onnx_int8
+
+        path = export_onnx_int8(model, out, dynamic_size=args.dynamic_size, opset=args.opset)
+    else:
+        path = export_onnx(model, out, dynamic_size=args.dynamic_size, opset=args.opset)
     axes = "batch, height, width" if args.dynamic_size else "batch"
-    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, dynamic {axes})")
+    kind = ", int8" if args.int8 else ""
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB{kind}, dynamic {axes})")
     sizes = default_check_sizes(model) if args.dynamic_size else []
-    diff = check_onnx(model, path, batch_sizes=(1, 3), sizes=sizes, atol=1e-4)
     where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
+    if args.int8:
+        from vitkit.export import INT8_RTOL, check_onnx_int8
+
+        diff, agree = check_onnx_int8(model, path, batch_sizes=(1, 3), sizes=sizes)
+        print(f"onnxruntime check (int8 vs fp32): max abs diff {diff:.2g} over batch 1, 3 at "
+              f"{where} (tolerance {INT8_RTOL:g} x the logits' range), top-1 agreement "
+              f"{100 * agree:.0f}%: OK")
+        return
+    diff = check_onnx(model, path, batch_sizes=(1, 3), sizes=sizes, atol=1e-4)
     print(f"onnxruntime check: max abs diff {diff:.2g} over batch 1, 3 at {where} "
           "(tolerance 1e-4): OK")
 
@@ -436,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "(default: as the training run did)")
     evaluate.add_argument("--batch-size", type=positive_int, default=500)
     evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
+    add_speed_arguments(evaluate)
     evaluate.set_defaults(run=cmd_eval)
 
     predict = verbs.add_parser("predict", help="top-k classes of images with a checkpoint")
@@ -445,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
     predict.add_argument("--json", action="store_true", help="one JSON object per line")
     predict.add_argument("--batch-size", type=int, default=32)
+    add_speed_arguments(predict)
     predict.set_defaults(run=cmd_predict)
     export = verbs.add_parser("export", help="write ONNX (dynamic batch) and check it with "
                                              "onnxruntime")
@@ -454,6 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--dynamic-size", action="store_true",
                         help="also accept other image sizes (multiples of the patch size)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: torch's)")
+    export.add_argument("--int8", action="store_true",
+                        help="write the graph with dynamic int8 weights (onnxruntime's "
+                             "quantize_dynamic), checked against the float model")
+    export.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
+                        help="not exportable (refused): token merging runs in PyTorch")
     export.set_defaults(run=cmd_export)
     explain = verbs.add_parser("explain", help="attention rollout and maps, mean attention "
                                                "distance, position and filter figures")

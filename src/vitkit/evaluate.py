@@ -14,6 +14,7 @@ from vitkit.data.sources.records import IterableRecords
 from vitkit.data.streaming import IterableEval, StreamEval
 from vitkit.data.transforms import EvalResize
 from vitkit.errors import DataError
+from vitkit.speedups import speed_up
 from vitkit.train.metrics import evaluate
 from vitkit.weights import WeightsRecord, build_model, read_weights
 
@@ -60,9 +61,13 @@ def _check_fits(dataset: ImageDataset | StreamEval | IterableEval, num_classes: 
 def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str | None = None,
                         split: str = "test", out: str | Path | None = None,
                         limit: int | None = None, batch_size: int = 500,
-                        weights_dir: str | Path | None = None) -> str:
+                        weights_dir: str | Path | None = None, merge_tokens: int = 0,
+                        int8: str | None = None) -> str:
     """Evaluate weights (any format `load_pretrained` reads) and write eval.json +
     confusion_matrix.png; returns a printable report.
+
+    `merge_tokens` (ToMe, per layer) and `int8` (an engine of `vitkit.quantize`) evaluate the
+    model through those speed paths (`vitkit.speedups.speed_up`); eval.json records both.
 
     The data defaults to a training checkpoint's own (data, folder and image limit); other
     weights need `data`. Images go through the weights' preprocessing (mean/std) and are
@@ -73,6 +78,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     weights = read_weights(path, weights_dir)
     model = build_model(weights)
     config = model.config
+    fast = speed_up(model, merge_tokens, int8)
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
                                  config.in_chans)
@@ -80,7 +86,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     if isinstance(dataset, ImageDataset) and tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
-    result = evaluate(model, dataset, config.num_classes, weights.preprocess, batch_size,
+    result = evaluate(fast, dataset, config.num_classes, weights.preprocess, batch_size,
                       image_size=config.img_size)
     classes = list(dataset.classes) if len(dataset.classes) == config.num_classes else \
         list(weights.class_names or [f"class {i}" for i in range(config.num_classes)])
@@ -89,13 +95,16 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     per_class = {name: round(float(acc), 4) for name, acc in zip(classes, result.per_class,
                                                                  strict=False)}
     report = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
-              "data": data, "split": split, "images": result.count, "top1": result.top1,
+              "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8,
+              "images": result.count, "top1": result.top1,
               "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
               "confusion": result.confusion.tolist()}
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     png = plot_confusion(result.confusion, classes, out_dir / "confusion_matrix.png",
                          f"{data} {split}: top-1 {100 * result.top1:.2f}%")
-    lines = [f"{data} {split}, {result.count} images: top-1 {100 * result.top1:.2f}%, "
+    speed = "".join([f", int8 ({int8})" if int8 else "",
+                     f", {merge_tokens} tokens merged per layer" if merge_tokens else ""])
+    lines = [f"{data} {split}, {result.count} images{speed}: top-1 {100 * result.top1:.2f}%, "
              f"top-5 {100 * result.top5:.2f}%, loss {result.loss:.4f}", "per-class accuracy:"]
     lines += [f"  {name:<12} {100 * acc:6.2f}%" for name, acc in per_class.items()]
     lines.append(f"wrote {out_dir / 'eval.json'} and {png}")

@@ -19,7 +19,7 @@ import importlib
 import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +136,13 @@ def default_check_sizes(model: VisionTransformer) -> list[tuple[int, int]]:
     return [(height + 2 * patch, width + 2 * patch), (max(height - patch, patch), width)]
 
 
-def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence[int] = (1, 3),
-               sizes: Sequence[int | tuple[int, int]] | None = None,
-               atol: float = 1e-4) -> float:
-    """Run the ONNX file with onnxruntime on random inputs and compare with PyTorch.
-
-    Checks each batch size at the model's resolution and at each of `sizes`; the reference
-    for another size is a copy of `model` with a fixed size, after
-    `set_image_size(size, mode="bilinear")`.
-    Returns the max abs difference; raises ExportError above `atol`. Puts `model` in eval mode.
-    """
+def _onnx_and_torch_outputs(model: VisionTransformer, path: str | Path,
+                            batch_sizes: Sequence[int], sizes: Sequence[int | tuple[int, int]]
+                            ) -> Iterator[tuple[torch.Tensor, torch.Tensor, str]]:
+    """(PyTorch logits, onnxruntime logits, "batch B at HxW") on seeded random inputs, for
+    each batch size at the model's resolution and at each of `sizes`; the reference for
+    another size is a copy of `model` with a fixed size, after
+    `set_image_size(size, mode="bilinear")`. Puts `model` in eval mode."""
     ort = require("onnxruntime")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
@@ -153,8 +150,7 @@ def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence
     device = next(model.parameters()).device
     native = tuple(model.config.img_size)
     generator = torch.Generator().manual_seed(0)
-    worst, where = 0.0, ""
-    for size in [native, *(sizes or ())]:
+    for size in [native, *sizes]:
         hw = (size, size) if isinstance(size, int) else tuple(size)
         reference = model
         if hw != native:
@@ -171,12 +167,78 @@ def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence
                 raise ExportError(f"onnxruntime could not run {path} on a batch of {batch} at "
                                   f"{hw[0]}x{hw[1]}: {exc}. Export with a dynamic batch (and "
                                   "--dynamic-size for other resolutions).") from exc
-            diff = (torch.from_numpy(got) - expected).abs().max().item()
-            if not math.isfinite(diff) or diff > worst:
-                worst, where = diff, f"batch {batch} at {hw[0]}x{hw[1]}"
-            if not math.isfinite(diff):
-                break
+            yield expected, torch.from_numpy(got), f"batch {batch} at {hw[0]}x{hw[1]}"
+
+
+def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence[int] = (1, 3),
+               sizes: Sequence[int | tuple[int, int]] | None = None,
+               atol: float = 1e-4) -> float:
+    """Run the ONNX file with onnxruntime on random inputs and compare with PyTorch.
+
+    Checks each batch size at the model's resolution and at each of `sizes`; the reference
+    for another size is a copy of `model` with a fixed size, after
+    `set_image_size(size, mode="bilinear")`.
+    Returns the max abs difference; raises ExportError above `atol`. Puts `model` in eval mode.
+    """
+    worst, where = 0.0, ""
+    for expected, got, place in _onnx_and_torch_outputs(model, path, batch_sizes, sizes or ()):
+        diff = (got - expected).abs().max().item()
+        if not math.isfinite(diff) or diff > worst:
+            worst, where = diff, place
+        if not math.isfinite(diff):
+            break
     if not worst <= atol:
         raise ExportError(f"the ONNX outputs differ from PyTorch by {worst:.3g} ({where}), "
                           f"above the tolerance {atol:g}; the export is not faithful.")
     return worst
+
+
+# -- int8 ---------------------------------------------------------------------------------------
+INT8_RTOL = 0.1  # int8 logits may differ from fp32 by up to this fraction of the logits' range
+
+
+def export_onnx_int8(model: VisionTransformer, path: str | Path, **kwargs: Any) -> Path:
+    """`export_onnx`, then ONNX Runtime's dynamic int8 quantisation of the graph, written to
+    `path` (the float graph is a temporary file beside it)."""
+    from vitkit.quantize import quantize_onnx_int8
+
+    path = Path(path)
+    float_path = path.with_name(path.name + ".fp32.tmp")
+    try:
+        export_onnx(model, float_path, **kwargs)
+        return quantize_onnx_int8(float_path, path)
+    finally:
+        float_path.unlink(missing_ok=True)
+
+
+def check_onnx_int8(model: VisionTransformer, path: str | Path,
+                    batch_sizes: Sequence[int] = (1, 3),
+                    sizes: Sequence[int | tuple[int, int]] | None = None,
+                    rtol: float = INT8_RTOL) -> tuple[float, float]:
+    """Compare an int8 ONNX file with the float `model` on random inputs.
+
+    Passes when the max abs logit difference is at most `rtol` times the range (max - min)
+    of the float logits, and every image whose float top-1 margin over the runner-up exceeds
+    twice that difference keeps its top-1 class (those cannot flip within the error).
+    Returns (max abs difference, top-1 agreement over all images); raises ExportError.
+    """
+    expected_all, got_all = [], []
+    for expected, got, _ in _onnx_and_torch_outputs(model, path, batch_sizes, sizes or ()):
+        expected_all.append(expected)
+        got_all.append(got)
+    expected, got = torch.cat(expected_all), torch.cat(got_all)
+    diff = (got - expected).abs().max().item()
+    spread = (expected.max() - expected.min()).item()
+    if not diff <= rtol * spread:
+        raise ExportError(f"the int8 ONNX logits differ from the float model by {diff:.3g}, "
+                          f"above {rtol:g} x the logits' range {spread:.3g}; the quantised "
+                          "graph is not faithful: export without --int8.")
+    agree = got.argmax(-1) == expected.argmax(-1)
+    if expected.shape[-1] > 1:
+        top2 = expected.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * diff
+        if not agree[clear].all():
+            raise ExportError("the int8 ONNX graph changes the top-1 class of an input whose "
+                              "float margin exceeds the quantisation error; export without "
+                              "--int8.")
+    return diff, agree.float().mean().item()

@@ -1,0 +1,187 @@
+"""Token Merging (ToMe, Bolya et al., ICLR 2023): fewer tokens per layer, no retraining.
+
+In each block, after the attention and before the MLP, `r` patch tokens are merged into
+others by bipartite soft matching: the patch tokens alternate into sets A and B, each A token
+finds the B token whose attention key (averaged over heads) is most cosine-similar, and the
+`r` most similar pairs are merged into one token, the size-weighted average of the two. The
+prefix (class) token is never merged. Each token carries its size (how many patches it
+stands for); the attention adds log(size) to its logits (proportional attention), so a merged
+token draws as much attention as the duplicates it replaced, and mean pooling weights tokens
+by size.
+
+`apply_token_merging(model, r)` switches a loaded `VisionTransformer` to merging in place
+(the classes of the model and its blocks are swapped; parameters and state dict stay); `r=0`
+switches it back to the plain classes, so the plain code path runs again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vitkit.errors import ConfigError
+from vitkit.model.layers import Attention, Block
+from vitkit.model.vit import VisionTransformer
+
+__all__ = ["MergingBlock", "MergingVisionTransformer", "apply_token_merging",
+           "attend_with_sizes", "clip_merge_count", "merge_tokens"]
+
+
+def clip_merge_count(r: int, tokens: int, num_prefix: int) -> int:
+    """The number of tokens one layer can merge: at most half the patch tokens (the size of
+    set A when B must keep a match), so at least the prefix tokens + 1 remain."""
+    return max(0, min(r, (tokens - num_prefix) // 2))
+
+
+def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int,
+                 num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge `r` patch tokens of `x` (B, T, D) by bipartite soft matching on `keys` (B, T, K).
+
+    Patch tokens (after the `num_prefix` prefix tokens) alternate into A (even) and B (odd);
+    each A token's best B match by cosine similarity of the keys is an edge; the `r` edges
+    of highest similarity merge their A token into its B token as the size-weighted average
+    (`size` (B, T, 1) holds each token's size). Returns (tokens, sizes) with T - r tokens:
+    the prefix, then the unmerged A tokens in their order, then the B tokens.
+    """
+    r = clip_merge_count(r, x.shape[1], num_prefix)
+    if r == 0:
+        return x, size
+    prefix_x, patches = x[:, :num_prefix], x[:, num_prefix:]
+    prefix_size, patch_size = size[:, :num_prefix], size[:, num_prefix:]
+    metric = F.normalize(keys[:, num_prefix:], dim=-1)
+    scores = metric[:, ::2] @ metric[:, 1::2].transpose(1, 2)  # (B, |A|, |B|)
+    best_score, best_match = scores.max(dim=-1)
+    order = best_score.argsort(dim=-1, descending=True)
+    merged_a, kept_a = order[:, :r], order[:, r:].sort(dim=-1).values
+    target_b = best_match.gather(1, merged_a)
+
+    weighted = torch.cat([patches * patch_size, patch_size], dim=-1)  # sum x*size and size
+    set_a, set_b = weighted[:, ::2], weighted[:, 1::2]
+    width = weighted.shape[-1]
+    kept = set_a.gather(1, kept_a.unsqueeze(-1).expand(-1, -1, width))
+    moved = set_a.gather(1, merged_a.unsqueeze(-1).expand(-1, -1, width))
+    set_b = set_b.scatter_add(1, target_b.unsqueeze(-1).expand(-1, -1, width), moved)
+    summed = torch.cat([kept, set_b], dim=1)
+    new_size = summed[..., -1:]
+    new_x = (summed[..., :-1] / new_size).to(x.dtype)
+    return torch.cat([prefix_x, new_x], dim=1), torch.cat([prefix_size, new_size], dim=1)
+
+
+def attend_with_sizes(attn: Attention, x: torch.Tensor, size: torch.Tensor | None,
+                      return_attention: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`attn`'s multi-head self-attention with proportional attention: log(size) of each key
+    token added to the logits (nothing when `size` is None: every token has size 1).
+
+    Returns (output, keys averaged over heads (B, T, D_h), weights or None).
+    """
+    batch, tokens, width = x.shape
+    qkv = attn.qkv(x).view(batch, tokens, 3, attn.num_heads, attn.head_dim)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, D_h)
+    bias = None if size is None else size.log().to(q.dtype).view(batch, 1, 1, tokens)
+    weights = None
+    if return_attention:
+        logits = (q * attn.scale) @ k.transpose(-2, -1)
+        weights = (logits if bias is None else logits + bias).softmax(dim=-1)
+        out = attn.attn_drop(weights) @ v
+    else:
+        dropout = attn.attn_dropout if attn.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+    out = out.transpose(1, 2).reshape(batch, tokens, width)
+    return attn.proj_drop(attn.proj(out)), k.mean(dim=1), weights
+
+
+class MergingBlock(Block):
+    """A `Block` that merges `merge_r` tokens between its attention and its MLP."""
+
+    merge_r: int = 0
+    num_prefix: int = 0
+
+    def forward_merging(self, x: torch.Tensor, size: torch.Tensor | None,
+                        return_attention: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(tokens, sizes, attention weights): z' = MSA(LN(z)) + z; merge; z = MLP(LN(z')) + z'."""
+        attended, keys, weights = attend_with_sizes(self.attn, self.norm1(x), size,
+                                                    return_attention)
+        x = x + self.drop_path1(attended)
+        if clip_merge_count(self.merge_r, x.shape[1], self.num_prefix) > 0:
+            if size is None:
+                size = x.new_ones(x.shape[0], x.shape[1], 1)
+            x, size = merge_tokens(x, size, keys, self.merge_r, self.num_prefix)
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return x, size, weights
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As `Block.forward`, for a block called alone (sizes start at 1)."""
+        x, _, weights = self.forward_merging(x, None, return_attention)
+        return x, weights
+
+
+class MergingVisionTransformer(VisionTransformer):
+    """A `VisionTransformer` whose blocks merge tokens (see `apply_token_merging`).
+
+    `forward_features` returns the merged tokens and keeps their sizes in `token_sizes`
+    (B, T', 1) for `pool`; with `return_attention` each layer's weights have that layer's
+    token count. The mean pools weight each token by its size.
+    """
+
+    token_sizes: torch.Tensor | None = None
+
+    def forward_features(self, images: torch.Tensor, return_attention: bool = False
+                         ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        x, size = self.embed(images), None
+        attentions = []
+        for block in self.blocks:
+            x, size, weights = block.forward_merging(x, size, return_attention)
+            if return_attention:
+                attentions.append(weights)
+        self.token_sizes = size
+        x = self.norm(x)
+        return (x, attentions) if return_attention else x
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The class token, or a size-weighted mean over the (merged) tokens."""
+        size = self.token_sizes
+        if self.config.pool == "class_token" or size is None or size.shape[:2] != tokens.shape[:2]:
+            return super().pool(tokens)
+        start = self.config.num_prefix_tokens if self.config.pool == "mean_patches" else 0
+        weights = size[:, start:].to(tokens.dtype)
+        return (tokens[:, start:] * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+def apply_token_merging(model: VisionTransformer, r: int) -> VisionTransformer:
+    """Merge `r` tokens in every layer of `model` (in place; returns it), or with `r=0` restore
+    the plain model (bit-for-bit the same outputs: the plain code path runs).
+
+    Per layer, r is clipped so that at least the prefix tokens + 1 remain; a model with T
+    tokens and L layers ends with T - L*r tokens when that clip never acts. Works with any
+    pool (the mean pools use a size-weighted mean), `return_attention` (per-layer weights of
+    shrinking size) and a dynamic image size. Apply it before `quantize_int8`.
+    """
+    if not isinstance(model, VisionTransformer):
+        raise ConfigError(f"token merging applies to a vitkit VisionTransformer, not a "
+                          f"{type(model).__name__}; load the model with vitkit.load_pretrained "
+                          "or vitkit.create_model")
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ConfigError(f"the number of tokens to merge per layer must be an integer >= 0, "
+                          f"got {r!r}; use 0 for no merging (e.g. --merge-tokens 8)")
+    blocks = list(model.blocks)
+    if not all(isinstance(block, Block) for block in blocks):
+        raise ConfigError("token merging needs vitkit's own encoder blocks; apply it to the "
+                          "model as loaded, before replacing its blocks")
+    if r == 0:
+        for block in blocks:
+            if isinstance(block, MergingBlock):
+                block.__class__ = Block
+                del block.merge_r, block.num_prefix
+        if isinstance(model, MergingVisionTransformer):
+            model.__class__ = VisionTransformer
+            del model.token_sizes
+        return model
+    for block in blocks:
+        block.__class__ = MergingBlock
+        block.merge_r, block.num_prefix = r, model.config.num_prefix_tokens
+    model.__class__ = MergingVisionTransformer
+    model.token_sizes = None
+    return model

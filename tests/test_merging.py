@@ -1,0 +1,175 @@
+"""Token Merging (ToMe): r=0 is the plain model bit for bit, a known merge is the size-weighted
+average, proportional attention makes a merged pair attend like the duplicates it replaced,
+and the token count falls by r per layer."""
+
+import pytest
+import torch
+
+from vitkit import ConfigError, apply_token_merging, create_model
+from vitkit.model.layers import Block
+from vitkit.model.merging import (
+    MergingBlock,
+    MergingVisionTransformer,
+    attend_with_sizes,
+    merge_tokens,
+)
+from vitkit.model.vit import VisionTransformer
+
+SMALL = dict(img_size=32, patch_size=8, width=32, depth=4, num_heads=4, mlp_dim=64,
+             num_classes=5)  # 16 patches
+
+
+def small_model(**overrides) -> VisionTransformer:
+    torch.manual_seed(0)
+    model = create_model("Ti/16", **{**SMALL, **overrides}).eval()
+    with torch.no_grad():  # a non-zero head and class token, so outputs depend on everything
+        for param in model.parameters():
+            param.add_(0.02 * torch.randn_like(param))
+    return model
+
+
+@pytest.mark.parametrize("pool", ["class_token", "mean_patches", "mean_all_tokens"])
+def test_r0_restores_the_plain_model_bit_for_bit(pool):
+    model = small_model(pool=pool)
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        plain = model(images)
+        merged = apply_token_merging(model, 2)(images)
+        assert isinstance(model, MergingVisionTransformer)
+        assert not torch.equal(merged, plain)  # merging changed something
+        restored = apply_token_merging(model, 0)(images)
+    assert type(model) is VisionTransformer and all(type(b) is Block for b in model.blocks)
+    assert torch.equal(restored, plain)
+
+
+def test_merging_keeps_the_state_dict():
+    model = small_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    apply_token_merging(model, 3)
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_known_merge_is_the_size_weighted_average():
+    # one prefix token, four patches: A = patches 0, 2; B = patches 1, 3.
+    # Patch 0's key equals patch 1's (cosine 1); patch 2's key is orthogonal to both B keys.
+    keys = torch.tensor([[[9.0, 9.0, 9.0],  # prefix: never merged, whatever its key
+                          [1.0, 0.0, 0.0], [2.0, 0.0, 0.0],  # patch 0 (A), patch 1 (B)
+                          [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]])  # patch 2 (A), patch 3 (B)
+    x = torch.randn(1, 5, 6)
+    size = torch.tensor([[[1.0], [2.0], [3.0], [1.0], [1.0]]])
+    new_x, new_size = merge_tokens(x, size, keys, r=1, num_prefix=1)
+    # prefix, the unmerged A token (patch 2), then B (patch 1 + patch 0, patch 3)
+    expected = torch.stack([x[0, 0], x[0, 3], (2 * x[0, 1] + 3 * x[0, 2]) / 5, x[0, 4]])
+    torch.testing.assert_close(new_x[0], expected, rtol=0, atol=1e-6)
+    assert new_size.flatten().tolist() == [1.0, 1.0, 5.0, 1.0]
+
+
+def test_identical_tokens_are_merged_by_a_block_into_one_of_size_two():
+    torch.manual_seed(1)
+    block = Block(32, 4, 64).eval()
+    x = torch.randn(2, 9, 32)
+    x[:, 2] = x[:, 1]  # patches 0 and 1 (A and B) are identical, so are their keys
+    with torch.no_grad():
+        plain, _ = block(x)
+        block.__class__ = MergingBlock
+        block.merge_r, block.num_prefix = 1, 1
+        merged, size, _ = block.forward_merging(x, None)
+    assert merged.shape == (2, 8, 32)
+    # the merged pair sits in B (after prefix + 3 unmerged A tokens) with size 2
+    assert size[:, :, 0].tolist() == [[1, 1, 1, 1, 2, 1, 1, 1]] * 2
+    torch.testing.assert_close(merged[:, 4], plain[:, 1], rtol=0, atol=1e-5)
+    # every other token is the plain block's output (the merge happens after the attention)
+    torch.testing.assert_close(merged[:, 0], plain[:, 0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(merged[:, 1:4], plain[:, [3, 5, 7]], rtol=0, atol=1e-5)
+    torch.testing.assert_close(merged[:, 5:], plain[:, [4, 6, 8]], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
+def test_proportional_attention_on_a_merged_pair_equals_the_duplicate_pair(explicit):
+    """ToMe's exactness property: a token of size 2 draws the attention of two copies."""
+    torch.manual_seed(2)
+    attn = Block(32, 4, 64).attn.eval()
+    tokens = torch.randn(2, 5, 32)
+    duplicated = torch.cat([tokens[:, :2], tokens[:, 1:2], tokens[:, 2:]], dim=1)  # a, a
+    size = torch.tensor([1.0, 2.0, 1.0, 1.0, 1.0]).view(1, 5, 1).expand(2, -1, -1)
+    with torch.no_grad():
+        out_dup, _, _ = attend_with_sizes(attn, duplicated, None, explicit)
+        out_merged, _, weights = attend_with_sizes(attn, tokens, size, explicit)
+        out_unweighted, _, _ = attend_with_sizes(attn, tokens, None, explicit)
+    torch.testing.assert_close(out_merged, out_dup[:, [0, 1, 3, 4, 5]], rtol=0, atol=1e-6)
+    assert (out_unweighted - out_merged).abs().max() > 1e-3  # the log(size) term matters
+    if explicit:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
+
+
+def test_the_explicit_and_sdpa_paths_agree_with_sizes():
+    model = apply_token_merging(small_model(), 2)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        fused = model(images)
+        explicit, _ = model(images, return_attention=True)
+    torch.testing.assert_close(explicit, fused, rtol=0, atol=1e-5)
+
+
+def test_the_token_count_falls_by_r_per_layer_and_sizes_add_up():
+    model = apply_token_merging(small_model(depth=4), 2)  # 17 tokens
+    with torch.no_grad():
+        tokens, attentions = model.forward_features(torch.randn(2, 3, 32, 32),
+                                                    return_attention=True)
+    assert [a.shape[-1] for a in attentions] == [17, 15, 13, 11]  # before each layer's merge
+    assert tokens.shape == (2, 17 - 4 * 2, 32)
+    sizes = model.token_sizes[:, :, 0]
+    assert sizes[:, 0].tolist() == [1.0, 1.0]  # the class token is never merged
+    assert sizes[:, 1:].sum(dim=1).tolist() == [16.0, 16.0]  # every patch counted once
+
+
+def test_a_large_r_is_clipped_so_the_prefix_and_one_token_remain():
+    model = apply_token_merging(small_model(depth=6), 1000)
+    with torch.no_grad():
+        logits = model(torch.randn(2, 3, 32, 32))
+    assert model.token_sizes.shape[1] == 2  # class token + one token of size 16
+    assert model.token_sizes[:, 1, 0].tolist() == [16.0, 16.0]
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("pool", ["mean_patches", "mean_all_tokens"])
+def test_mean_pooled_models_pool_with_a_size_weighted_mean(pool):
+    model = apply_token_merging(small_model(pool=pool, final_norm="pooled"), 3)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        logits = model(images)
+        tokens = model.forward_features(images)
+        start = 1 if pool == "mean_patches" else 0
+        size = model.token_sizes[:, start:]
+        pooled = (tokens[:, start:] * size).sum(1) / size.sum(1)
+        expected = model.head(model.fc_norm(pooled))
+        unweighted = model.head(model.fc_norm(tokens[:, start:].mean(1)))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
+    assert (logits - unweighted).abs().max() > 1e-6
+
+
+def test_merging_works_with_a_dynamic_image_size():
+    model = small_model()
+    model.set_dynamic_img_size()
+    apply_token_merging(model, 2)
+    with torch.no_grad():
+        logits = model(torch.randn(1, 3, 48, 40))  # 6x5 = 30 patches
+    assert logits.shape == (1, 5)
+    assert model.token_sizes.shape[1] == 31 - 4 * 2
+
+
+@pytest.mark.parametrize("r", [-1, 1.5, "2"])
+def test_a_bad_r_is_refused_with_the_fix(r):
+    model = small_model()
+    with pytest.raises(ConfigError, match="integer >= 0") as info:
+        apply_token_merging(model, r)
+    assert "use 0 for no merging" in str(info.value)
+    assert apply_token_merging(model, 0) is model  # the advice works
+    assert type(model) is VisionTransformer
+
+
+def test_a_non_vitkit_model_is_refused():
+    with pytest.raises(ConfigError, match="VisionTransformer"):
+        apply_token_merging(torch.nn.Linear(2, 2), 1)

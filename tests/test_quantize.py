@@ -1,0 +1,160 @@
+"""int8 inference: a trained digits model keeps its top-1 under dynamic int8 (eager torch and
+ONNX Runtime), composes with token merging, and a missing engine says how to get one."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from vitkit import ConfigError, ExportError, apply_token_merging, load_pretrained
+from vitkit.cli import main
+from vitkit.data.sources import load_source
+from vitkit.export import check_onnx_int8, export_onnx_int8, read_metadata
+from vitkit.quantize import DEFAULT, quantize_int8
+from vitkit.train.config import load_train_config
+from vitkit.train.loop import Trainer
+
+# Four epochs of the README's digits model (~80-90% test top-1), enough for agreement to mean
+# something. int8 must keep the float top-1 on >= 97% of the test images.
+RUN = ["epochs=4", "progress=false"]
+MIN_AGREEMENT = 0.97
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("digits")
+    Trainer(load_train_config("digits", [*RUN, f"out_dir={out}"])).run()
+    return out
+
+
+@pytest.fixture(scope="module")
+def digits_test() -> tuple[torch.Tensor, torch.Tensor]:
+    test = load_source("digits")[1]
+    return (test.images.float() / 255 - 0.5) / 0.5, test.labels  # the recipe's mean/std
+
+
+def _logits(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(images)
+
+
+def test_int8_keeps_the_top1_of_a_trained_model(run, digits_test):
+    images, labels = digits_test
+    model = load_pretrained(run).eval()
+    quantized = quantize_int8(model)
+    linears = [m for m in quantized.modules() if type(m) is nn.Linear]
+    assert not linears  # every Linear was replaced by its int8 version
+    assert any(type(m) is nn.Linear for m in model.modules())  # the original is untouched
+    fp32, int8 = _logits(model, images), _logits(quantized, images)
+    agreement = (fp32.argmax(1) == int8.argmax(1)).double().mean().item()
+    assert agreement >= MIN_AGREEMENT
+    assert 0 < (fp32 - int8).abs().max() < 0.1 * (fp32.max() - fp32.min())
+    assert quantized.config == model.config  # predicts and evaluates like the original
+    accuracy = [(logits.argmax(1) == labels).double().mean().item() for logits in (fp32, int8)]
+    assert abs(accuracy[0] - accuracy[1]) <= 0.02  # test top-1 within 2 points
+
+
+def test_int8_composes_with_token_merging(run, digits_test):
+    images, _ = digits_test
+    model = apply_token_merging(load_pretrained(run).eval(), 1)
+    merged = _logits(model, images)
+    both = _logits(quantize_int8(model), images)
+    assert (merged.argmax(1) == both.argmax(1)).double().mean() >= MIN_AGREEMENT
+    assert model.token_sizes.shape[1] == 17 - 4  # quantising kept the merging
+
+
+def test_a_missing_int8_engine_says_how_to_install_it(monkeypatch, run):
+    model = load_pretrained(run)
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
+    with pytest.raises(ConfigError, match=r"pip install 'vitkit\[int8\]'") as info:
+        quantize_int8(model, "torchao")
+    assert f"use engine '{DEFAULT}'" in str(info.value)
+    assert quantize_int8(model, DEFAULT) is not model  # the advice works
+
+
+def test_an_unknown_int8_engine_is_refused(run):
+    with pytest.raises(ConfigError, match="use one of torch, torchao"):
+        quantize_int8(load_pretrained(run), "tensorrt")
+
+
+def test_torchao_engine_agrees_when_installed(run, digits_test):
+    pytest.importorskip("torchao")
+    images, _ = digits_test
+    model = load_pretrained(run).eval()
+    fp32, int8 = _logits(model, images), _logits(quantize_int8(model, "torchao"), images)
+    assert (fp32.argmax(1) == int8.argmax(1)).double().mean() >= MIN_AGREEMENT
+
+
+def test_int8_onnx_runs_in_onnxruntime_and_agrees(run, digits_test, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    images, _ = digits_test
+    model = load_pretrained(run).eval()
+    path = export_onnx_int8(model, tmp_path / "digits.int8.onnx")
+    assert not list(tmp_path.glob("*.tmp"))  # the float graph was temporary
+    float_path = tmp_path / "digits.onnx"
+    from vitkit.export import export_onnx
+
+    export_onnx(model, float_path)
+    assert path.stat().st_size < 0.5 * float_path.stat().st_size  # int8 weights
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+    fp32 = _logits(model, images)
+    assert (got.argmax(1) == fp32.argmax(1)).double().mean() >= MIN_AGREEMENT
+    diff, agreement = check_onnx_int8(model, path)
+    assert diff > 0 and 0 <= agreement <= 1
+    metadata = read_metadata(path)
+    assert metadata["preprocess"]["mean"] == [0.5] and "quantization" in metadata
+
+
+def test_check_onnx_int8_catches_a_graph_of_another_model(run, tmp_path):
+    model = load_pretrained(run).eval()
+    path = export_onnx_int8(model, tmp_path / "a.onnx")
+    other = load_pretrained(run).eval()
+    with torch.no_grad():
+        other.head.weight.mul_(-1)  # the logits change sign: top-1 flips everywhere
+    with pytest.raises(ExportError, match="export without --int8"):
+        check_onnx_int8(other, path)
+
+
+def test_cli_eval_predict_and_export_take_int8_and_merge_tokens(run, tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert main(["eval", str(run), "--out", str(out), "--int8", "--merge-tokens", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "int8 (torch), 1 tokens merged per layer: top-1" in text
+    import json
+
+    report = json.loads((out / "eval.json").read_text())
+    assert report["int8"] == DEFAULT and report["merge_tokens"] == 1 and report["top1"] > 0.5
+
+    images, _ = load_source("digits")[1].images[:3], None
+    folder = tmp_path / "images"
+    folder.mkdir()
+    from PIL import Image
+
+    for i, image in enumerate(images):
+        Image.fromarray(image[0].numpy()).save(folder / f"{i}.png")
+    assert main(["predict", str(run), str(folder), "--int8", "--merge-tokens", "2",
+                 "--topk", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and all("%" in line for line in lines)
+
+    target = tmp_path / "m.int8.onnx"
+    assert main(["export", str(run / "best.pt"), "--int8", "--out", str(target)]) == 0
+    text = capsys.readouterr().out
+    assert target.is_file() and "int8" in text and text.rstrip().endswith("OK")
+    assert np.isfinite(target.stat().st_size)
+
+
+def test_cli_refuses_negative_merge_tokens_and_merge_tokens_on_export(run, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", str(run), "--merge-tokens", "-1"])
+    assert "must be >= 0" in capsys.readouterr().err
+    assert main(["export", str(run / "best.pt"), "--merge-tokens", "2",
+                 "--out", str(tmp_path / "x.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "--merge-tokens does not export" in err and "export without it" in err
+    assert main(["export", str(run / "best.pt"), "--out", str(tmp_path / "x.onnx")]) == 0
