@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vitkit.benchmark.peak import MatmulPeak, timed
+from vitkit.inference.benchmark.peak import MatmulPeak, timed
 
 LIBRARIES = ("vitkit", "timm", "hf", "timm+runtime")
 COMPILED = ("vitkit+compile", "timm+compile")  # opt-in: each compiles for tens of seconds

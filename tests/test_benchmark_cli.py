@@ -14,9 +14,13 @@ from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitkit import create_model
-from vitkit.benchmark.memory import LinearMemoryModel, largest_fitting_batch, peak_rss_growth
-from vitkit.benchmark.timing import Timing
 from vitkit.cli import main
+from vitkit.inference.benchmark.memory import (
+    LinearMemoryModel,
+    largest_fitting_batch,
+    peak_rss_growth,
+)
+from vitkit.inference.benchmark.timing import Timing
 
 FAST = ["--batch-size", "4", "--warmup", "0", "--iters", "2"]
 KEYS = ("images_per_s", "latency_ms_median", "latency_ms_p90", "peak_memory_mib",
@@ -94,15 +98,36 @@ def test_benchmark_on_onnxruntime_reports_the_same_measurements(capsys):
 
 
 def test_benchmark_int8_runs_the_quantized_model(capsys):
-    pytest.importorskip("vitkit.quantize")
     result = run_json(capsys, "cifar10-tutorial", "--int8", *FAST)
-    assert "int8" in result["engine"] and result["images_per_s"] > 0
+    assert "int8 (vitkit.inference.quantize" in result["engine"] and result["images_per_s"] > 0
 
 
-def test_benchmark_merge_tokens_runs_the_merged_model(capsys):
-    pytest.importorskip("vitkit.model.merging")
+def test_benchmark_int8_on_onnxruntime_times_the_quantized_graph(capsys):
+    pytest.importorskip("onnxruntime")
+    result = run_json(capsys, "cifar10-tutorial", "--int8", "--engine", "onnxruntime", *FAST)
+    assert "int8 (onnxruntime quantize_dynamic)" in result["engine"]
+    assert result["images_per_s"] > 0
+
+
+def test_benchmark_merge_tokens_runs_the_merged_model_and_counts_its_flops(capsys):
+    from vitkit import apply_token_merging
+
     result = run_json(capsys, "cifar10-tutorial", "--merge-tokens", "4", *FAST)
     assert "token merging r=4" in result["engine"] and result["images_per_s"] > 0
+    model = apply_token_merging(create_model("cifar10-tutorial", device="meta"), 4)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, 3, 32, 32, device="meta"))
+    assert result["gflops_per_image"] == pytest.approx(counter.get_total_flops() / 1e9,
+                                                       rel=1e-6)
+    assert result["gflops_per_image"] < counted_gflops("cifar10-tutorial", 32)
+
+
+def test_token_merging_on_onnxruntime_is_refused_with_the_fix(capsys):
+    code, _, err = run_cli(capsys, "cifar10-tutorial", "--merge-tokens", "4", "--engine",
+                           "onnxruntime", *FAST)
+    assert code != 0 and "use --engine torch" in err
+    assert run_cli(capsys, "cifar10-tutorial", "--merge-tokens", "4", "--engine", "torch",
+                   *FAST)[0] == 0
 
 
 def test_sweep_writes_a_two_panel_png_and_one_row_per_variant_and_resolution(capsys, tmp_path):

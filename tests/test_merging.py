@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from vitkit import ConfigError, apply_token_merging, create_model
-from vitkit.model.layers import Block
-from vitkit.model.merging import (
+from vitkit.inference.merging import (
     MergingBlock,
     MergingVisionTransformer,
     attend_with_sizes,
     merge_tokens,
 )
+from vitkit.model.layers import Block
 from vitkit.model.vit import VisionTransformer
 
 SMALL = dict(img_size=32, patch_size=8, width=32, depth=4, num_heads=4, mlp_dim=64,

@@ -13,7 +13,7 @@ from vitkit import ConfigError, ExportError, apply_token_merging, load_pretraine
 from vitkit.cli import main
 from vitkit.data.sources import load_source
 from vitkit.export import check_onnx_int8, export_onnx_int8, read_metadata
-from vitkit.quantize import DEFAULT, quantize_int8
+from vitkit.inference.quantize import DEFAULT, quantize_int8
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
 

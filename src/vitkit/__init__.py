@@ -10,8 +10,8 @@ from vitkit.errors import (
     TrainingError,
     VitkitError,
 )
+from vitkit.inference.merging import apply_token_merging
 from vitkit.model import VisionTransformer, count_parameters, create_model
-from vitkit.model.merging import apply_token_merging
 from vitkit.weights import load_pretrained, save_pretrained
 
 __version__ = "0.1.0"

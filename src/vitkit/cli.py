@@ -100,13 +100,13 @@ def non_negative_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: no merging), got {value}")
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
 def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     """--int8 [--int8-engine E] and --merge-tokens R (eval, predict, export)."""
-    from vitkit.quantize import DEFAULT, ENGINES
+    from vitkit.inference.quantize import DEFAULT, ENGINES
 
     parser.add_argument("--int8", action="store_true",
                         help="dynamic int8 quantisation of the Linear layers (CPU)")
@@ -118,7 +118,7 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
 
 def int8_engine(args: argparse.Namespace) -> str | None:
     """The int8 engine the flags ask for, or None for float."""
-    from vitkit.quantize import DEFAULT
+    from vitkit.inference.quantize import DEFAULT
 
     return args.int8_engine or (DEFAULT if args.int8 else None)
 
@@ -268,8 +268,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """Exit 0 when every input was predicted, 1 when some could not be read (named on
     stderr after the others' predictions), 2 when none could."""
     from vitkit.errors import InputError
+    from vitkit.inference.speedup import speed_up
     from vitkit.predict import expand_inputs, predict
-    from vitkit.speedups import speed_up
     from vitkit.weights import load_pretrained
 
     files = expand_inputs(args.inputs)  # a wrong path fails before the model loads
@@ -347,23 +347,12 @@ def cmd_explain(args: argparse.Namespace) -> None:
     print(f"wrote {len(report['files'])} figures and explain.json to {args.out}")
 
 
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def cmd_benchmark(args: argparse.Namespace) -> None:
     """One benchmark, or with --sweep the variants x resolutions table and figure."""
-    from vitkit.benchmark import DEFAULT_VARIANTS, EngineOptions, benchmark, sweep
-    from vitkit.benchmark.figure import plot_sweep
-    from vitkit.benchmark.sweep import format_sweep, parse_list, parse_resolutions
     from vitkit.errors import ConfigError
+    from vitkit.inference.benchmark import DEFAULT_VARIANTS, EngineOptions, benchmark, sweep
+    from vitkit.inference.benchmark.figure import plot_sweep
+    from vitkit.inference.benchmark.sweep import format_sweep, parse_list, parse_resolutions
 
     options = EngineOptions(args.engine, args.compile, args.int8, args.merge_tokens,
                             args.threads)
@@ -546,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=positive_int, default=8,
                        help="batch of the images/s measurement (default 8)")
     bench.add_argument("--int8", action="store_true",
-                       help="int8 weights (vitkit.quantize.quantize_int8, for --engine)")
+                       help="int8 weights (vitkit.inference.quantize.quantize_int8, for --engine)")
     bench.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
                        help="merge R tokens per block (token merging)")
     bench.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),

@@ -14,7 +14,7 @@ from vitkit.data.sources.records import IterableRecords
 from vitkit.data.streaming import IterableEval, StreamEval
 from vitkit.data.transforms import EvalResize
 from vitkit.errors import DataError
-from vitkit.speedups import speed_up
+from vitkit.inference.speedup import speed_up
 from vitkit.train.metrics import evaluate
 from vitkit.weights import WeightsRecord, build_model, read_weights
 
@@ -66,8 +66,9 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     """Evaluate weights (any format `load_pretrained` reads) and write eval.json +
     confusion_matrix.png; returns a printable report.
 
-    `merge_tokens` (ToMe, per layer) and `int8` (an engine of `vitkit.quantize`) evaluate the
-    model through those speed paths (`vitkit.speedups.speed_up`); eval.json records both.
+    `merge_tokens` (ToMe, per layer) and `int8` (an engine of `vitkit.inference.quantize`)
+    evaluate the model through those speed paths (`vitkit.inference.speedup.speed_up`);
+    eval.json records both.
 
     The data defaults to a training checkpoint's own (data, folder and image limit); other
     weights need `data`. Images go through the weights' preprocessing (mean/std) and are

@@ -200,7 +200,7 @@ INT8_RTOL = 0.1  # int8 logits may differ from fp32 by up to this fraction of th
 def export_onnx_int8(model: VisionTransformer, path: str | Path, **kwargs: Any) -> Path:
     """`export_onnx`, then ONNX Runtime's dynamic int8 quantisation of the graph, written to
     `path` (the float graph is a temporary file beside it)."""
-    from vitkit.quantize import quantize_onnx_int8
+    from vitkit.inference.quantize import quantize_onnx_int8
 
     path = Path(path)
     float_path = path.with_name(path.name + ".fp32.tmp")

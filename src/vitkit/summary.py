@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from vitkit.config import ViTConfig
+from vitkit.inference.merging import clip_merge_count
 from vitkit.model.layers import DropPath
 from vitkit.model.stems import Stem, build_stem
 from vitkit.model.vit import VisionTransformer
@@ -121,12 +122,14 @@ def _count(module: nn.Module) -> int:
 
 
 def forward_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = None,
-                  stem: Stem | None = None) -> int:
+                  stem: Stem | None = None, merge_tokens: int = 0) -> int:
     """FLOPs of one image's forward pass at `img_size` (default: the config's), counted as
     torch.utils.flop_counter does: 2 per multiply-add of the stem's convolutions and of the
     encoder's and head's matmuls; norms, activations and softmax left out.
 
     `stem` is the model's stem if at hand; otherwise one is built on the meta device.
+    `merge_tokens` counts a model with token merging (`vitkit.inference.merging`): each block
+    attends over its tokens, then its MLP runs on r fewer.
     """
     size = config.img_size if img_size is None else \
         (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -135,10 +138,14 @@ def forward_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = No
             stem = build_stem(config)
     grid_h, grid_w = stem.token_grid(size)
     tokens, width, mlp = grid_h * grid_w + config.num_prefix_tokens, config.width, config.mlp_dim
-    per_block = (2 * tokens * width * 3 * width      # qkv
-                 + 2 * 2 * tokens * tokens * width   # q k^T and A v
-                 + 2 * tokens * width * width        # output projection
-                 + 2 * 2 * tokens * width * mlp)     # MLP
+    blocks = 0
+    for _ in range(config.depth):
+        merged = tokens - clip_merge_count(merge_tokens, tokens, config.num_prefix_tokens)
+        blocks += (2 * tokens * width * 3 * width     # qkv
+                   + 2 * 2 * tokens * tokens * width  # q k^T and A v
+                   + 2 * tokens * width * width       # output projection
+                   + 2 * 2 * merged * width * mlp)    # MLP
+        tokens = merged
     head_in = config.pre_logits_dim or width
     head = 2 * width * config.pre_logits_dim + 2 * head_in * config.num_classes
-    return stem.flops(size) + config.depth * per_block + head
+    return stem.flops(size) + blocks + head

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vitkit.benchmark.peak import timed
+from vitkit.inference.benchmark.peak import timed
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from vitkit.benchmark.sweep import SweepRow
+from vitkit.inference.benchmark.sweep import SweepRow
 
 
 def plot_sweep(rows: Sequence[SweepRow], path: str | Path, title: str = "") -> Path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from vitkit.model.merging import apply_token_merging
+from vitkit.inference.merging import apply_token_merging
+from vitkit.inference.quantize import quantize_int8
 from vitkit.model.vit import VisionTransformer
-from vitkit.quantize import quantize_int8
 
 __all__ = ["speed_up"]
 

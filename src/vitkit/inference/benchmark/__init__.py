@@ -11,11 +11,11 @@ variants x resolutions sweep of the paper's Figure 12.
     figure.py   the sweep's two-panel PNG
 """
 
-from vitkit.benchmark.engines import ENGINES, EngineOptions
-from vitkit.benchmark.memory import largest_fitting_batch, peak_rss_growth
-from vitkit.benchmark.peak import MatmulPeak, mfu
-from vitkit.benchmark.run import BenchmarkResult, benchmark
-from vitkit.benchmark.sweep import DEFAULT_RESOLUTIONS, DEFAULT_VARIANTS, SweepRow, sweep
+from vitkit.inference.benchmark.engines import ENGINES, EngineOptions
+from vitkit.inference.benchmark.memory import largest_fitting_batch, peak_rss_growth
+from vitkit.inference.benchmark.peak import MatmulPeak, mfu
+from vitkit.inference.benchmark.run import BenchmarkResult, benchmark
+from vitkit.inference.benchmark.sweep import DEFAULT_RESOLUTIONS, DEFAULT_VARIANTS, SweepRow, sweep
 
 __all__ = ["DEFAULT_RESOLUTIONS", "DEFAULT_VARIANTS", "ENGINES", "BenchmarkResult",
            "EngineOptions", "MatmulPeak", "SweepRow", "benchmark", "largest_fitting_batch",

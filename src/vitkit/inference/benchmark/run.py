@@ -7,12 +7,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from vitkit.benchmark.engines import Engine, EngineOptions
-from vitkit.benchmark.memory import PeakMemory, peak_rss_growth
-from vitkit.benchmark.peak import MatmulPeak, mfu
-from vitkit.benchmark.source import Size, load_benchmark_model
-from vitkit.benchmark.timing import Timing, time_calls
 from vitkit.errors import ConfigError
+from vitkit.inference.benchmark.engines import Engine, EngineOptions
+from vitkit.inference.benchmark.memory import PeakMemory, peak_rss_growth
+from vitkit.inference.benchmark.peak import MatmulPeak, mfu
+from vitkit.inference.benchmark.source import Size, load_benchmark_model
+from vitkit.inference.benchmark.timing import Timing, time_calls
 from vitkit.summary import forward_flops
 
 
@@ -101,7 +101,7 @@ def benchmark(source: str, img_size: Size | None = None, batch_size: int = 8,
     options.check()
     model, origin = load_benchmark_model(source, img_size, weights_dir)
     config = model.config
-    flops = forward_flops(config, stem=model.patch_embed)
+    flops = forward_flops(config, stem=model.patch_embed, merge_tokens=options.merge_tokens)
     weights = weights_mib(model)
     peak = peak or MatmulPeak(options.threads, warmup=1)
     peak.sample(3)

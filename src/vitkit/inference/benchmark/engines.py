@@ -33,6 +33,10 @@ class EngineOptions:
         if self.compile and self.engine != "torch":
             raise ConfigError("--compile applies to the torch engine only: drop --compile, or "
                               "use --engine torch")
+        if self.merge_tokens and self.engine == "onnxruntime":
+            raise ConfigError("token merging runs in the torch engine only (the exported graph "
+                              "has a fixed token count): drop --merge-tokens, or use --engine "
+                              "torch")
         if self.merge_tokens < 0:
             raise ConfigError(f"--merge-tokens must be >= 0 (tokens merged per block), got "
                               f"{self.merge_tokens}")
@@ -40,7 +44,8 @@ class EngineOptions:
     def describe(self) -> str:
         parts = [self.engine + (" (torch.compile)" if self.compile else "")]
         if self.int8:
-            parts.append("int8 (vitkit.quantize.quantize_int8)")
+            parts.append("int8 (onnxruntime quantize_dynamic)" if self.engine == "onnxruntime"
+                         else "int8 (vitkit.inference.quantize.quantize_int8)")
         if self.merge_tokens:
             parts.append(f"token merging r={self.merge_tokens}")
         return ", ".join(parts) if len(parts) > 1 else parts[0] + ", fp32"
@@ -59,18 +64,18 @@ class Engine:
         if options.threads:
             torch.set_num_threads(options.threads)
         if options.merge_tokens:
-            from vitkit.model.merging import apply_token_merging
+            from vitkit.inference.merging import apply_token_merging
 
             model = apply_token_merging(model, options.merge_tokens)
         module: nn.Module = model.eval()
-        if options.int8:  # quantize_int8 owns the engine choice for int8: its module runs as is
-            from vitkit.quantize import quantize_int8
-
-            module = quantize_int8(model, engine=options.engine)
         self.session = None
-        if options.engine == "onnxruntime" and not options.int8:
-            self.session = _onnx_session(model, options.threads)
-        elif options.compile:
+        if options.engine == "onnxruntime":
+            self.session = _onnx_session(model, options.threads, options.int8)
+        elif options.int8:
+            from vitkit.inference.quantize import quantize_int8
+
+            module = quantize_int8(model)
+        if options.compile:
             module = torch.compile(module)
         self.module = module
 
@@ -90,9 +95,10 @@ class Engine:
         return run
 
 
-def _onnx_session(model: VisionTransformer, threads: int | None):
-    """Export with vitkit's exporter to a temporary file and open it in onnxruntime."""
-    from vitkit.export import export_onnx, require
+def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = False):
+    """Export with vitkit's exporter (int8: then onnxruntime's dynamic quantisation) to a
+    temporary file and open it in onnxruntime."""
+    from vitkit.export import export_onnx, export_onnx_int8, require
 
     ort = require("onnxruntime")
     options = ort.SessionOptions()
@@ -100,6 +106,6 @@ def _onnx_session(model: VisionTransformer, threads: int | None):
         options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     with tempfile.TemporaryDirectory(prefix="vitkit-benchmark-") as folder:
-        path = export_onnx(model, Path(folder) / "model.onnx", dynamic_batch=True,
-                           dynamic_size=False)
+        write = export_onnx_int8 if int8 else export_onnx
+        path = write(model, Path(folder) / "model.onnx", dynamic_batch=True, dynamic_size=False)
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

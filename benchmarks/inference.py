@@ -1,0 +1,193 @@
+"""int8 and token merging: speed against timm and vitkit fp32, and accuracy on trained models.
+
+Speed (`--speed`): ViT-B/16 at 224, batch 8, random weights, every configuration in this one
+process (the same threads and allocator setting for all: `vitkit.runtime.configure_cpu`),
+timed in rotating order, one call per configuration per round; medians. Rows: timm fp32,
+vitkit fp32, vitkit int8 (torch's dynamic int8, the `--int8` default), ToMe at several r,
+int8 + ToMe, and ONNX Runtime fp32 / int8 (the graphs `vitkit export [--int8]` writes).
+
+Accuracy (`--accuracy WEIGHTS ...`): each trained model's test top-1 and images/s at fp32,
+int8 and token merging r = 1, 2, ... (the ToMe curve), evaluated as `vitkit eval` does.
+
+    python benchmarks/inference.py --speed --reps 7
+    python benchmarks/inference.py --accuracy runs/budget/cifar10 runs/digits \\
+        --data-dir ../shared/data/cifar10/cifar-10-batches-bin
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from vitkit import apply_token_merging, create_model
+from vitkit.inference.benchmark.peak import MatmulPeak, timed
+from vitkit.inference.quantize import quantize_int8
+from vitkit.runtime import configure_cpu
+from vitkit.summary import forward_flops
+
+Runner = Callable[[], object]
+
+
+def speed_rows(batch: int, merge: list[int], with_onnx: bool) -> dict[str, tuple[Runner, int]]:
+    """Label -> (one batch of B/16 at 224, tokens merged per layer)."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    torch.manual_seed(0)
+    images = torch.randn(batch, 3, 224, 224)
+    timm_model = TimmViT(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
+                         num_classes=1000).eval()
+    model = create_model("B/16").eval()  # random weights: the speed does not depend on them
+    int8 = quantize_int8(model)
+
+    def run(module: torch.nn.Module) -> Runner:
+        def call() -> object:
+            with torch.inference_mode():
+                return module(images)
+        return call
+
+    def merged(module: torch.nn.Module, r: int) -> Runner:
+        def call() -> object:
+            apply_token_merging(model, r)
+            with torch.inference_mode():
+                out = module(images)
+            apply_token_merging(model, 0)
+            return out
+        return call
+
+    rows = {"timm fp32": (run(timm_model), 0), "vitkit fp32": (run(model), 0),
+            "vitkit int8": (run(int8), 0)}
+    for r in merge:
+        rows[f"vitkit ToMe r={r}"] = (merged(model, r), r)
+        rows[f"vitkit int8 + ToMe r={r}"] = (merged(int8, r), r)
+    if with_onnx:
+        rows.update(_onnx_rows(model, images))
+    return rows
+
+
+def _onnx_rows(model, images: torch.Tensor) -> dict[str, tuple[Runner, int]]:
+    import onnxruntime as ort
+
+    from vitkit.export import export_onnx, export_onnx_int8
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    rows = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for label, write in (("onnxruntime fp32", export_onnx),
+                             ("onnxruntime int8", export_onnx_int8)):
+            path = write(model, Path(folder) / f"{label.split()[1]}.onnx")
+            session = ort.InferenceSession(str(path), options,
+                                           providers=["CPUExecutionProvider"])
+            feed = {session.get_inputs()[0].name: images.numpy()}
+            rows[label] = ((lambda s=session, f=feed: s.run(None, f)), 0)
+    return rows
+
+
+def speed(args: argparse.Namespace) -> None:
+    configure_cpu(args.threads)
+    torch.set_num_threads(args.threads)
+    peak = MatmulPeak(args.threads)
+    peak.sample(5)
+    merge = [int(r) for r in args.merge.split(",") if r]
+    rows = speed_rows(args.batch, merge, not args.no_onnx)
+    for runner, _ in rows.values():
+        runner()  # warm up
+    times: dict[str, list[float]] = {label: [] for label in rows}
+    order = list(rows)
+    for rep in range(args.reps):
+        for label in order[rep % len(order):] + order[:rep % len(order)]:
+            times[label].append(timed(rows[label][0]))
+        peak.sample(1)
+    config = create_model("B/16", device="meta").config
+    fp32 = {label: statistics.median(times[label]) for label in ("timm fp32", "vitkit fp32")}
+    print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
+          f"{peak.gflops:.0f} GFLOP/s; ViT-B/16 at 224, batch {args.batch}, medians of "
+          f"{args.reps} rotating rounds, one process (same settings for every row)")
+    print(f"{'configuration':<26}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}"
+          f"{'vs vitkit':>10}{'GFLOPs/img':>12}")
+    for label, samples in times.items():
+        med = statistics.median(samples)
+        flops = forward_flops(config, merge_tokens=rows[label][1]) / 1e9
+        print(f"{label:<26}{med * 1e3:>10.1f}{args.batch / med:>10.2f}"
+              f"{fp32['timm fp32'] / med:>8.2f}x{fp32['vitkit fp32'] / med:>9.2f}x"
+              f"{flops:>12.1f}")
+
+
+def accuracy(args: argparse.Namespace) -> None:
+    from vitkit.evaluate import data_for, split_to_evaluate
+    from vitkit.train.metrics import evaluate
+    from vitkit.weights import build_model, read_weights
+
+    configure_cpu(args.threads)
+    torch.set_num_threads(args.threads)
+    for source in args.accuracy:
+        weights = read_weights(source)
+        model = build_model(weights).eval()
+        config = model.config
+        data, data_dir, limit = data_for(weights, None, args.data_dir, "test", None)
+        data_dir = data_dir or args.data_dir
+        dataset = split_to_evaluate(weights, data, data_dir, "test", limit, config.img_size,
+                                    config.in_chans)
+        patches = config.seq_len - config.num_prefix_tokens
+        rs = [r for r in (1, 2, 4, 8, 16) if r <= patches // 2]
+        print(f"\n{source}: {data} test, {config.seq_len} tokens, depth {config.depth}")
+        print(f"{'configuration':<22}{'tokens at the end':>18}{'top-1':>9}{'images/s':>10}"
+              f"{'speed-up':>10}")
+        base = None
+        for label, module, r in [("fp32", model, 0), ("int8", quantize_int8(model), 0),
+                                 *[(f"ToMe r={r}", model, r) for r in rs],
+                                 *[(f"int8 + ToMe r={r}", None, r) for r in rs[:2]]]:
+            apply_token_merging(model, r)
+            if module is None:
+                module = quantize_int8(model)
+            evaluate(module, dataset, config.num_classes, weights.preprocess, args.batch_eval,
+                     image_size=config.img_size)  # warm-up pass
+            start = time.perf_counter()
+            result = evaluate(module, dataset, config.num_classes, weights.preprocess,
+                              args.batch_eval, image_size=config.img_size)
+            rate = result.count / (time.perf_counter() - start)
+            base = base or rate
+            end = _tokens_left(config.seq_len, config.num_prefix_tokens, config.depth, r)
+            print(f"{label:<22}{end:>18}{100 * result.top1:>8.2f}%{rate:>10.0f}"
+                  f"{rate / base:>9.2f}x")
+            apply_token_merging(model, 0)
+
+
+def _tokens_left(tokens: int, prefix: int, depth: int, r: int) -> int:
+    from vitkit.inference.merging import clip_merge_count
+
+    for _ in range(depth):
+        tokens -= clip_merge_count(r, tokens, prefix)
+    return tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--speed", action="store_true", help="the B/16 speed table")
+    parser.add_argument("--accuracy", nargs="+", metavar="WEIGHTS",
+                        help="trained weights (run folders, checkpoints) to score")
+    parser.add_argument("--data-dir", help="data folder when the weights' own is elsewhere")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch-eval", type=int, default=500)
+    parser.add_argument("--merge", default="8,12,16", help="ToMe r values of the speed table")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--no-onnx", action="store_true")
+    args = parser.parse_args()
+    if not (args.speed or args.accuracy):
+        parser.error("ask for --speed and/or --accuracy WEIGHTS ...")
+    if args.speed:
+        speed(args)
+    if args.accuracy:
+        accuracy(args)
+
+
+if __name__ == "__main__":
+    main()
