@@ -52,11 +52,11 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool) -> dict[str, tuple
         return call
 
     def merged(module: torch.nn.Module, r: int) -> Runner:
-        def call() -> object:
-            apply_token_merging(model, r)
+        def call() -> object:  # merging switched on for this call only (int8 is a copy)
+            apply_token_merging(module, r)
             with torch.inference_mode():
                 out = module(images)
-            apply_token_merging(model, 0)
+            apply_token_merging(module, 0)
             return out
         return call
 
