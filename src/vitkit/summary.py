@@ -141,9 +141,13 @@ def forward_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = No
     blocks = 0
     for _ in range(config.depth):
         merged = tokens - clip_merge_count(merge_tokens, tokens, config.num_prefix_tokens)
+        patches = tokens - config.num_prefix_tokens
+        matching = 2 * ((patches + 1) // 2) * (patches // 2) * (width // config.num_heads) \
+            if merged < tokens else 0  # token merging: key similarities of sets A and B
         blocks += (2 * tokens * width * 3 * width     # qkv
                    + 2 * 2 * tokens * tokens * width  # q k^T and A v
                    + 2 * tokens * width * width       # output projection
+                   + matching
                    + 2 * 2 * merged * width * mlp)    # MLP
         tokens = merged
     head_in = config.pre_logits_dim or width
