@@ -41,15 +41,20 @@ def parse_img_size(text: str) -> int | tuple[int, int]:
     return size[0] if text.strip().isdigit() else size
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
+def int_at_least(text: str, minimum: int) -> int:
+    """`text` as an integer >= `minimum`, or an argparse error saying which it is not."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return int_at_least(text, 1)
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -95,13 +100,7 @@ def add_weights_argument(parser: argparse.ArgumentParser) -> None:
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return int_at_least(text, 0)
 
 
 def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
