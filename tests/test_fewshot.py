@@ -162,3 +162,22 @@ def test_too_many_shots_on_the_cli_says_the_largest_and_that_works(run, tmp_path
     largest = message.split("--shots ")[1].split(";")[0]
     assert main(["fewshot", str(run), "--shots", largest, "--seeds", "1",
                  "--out", str(tmp_path)]) == 0
+
+
+def test_fewshot_compares_several_weights_on_one_figure(run, tmp_path, capsys):
+    """A run and its own backbone (head removed) have the same features, so the same curve."""
+    model = load_pretrained(run)
+    model.reset_classifier(0)
+    save_pretrained(model, tmp_path / "backbone")
+    report = tmp_path / "both.json"
+    assert main(["fewshot", str(run), str(tmp_path / "backbone"), "--data", "digits",
+                 "--shots", "1,5", "--seeds", "2", "--json", str(report),
+                 "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"== {run}" in printed and "== side by side" in printed
+    models = json.loads(report.read_text())["models"]
+    assert [m["weights"] for m in models] == [str(run), str(tmp_path / "backbone")]
+    assert models[0]["accuracy"] == models[1]["accuracy"]
+    mean = 100 * models[0]["accuracy"]["5"]["mean"]
+    assert printed.count(f"{mean:.2f} ± ") == 2  # both columns of the side-by-side table
+    assert (tmp_path / "fewshot.png").stat().st_size > 0

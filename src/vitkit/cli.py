@@ -387,7 +387,8 @@ def parse_shots(text: str) -> tuple[int, ...]:
 def cmd_fewshot(args: argparse.Namespace) -> None:
     from vitkit.evaluation import fewshot_report
 
-    text, _ = fewshot_report(args.weights, args.data, args.data_dir, args.shots, args.seeds,
+    weights = [args.weights, *args.compare]
+    text, _ = fewshot_report(weights, args.data, args.data_dir, args.shots, args.seeds,
                              args.l2, args.json, args.out, args.weights_dir)
     print(text)
 
@@ -419,7 +420,11 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
                          help="draws of the training images per shot count (default 3)")
     fewshot.add_argument("--l2", type=float, default=1024.0,
                          help="ridge regularisation (default 1024 = 2^10, big_vision's)")
-    fewshot.add_argument("--out", help="folder for fewshot.png (default: beside the weights)")
+    fewshot.add_argument("compare", nargs="*", metavar="MORE_WEIGHTS",
+                         help="more weights to compare on the same data, shots and seeds "
+                              "(one curve each in fewshot.png)")
+    fewshot.add_argument("--out", help="folder for fewshot.png (default: beside the first "
+                                       "weights)")
     fewshot.set_defaults(run=cmd_fewshot)
     probe.add_argument("--k", type=positive_int, default=20, help="kNN neighbours (default 20)")
     probe.add_argument("--temperature", type=float, default=0.07,

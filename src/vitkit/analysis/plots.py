@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -62,19 +62,22 @@ def plot_confusion(confusion: torch.Tensor, classes: Sequence[str], path: str | 
     return Path(path)
 
 
-def plot_fewshot(shots: Sequence[int], mean: Sequence[float], std: Sequence[float],
-                 path: str | Path, title: str = "") -> Path:
-    """Few-shot accuracy (%) against shots per class (log x axis), error bars = std over
-    seeds."""
-    fig, ax = plt.subplots(figsize=(5, 4))
-    ax.errorbar(shots, [100 * m for m in mean], yerr=[100 * s for s in std], marker="o",
-                capsize=3)
+def plot_fewshot(shots: Sequence[int], curves: Mapping[str, tuple[Sequence[float],
+                 Sequence[float]]], path: str | Path, title: str = "") -> Path:
+    """Few-shot accuracy (%) against shots per class (log x axis): one line per model
+    (label -> (mean, std) per shot count), error bars = std over seeds."""
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for label, (mean, std) in curves.items():
+        ax.errorbar(shots, [100 * m for m in mean], yerr=[100 * s for s in std], marker="o",
+                    capsize=3, label=label)
     ax.set_xscale("log")
     ax.set_xticks(list(shots), [str(n) for n in shots])
     ax.minorticks_off()
     ax.set(xlabel="images per class (shots)", ylabel="test accuracy (%)",
            title=title or "few-shot linear evaluation")
     ax.grid(alpha=0.3)
+    if len(curves) > 1:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

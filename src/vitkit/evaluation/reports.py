@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from vitkit.errors import InputError
 from vitkit.evaluate import default_out_dir
 from vitkit.evaluation.features import FrozenFeatures, frozen_features
-from vitkit.evaluation.fewshot import PAPER_L2, PAPER_SHOTS, fewshot_curve
+from vitkit.evaluation.fewshot import PAPER_L2, PAPER_SHOTS, FewShotResult, fewshot_curve
 from vitkit.evaluation.knn import KNN_K, KNN_TEMPERATURE, knn_accuracy
 from vitkit.evaluation.probe import linear_probe
 
@@ -30,17 +31,10 @@ def _write_json(path: str | Path | None, report: dict[str, Any]) -> str | None:
     return str(path)
 
 
-def fewshot_report(weights: str | Path, data: str | None = None, data_dir: str | None = None,
-                   shots: tuple[int, ...] = PAPER_SHOTS, seeds: int = 3,
-                   l2_reg: float = PAPER_L2, json_path: str | Path | None = None,
-                   out: str | Path | None = None, weights_dir: str | Path | None = None
-                   ) -> tuple[str, dict[str, Any]]:
-    """Few-shot linear accuracy (mean ± std over seeds) per shot count: (text, report);
-    writes fewshot.png to `out` (default: beside the weights) and the report to `json_path`."""
-    from vitkit.analysis.plots import plot_fewshot
-
-    if seeds < 1 or not shots or min(shots) < 1:
-        raise InputError("--shots needs counts >= 1 (e.g. 1,5,10,25) and --seeds at least 1")
+def _fewshot_one(weights: str | Path, data: str | None, data_dir: str | None,
+                 shots: tuple[int, ...], seeds: int, l2_reg: float,
+                 weights_dir: str | Path | None
+                 ) -> tuple[FrozenFeatures, FewShotResult, dict[str, Any]]:
     features = frozen_features(weights, data, data_dir, weights_dir)
     result = fewshot_curve(features.train_x, features.train_y, features.test_x,
                            features.test_y, features.num_classes, shots, seeds, l2_reg,
@@ -49,17 +43,69 @@ def fewshot_report(weights: str | Path, data: str | None = None, data_dir: str |
               "representation": features.representation, "train_images":
               len(features.train_y), "test_images": len(features.test_y),
               "classes": features.num_classes, **result.as_dict()}
-    out_dir = Path(out) if out else default_out_dir(weights, features.weights_file)
+    return features, result, report
+
+
+def _comparison_table(results: dict[str, FewShotResult]) -> str:
+    """Shots down, one `mean ± std` column per model."""
+    width = max(16, *(len(label) for label in results))
+    lines = [f"{'shots':>6}  " + "  ".join(f"{label:>{width}}" for label in results)]
+    for n in next(iter(results.values())).shots:
+        cells = (f"{100 * r.mean(n):.2f} ± {100 * r.std(n):.2f}" for r in results.values())
+        lines.append(f"{n:>6}  " + "  ".join(f"{cell:>{width}}" for cell in cells))
+    return "\n".join(lines)
+
+
+def fewshot_report(weights: str | Path | Sequence[str | Path], data: str | None = None,
+                   data_dir: str | None = None, shots: tuple[int, ...] = PAPER_SHOTS,
+                   seeds: int = 3, l2_reg: float = PAPER_L2,
+                   json_path: str | Path | None = None, out: str | Path | None = None,
+                   weights_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
+    """Few-shot linear accuracy (mean ± std over seeds) per shot count: (text, report).
+
+    Several weights are compared on the same data, shots and seeds: one table each, a
+    side-by-side table, and one curve per model in fewshot.png. The figure goes to `out`
+    (default: beside the first weights); the report (for several weights, {"models": [...]})
+    to `json_path`.
+    """
+    from vitkit.analysis.plots import plot_fewshot
+
+    if seeds < 1 or not shots or min(shots) < 1:
+        raise InputError("--shots needs counts >= 1 (e.g. 1,5,10,25) and --seeds at least 1")
+    sources = [weights] if isinstance(weights, (str, Path)) else list(weights)
+    if not sources:
+        raise InputError("fewshot needs at least one weights source")
+    lines: list[str] = []
+    results: dict[str, FewShotResult] = {}
+    reports = []
+    for source in sources:
+        features, result, report = _fewshot_one(source, data, data_dir, shots, seeds, l2_reg,
+                                                weights_dir)
+        if len(sources) > 1:
+            lines.append(f"== {source}")
+        lines += [_header(features), f"few-shot linear evaluation (ridge regression, "
+                  f"l2={l2_reg:g}, {seeds} seed(s), mean ± std over seeds):", result.table()]
+        results[str(source)] = result
+        reports.append(report)
+        if len(reports) == 1:
+            first_dir = default_out_dir(source, features.weights_file)
+            first_data = features.data
+    if len(sources) > 1:
+        lines += ["== side by side (accuracy %, mean ± std over seeds)",
+                  _comparison_table(results)]
+    out_dir = Path(out) if out else first_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = plot_fewshot(result.shots, [result.mean(n) for n in result.shots],
-                       [result.std(n) for n in result.shots], out_dir / "fewshot.png",
-                       f"{features.data}: few-shot linear (l2={l2_reg:g}, {seeds} seeds)")
-    lines = [_header(features), f"few-shot linear evaluation (ridge regression, l2={l2_reg:g}, "
-             f"{seeds} seed(s), mean ± std over seeds):", result.table(), f"wrote {png}"]
-    written = _write_json(json_path, report)
+    curves = {label: ([r.mean(n) for n in r.shots], [r.std(n) for n in r.shots])
+              for label, r in results.items()}
+    shown = next(iter(results.values())).shots
+    png = plot_fewshot(shown, curves, out_dir / "fewshot.png",
+                       f"{first_data}: few-shot linear (l2={l2_reg:g}, {seeds} seeds)")
+    lines.append(f"wrote {png}")
+    combined = reports[0] if len(reports) == 1 else {"models": reports}
+    written = _write_json(json_path, combined)
     if written:
         lines.append(f"wrote {written}")
-    return "\n".join(lines), report
+    return "\n".join(lines), combined
 
 
 def probe_report(weights: str | Path, data: str | None = None, data_dir: str | None = None,
