@@ -41,10 +41,12 @@ def run_json(capsys, *argv: str) -> dict:
 
 def counted_gflops(name_or_config, img_size: int) -> float:
     """torch's own FlopCounterMode count of one image's forward pass (on the meta device, where
-    attention is counted too, as tests/test_stems.py counts it)."""
+    attention is counted too, as tests/test_stems.py counts it): the full forward, every token
+    through every block, as forward_flops counts the model."""
     model = create_model(name_or_config, device="meta", img_size=img_size)
+    images = torch.zeros(1, model.config.in_chans, img_size, img_size, device="meta")
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(torch.zeros(1, model.config.in_chans, img_size, img_size, device="meta"))
+        model.forward_head(model.forward_features(images))
     return counter.get_total_flops() / 1e9
 
 

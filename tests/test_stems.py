@@ -68,10 +68,13 @@ FLOP_MODELS = {"B/16": ("B/16", {}), "R50+B/16": ("R50+B/16", {}),
 
 
 def counted_flops(model: torch.nn.Module, size: tuple[int, int]) -> tuple[int, int]:
-    """torch's count for one image (a real forward on the meta device): total, convolutions."""
+    """torch's count for one image (a real forward on the meta device): total, convolutions.
+
+    The full forward (every token through every block), as forward_flops counts the model:
+    `model(x)` skips the last block's other tokens when it pools the class token."""
     images = torch.zeros(1, model.config.in_chans, *size, device="meta")
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(images)
+        model.forward_head(model.forward_features(images))
     counts = {str(op): flops for op, flops in counter.get_flop_counts()["Global"].items()}
     return counter.get_total_flops(), counts.get("aten.convolution", 0)
 

@@ -91,7 +91,8 @@ def summarize(config: ViTConfig, max_depth: int = 1) -> Summary:
                 shapes[name] = tuple(tensor.shape)
             hooks.append(module.register_forward_hook(record))
     with torch.no_grad():
-        model(torch.zeros(1, config.in_chans, *config.img_size, device="meta"))
+        images = torch.zeros(1, config.in_chans, *config.img_size, device="meta")
+        model.forward_head(model.forward_features(images))  # every token through every block
     for hook in hooks:
         hook.remove()
 

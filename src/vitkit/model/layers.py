@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitkit.model.attention import attend
 from vitkit.model.stems import ConvStem
 from vitkit.model.stems import PatchStem as PatchEmbed
 
@@ -19,8 +20,9 @@ __all__ = ["Attention", "Block", "ConvStem", "DropPath", "Mlp", "PatchEmbed"]
 class Attention(nn.Module):
     """MSA: [q, k, v] = z U_qkv; softmax(q k^T / sqrt(D_h)) v per head; heads projected.
 
-    The normal path runs `scaled_dot_product_attention` (fused kernels); when attention
-    weights are requested an explicit path computes them and gives the same output.
+    The normal path runs `vitkit.model.attention.attend` (SDPA, or on CPU at short sequences
+    a faster batched kernel); when attention weights are requested an explicit path computes
+    them and gives the same output.
     """
 
     def __init__(self, width: int, num_heads: int, qkv_bias: bool = True,
@@ -38,17 +40,25 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, return_attention: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, tokens, width = x.shape
+        dropout = self.attn_dropout if self.training else 0.0
+        if not return_attention:
+            return self.proj_drop(self.proj(attend(self.qkv(x), self.num_heads, dropout))), None
         qkv = self.qkv(x).view(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, D_h)
-        weights = None
-        if return_attention:
-            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-            out = self.attn_drop(weights) @ v
-        else:
-            dropout = self.attn_dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-        out = out.transpose(1, 2).reshape(batch, tokens, width)
+        weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        out = (self.attn_drop(weights) @ v).transpose(1, 2).reshape(batch, tokens, width)
         return self.proj_drop(self.proj(out)), weights
+
+    def forward_first(self, x: torch.Tensor, count: int = 1) -> torch.Tensor:
+        """The output at the first `count` tokens only (B, count, D): every token is a key and
+        a value, only those tokens query. Equal to `forward(x)[0][:, :count]`."""
+        batch, tokens, width = x.shape
+        qkv = self.qkv(x).view(batch, tokens, 3, self.num_heads, self.head_dim)
+        q = qkv[:, :count, 0].transpose(1, 2)  # (B, heads, count, D_h)
+        k, v = qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+        dropout = self.attn_dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, count, width)))
 
 
 class Mlp(nn.Module):
@@ -104,3 +114,9 @@ class Block(nn.Module):
         x = x + self.drop_path1(attended)
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x, weights
+
+    def forward_first(self, x: torch.Tensor, count: int = 1) -> torch.Tensor:
+        """The block's output at the first `count` tokens only (B, count, D), all tokens
+        attended to: equal to `forward(x)[0][:, :count]` at a fraction of the cost."""
+        first = x[:, :count] + self.drop_path1(self.attn.forward_first(self.norm1(x), count))
+        return first + self.drop_path2(self.mlp(self.norm2(first)))

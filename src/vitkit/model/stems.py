@@ -62,7 +62,9 @@ class Stem(nn.Module, ABC):
         """(B, D, grid_h, grid_w): the tokens before flattening."""
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.feature_map(images).flatten(2).transpose(1, 2)  # (B, N, D)
+        """(B, N, D) tokens in row-major order, contiguous: a transposed view would carry its
+        layout through every residual add, and each LayerNorm and Linear would copy it."""
+        return self.feature_map(images).flatten(2).transpose(1, 2).contiguous()
 
     @abstractmethod
     def conv_shapes(self, img_size: tuple[int, int]) -> tuple[list[ConvShape], tuple[int, int]]:

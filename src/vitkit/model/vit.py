@@ -84,7 +84,7 @@ class VisionTransformer(nn.Module):
         if self.config.dynamic_img_size:
             features = self.patch_embed.feature_map(images)
             positions = self.positions((features.shape[-2], features.shape[-1]))
-            tokens = features.flatten(2).transpose(1, 2)
+            tokens = features.flatten(2).transpose(1, 2).contiguous()  # see Stem.forward
         else:
             tokens, positions = self.patch_embed(images), self.pos_embed
         if self.cls_token is not None:
@@ -136,11 +136,30 @@ class VisionTransformer(nn.Module):
 
     def forward(self, images: torch.Tensor, return_attention: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits (B, num_classes); with `return_attention`, also the per-layer attentions."""
+        """Logits (B, num_classes); with `return_attention`, also the per-layer attentions.
+
+        A model that pools its class token needs only that token out of the last block, so
+        forward computes the last block for the class token alone (every token still serves
+        as key and value): the same logits as `forward_head(forward_features(x))`, with the
+        last layer's MLP, projection and attention run for one token instead of all.
+        """
         if return_attention:
             tokens, attentions = self.forward_features(images, return_attention=True)
             return self.forward_head(tokens), attentions
+        if self.pools_class_token_only():
+            x = self.embed(images)
+            for block in self.blocks[:-1]:
+                x, _ = block(x)
+            return self.forward_head(self.norm(self.blocks[-1].forward_first(x)))
         return self.forward_head(self.forward_features(images))
+
+    def pools_class_token_only(self) -> bool:
+        """Whether the logits depend on the last block's class token alone: the class-token
+        pool over vitkit's own blocks (not those of token merging or a user's replacement)."""
+        return (self.config.pool == "class_token" and self.cls_token is not None
+                and len(self.blocks) > 0 and type(self).forward_features is
+                VisionTransformer.forward_features
+                and all(type(block) is Block for block in self.blocks))
 
     # -- utilities ------------------------------------------------------------------------------
     def reset_classifier(self, num_classes: int, drop_pre_logits: bool = True,
