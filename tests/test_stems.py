@@ -262,3 +262,15 @@ def test_stems_say_which_sizes_they_take():
     conv = create_model("Ti/4", img_size=16, depth=1, stem="conv", stem_channels=(8, 16),
                         dynamic_img_size=True).eval()
     assert conv(torch.randn(1, 3, 13, 18)).shape == (1, 1000)  # ceil: 4x5 tokens
+
+
+@pytest.mark.parametrize("kind", ["patch", "conv"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_stem_tokens_are_contiguous_so_the_blocks_copy_nothing(kind, dynamic):
+    """A transposed (B, N, D) view would carry its layout through every residual add, and
+    each LayerNorm and Linear would copy it (15% of the CIFAR recipe's step)."""
+    name, overrides = SMALL_STEMS[kind]
+    model = create_model(name, img_size=32, class_token=False, pool="mean_all_tokens",
+                         dynamic_img_size=dynamic, **overrides)
+    tokens = model.embed(torch.randn(2, 3, 32, 32))
+    assert tokens.is_contiguous()
