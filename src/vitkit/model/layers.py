@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.model.attention import attend
 from vitkit.model.stems import ConvStem
 from vitkit.model.stems import PatchStem as PatchEmbed
 
@@ -20,9 +19,9 @@ __all__ = ["Attention", "Block", "ConvStem", "DropPath", "Mlp", "PatchEmbed"]
 class Attention(nn.Module):
     """MSA: [q, k, v] = z U_qkv; softmax(q k^T / sqrt(D_h)) v per head; heads projected.
 
-    The normal path runs `vitkit.model.attention.attend` (SDPA, or on CPU at short sequences
-    a faster batched kernel); when attention weights are requested an explicit path computes
-    them and gives the same output.
+    The normal path runs `scaled_dot_product_attention` (fused kernels); when attention
+    weights are requested an explicit path computes them and gives the same output.
+    `forward_first` attends from the first tokens only (the class-token shortcut).
     """
 
     def __init__(self, width: int, num_heads: int, qkv_bias: bool = True,
@@ -40,13 +39,16 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, return_attention: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, tokens, width = x.shape
-        dropout = self.attn_dropout if self.training else 0.0
-        if not return_attention:
-            return self.proj_drop(self.proj(attend(self.qkv(x), self.num_heads, dropout))), None
         qkv = self.qkv(x).view(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, D_h)
-        weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-        out = (self.attn_drop(weights) @ v).transpose(1, 2).reshape(batch, tokens, width)
+        weights = None
+        if return_attention:
+            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            out = self.attn_drop(weights) @ v
+        else:
+            dropout = self.attn_dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        out = out.transpose(1, 2).reshape(batch, tokens, width)
         return self.proj_drop(self.proj(out)), weights
 
     def forward_first(self, x: torch.Tensor, count: int = 1) -> torch.Tensor:

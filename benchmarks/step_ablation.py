@@ -1,0 +1,85 @@
+"""Where vitkit's training-step speed comes from: the same model, optimizer and batch with the
+class-token shortcut off and on, in one process.
+
+"full forward" is the computation timm runs (every token through every block); "class-token
+shortcut" is vitkit's default (`VisionTransformer.forward` runs the last block for the class
+token alone). The two are timed in rotating order; medians.
+
+    python benchmarks/step_ablation.py [--task tutorial|cifar] [--reps 9] [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from vitkit import VisionTransformer, create_model
+from vitkit.runtime import configure_cpu
+from vitkit.train.optim import build_adamw
+
+TASKS = {  # name: (create_model settings, batch size)
+    "tutorial": (dict(img_size=32, patch_size=4, width=48, depth=4, num_heads=4, mlp_dim=192,
+                      num_classes=10), 256),
+    "cifar": (dict(img_size=32, patch_size=4, width=192, depth=6, num_heads=3, mlp_dim=768,
+                   num_classes=10), 128),
+}
+CONFIGS = {"full forward (timm's computation)": False, "class-token shortcut (vitkit)": True}
+
+
+def build(task: str) -> tuple[VisionTransformer, int]:
+    settings, batch = TASKS[task]
+    return create_model("Ti/4", **settings), batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=list(TASKS), default="tutorial")
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=3, help="steps per timed repetition")
+    args = parser.parse_args()
+    configure_cpu()
+    torch.manual_seed(0)
+    model, batch = build(args.task)
+    optimizer = build_adamw(model, lr=1e-3, weight_decay=0.05)
+    images = torch.randn(batch, 3, *model.config.img_size)
+    labels = torch.randint(0, model.config.num_classes, (batch,))
+    shortcut = model.pools_class_token_only
+
+    def configure(use_shortcut: bool) -> None:
+        model.pools_class_token_only = shortcut if use_shortcut else (lambda: False)
+
+    def step() -> None:
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for setting in CONFIGS.values():
+        configure(setting)
+        step()
+    seconds: dict[str, list[float]] = {label: [] for label in CONFIGS}
+    labels_in_order = list(CONFIGS)
+    for rep in range(args.reps):
+        shift = rep % len(labels_in_order)
+        for label in labels_in_order[shift:] + labels_in_order[:shift]:
+            configure(CONFIGS[label])
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            seconds[label].append((time.perf_counter() - start) / args.steps)
+    configure(True)
+    base = statistics.median(seconds[labels_in_order[0]])
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.task} step, "
+          f"batch {batch}, {model.config.seq_len} tokens, class-token pool: "
+          f"{shortcut()}; medians of {args.reps} x {args.steps} steps, rotating")
+    print(f"{'configuration':<36}{'ms/step':>9}{'images/s':>10}{'speed-up':>10}")
+    for label, values in seconds.items():
+        median = statistics.median(values)
+        print(f"{label:<36}{1e3 * median:>9.1f}{batch / median:>10.0f}{base / median:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()
