@@ -83,3 +83,14 @@ def test_a_training_step_equals_timms_in_loss_and_gradients():
     assert len(shared) >= 12 * 3
     for name in shared:
         assert (grads[name] - reference_grads[name]).abs().max() < 1e-5, name
+
+
+def test_a_hook_on_the_last_block_sees_every_token():
+    model = tiny()
+    seen = []
+    handle = model.blocks[-1].register_forward_hook(lambda _m, _i, out: seen.append(out[0].shape))
+    assert not model.pools_class_token_only()
+    model(torch.randn(2, 3, 16, 16, dtype=torch.float64))
+    assert seen == [torch.Size([2, 17, 32])]
+    handle.remove()
+    assert model.pools_class_token_only()

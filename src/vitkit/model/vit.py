@@ -154,12 +154,16 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(images))
 
     def pools_class_token_only(self) -> bool:
-        """Whether the logits depend on the last block's class token alone: the class-token
-        pool over vitkit's own blocks (not those of token merging or a user's replacement)."""
-        return (self.config.pool == "class_token" and self.cls_token is not None
-                and len(self.blocks) > 0 and type(self).forward_features is
-                VisionTransformer.forward_features
-                and all(type(block) is Block for block in self.blocks))
+        """Whether forward takes the class-token shortcut: the class-token pool over vitkit's
+        own blocks (not those of token merging or a user's replacement), and no hook on the
+        last block or the final norm (a hook there expects every token)."""
+        if not (self.config.pool == "class_token" and self.cls_token is not None
+                and len(self.blocks) > 0
+                and type(self).forward_features is VisionTransformer.forward_features
+                and all(type(block) is Block for block in self.blocks)):
+            return False
+        watched = [*self.blocks[-1].modules(), *self.norm.modules()]
+        return not any(module._forward_hooks or module._forward_pre_hooks for module in watched)
 
     # -- utilities ------------------------------------------------------------------------------
     def reset_classifier(self, num_classes: int, drop_pre_logits: bool = True,
