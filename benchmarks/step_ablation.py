@@ -1,11 +1,14 @@
-"""Where vitkit's training-step speed comes from: the same model, optimizer and batch with the
-class-token shortcut off and on, in one process.
+"""Where vitkit's training-step speed comes from: the same model, optimizer and batch with
+each of vitkit's two step optimisations off and on, in one process.
 
-"full forward" is the computation timm runs (every token through every block); "class-token
-shortcut" is vitkit's default (`VisionTransformer.forward` runs the last block for the class
-token alone). The two are timed in rotating order; medians.
+"full forward, SDPA" is the computation timm runs (every token through every block, torch's
+fused attention kernel); "class-token shortcut" runs the last block for the class token alone
+(`VisionTransformer.forward`); "chunked attention" computes the other blocks' attention with
+`vitkit.model.chunked_attention` (vitkit's default for CPU training). The configurations are
+timed in rotating order; medians. The task "recipe" is the `cifar10` recipe's model (hybrid
+conv stem, mean pooling: no class token, so no shortcut) at 32 px, batch 128.
 
-    python benchmarks/step_ablation.py [--task tutorial|cifar] [--reps 9] [--steps 3]
+    python benchmarks/step_ablation.py [--task tutorial|cifar|recipe] [--reps 9] [--steps 3]
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+import vitkit.model.layers
 from vitkit import VisionTransformer, create_model
+from vitkit.model.chunked_attention import use_chunked_attention
 from vitkit.runtime import configure_cpu
+from vitkit.train.config import load_train_config
 from vitkit.train.optim import build_adamw
 
 TASKS = {  # name: (create_model settings, batch size)
@@ -26,12 +32,19 @@ TASKS = {  # name: (create_model settings, batch size)
                       num_classes=10), 256),
     "cifar": (dict(img_size=32, patch_size=4, width=192, depth=6, num_heads=3, mlp_dim=768,
                    num_classes=10), 128),
+    "recipe": ("cifar10", 128),
 }
-CONFIGS = {"full forward (timm's computation)": False, "class-token shortcut (vitkit)": True}
+CONFIGS = {  # label: (class-token shortcut, chunked attention)
+    "full forward, SDPA (timm's)": (False, False),
+    "+ class-token shortcut": (True, False),
+    "+ chunked attention (vitkit)": (True, True),
+}
 
 
 def build(task: str) -> tuple[VisionTransformer, int]:
     settings, batch = TASKS[task]
+    if isinstance(settings, str):  # a shipped recipe's model
+        return VisionTransformer(load_train_config(settings).model_config()), batch
     return create_model("Ti/4", **settings), batch
 
 
@@ -49,8 +62,11 @@ def main() -> None:
     labels = torch.randint(0, model.config.num_classes, (batch,))
     shortcut = model.pools_class_token_only
 
-    def configure(use_shortcut: bool) -> None:
+    def configure(setting: tuple[bool, bool]) -> None:
+        use_shortcut, use_chunked = setting
         model.pools_class_token_only = shortcut if use_shortcut else (lambda: False)
+        vitkit.model.layers.use_chunked_attention = use_chunked_attention if use_chunked \
+            else (lambda qkv, dropout: False)
 
     def step() -> None:
         F.cross_entropy(model(images), labels).backward()
@@ -70,7 +86,7 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             seconds[label].append((time.perf_counter() - start) / args.steps)
-    configure(True)
+    configure((True, True))
     base = statistics.median(seconds[labels_in_order[0]])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.task} step, "
           f"batch {batch}, {model.config.seq_len} tokens, class-token pool: "

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitkit.model.chunked_attention import chunked_attention, use_chunked_attention
 from vitkit.model.stems import ConvStem
 from vitkit.model.stems import PatchStem as PatchEmbed
 
@@ -19,8 +20,9 @@ __all__ = ["Attention", "Block", "ConvStem", "DropPath", "Mlp", "PatchEmbed"]
 class Attention(nn.Module):
     """MSA: [q, k, v] = z U_qkv; softmax(q k^T / sqrt(D_h)) v per head; heads projected.
 
-    The normal path runs `scaled_dot_product_attention` (fused kernels); when attention
-    weights are requested an explicit path computes them and gives the same output.
+    The normal path runs `scaled_dot_product_attention` (fused kernels), CPU training of
+    short sequences `chunked_attention` (faster there); when attention weights are requested
+    an explicit path computes them and gives the same output.
     `forward_first` attends from the first tokens only (the class-token shortcut).
     """
 
@@ -39,14 +41,17 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, return_attention: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, tokens, width = x.shape
-        qkv = self.qkv(x).view(batch, tokens, 3, self.num_heads, self.head_dim)
+        qkv = self.qkv(x)
+        dropout = self.attn_dropout if self.training else 0.0
+        if not return_attention and use_chunked_attention(qkv, dropout):
+            return self.proj_drop(self.proj(chunked_attention(qkv, self.num_heads))), None
+        qkv = qkv.view(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, D_h)
         weights = None
         if return_attention:
             weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
             out = self.attn_drop(weights) @ v
         else:
-            dropout = self.attn_dropout if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
         out = out.transpose(1, 2).reshape(batch, tokens, width)
         return self.proj_drop(self.proj(out)), weights
@@ -55,9 +60,16 @@ class Attention(nn.Module):
         """The output at the first `count` tokens only (B, count, D): every token is a key and
         a value, only those tokens query. Equal to `forward(x)[0][:, :count]`."""
         batch, tokens, width = x.shape
-        qkv = self.qkv(x).view(batch, tokens, 3, self.num_heads, self.head_dim)
-        q = qkv[:, :count, 0].transpose(1, 2)  # (B, heads, count, D_h)
-        k, v = qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+        if type(self.qkv) is nn.Linear:  # queries for the first tokens only
+            weight, bias = self.qkv.weight, self.qkv.bias
+            q = F.linear(x[:, :count], weight[:width], None if bias is None else bias[:width])
+            kv = F.linear(x, weight[width:], None if bias is None else bias[width:])
+        else:  # a replaced projection (int8, adapters): run it as it is
+            q, kv = self.qkv(x).split([width, 2 * width], dim=-1)
+            q = q[:, :count]
+        q = q.reshape(batch, count, self.num_heads, self.head_dim).transpose(1, 2)
+        kv = kv.reshape(batch, tokens, 2, self.num_heads, self.head_dim)
+        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B, heads, T, D_h)
         dropout = self.attn_dropout if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, count, width)))

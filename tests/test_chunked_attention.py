@@ -1,0 +1,105 @@
+"""Chunked attention (CPU training) computes what `scaled_dot_product_attention` computes, in
+values and in the gradient of the fused qkv projection, and serves only the calls it is for.
+
+Tolerance: 1e-12 in float64 (the same sums in another order).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit.model.chunked_attention as chunked
+import vitkit.model.layers
+from vitkit.model.chunked_attention import chunked_attention, use_chunked_attention
+from vitkit.model.layers import Attention
+
+
+def sdpa_reference(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
+    batch, tokens, width3 = qkv.shape
+    q, k, v = qkv.view(batch, tokens, 3, num_heads, width3 // 3 // num_heads
+                       ).permute(2, 0, 3, 1, 4).unbind(0)
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, tokens, -1)
+
+
+@pytest.mark.parametrize("batch,heads,tokens,head_dim", [(7, 3, 5, 4), (33, 4, 65, 12),
+                                                          (2, 12, 197, 8), (1, 1, 1, 8)])
+@pytest.mark.parametrize("chunk_elements", [1 << 19, 100])  # one chunk; many, and a remainder
+def test_chunked_attention_equals_sdpa_in_values_and_gradients(
+        monkeypatch, batch, heads, tokens, head_dim, chunk_elements):
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", chunk_elements)
+    torch.manual_seed(0)
+    qkv = torch.randn(batch, tokens, 3 * heads * head_dim, dtype=torch.float64,
+                      requires_grad=True)
+    grad_out = torch.randn(batch, tokens, heads * head_dim, dtype=torch.float64)
+    expected = sdpa_reference(qkv, heads)
+    (expected_grad,) = torch.autograd.grad(expected, qkv, grad_out)
+    assert use_chunked_attention(qkv, 0.0)
+    before = qkv.detach().clone()
+    out = chunked_attention(qkv, heads)
+    (grad,) = torch.autograd.grad(out, qkv, grad_out)
+    assert out.shape == expected.shape
+    assert (out - expected).abs().max() < 1e-12
+    assert (grad - expected_grad).abs().max() < 1e-12
+    assert torch.equal(qkv.detach(), before)  # q is scaled in a copy, not in the input
+
+
+def test_chunked_attention_takes_a_non_contiguous_projection():
+    base = torch.randn(4, 9, 3 * 16 * 2, dtype=torch.float64)[:, :, ::2].requires_grad_()
+    expected = sdpa_reference(base, 2)
+    out = chunked_attention(base, 2)
+    assert (out - expected).abs().max() < 1e-12
+    grad_out = torch.randn_like(out)
+    assert (torch.autograd.grad(out, base, grad_out)[0]
+            - torch.autograd.grad(expected, base, grad_out)[0]).abs().max() < 1e-12
+
+
+def test_chunked_attention_serves_cpu_training_only():
+    qkv = torch.randn(2, 10, 24, requires_grad=True)
+    assert use_chunked_attention(qkv, 0.0)
+    assert not use_chunked_attention(qkv, 0.1), "attention dropout keeps SDPA"
+    assert not use_chunked_attention(qkv.detach(), 0.0), "no backward pass: SDPA"
+    with torch.no_grad():
+        assert not use_chunked_attention(qkv, 0.0)
+    assert not use_chunked_attention(qkv.bfloat16(), 0.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not use_chunked_attention(qkv, 0.0)
+    long = torch.randn(1, chunked.MAX_TOKENS + 1, 24, requires_grad=True)
+    assert not use_chunked_attention(long, 0.0)
+
+
+def test_attention_module_trains_the_same_with_and_without_the_chunked_path(monkeypatch):
+    torch.manual_seed(1)
+    module = Attention(24, 3).double().train()
+    x = torch.randn(5, 17, 24, dtype=torch.float64, requires_grad=True)
+    out, _ = module(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *module.parameters()])
+    calls = []
+    monkeypatch.setattr(vitkit.model.layers, "use_chunked_attention",
+                        lambda qkv, dropout: calls.append(1) and False)
+    reference, _ = module(x)
+    reference_grads = torch.autograd.grad(reference.square().sum(), [x, *module.parameters()])
+    assert calls, "the module asks use_chunked_attention"
+    assert (out - reference).abs().max() < 1e-12
+    for grad, reference_grad in zip(grads, reference_grads, strict=True):
+        assert (grad - reference_grad).abs().max() < 1e-10
+
+
+class Wrapped(torch.nn.Module):
+    """A replaced qkv projection (as adapters or int8 layers do): not an nn.Linear."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.inner = linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_forward_first_equals_the_full_attention_for_a_linear_or_replaced_projection():
+    torch.manual_seed(2)
+    module = Attention(24, 3).double().eval()
+    x = torch.randn(3, 11, 24, dtype=torch.float64)
+    full = module(x)[0][:, :2]
+    assert (module.forward_first(x, 2) - full).abs().max() < 1e-12
+    module.qkv = Wrapped(module.qkv)
+    assert (module.forward_first(x, 2) - full).abs().max() < 1e-12
