@@ -66,7 +66,7 @@ def main() -> None:
         use_shortcut, use_chunked = setting
         model.pools_class_token_only = shortcut if use_shortcut else (lambda: False)
         vitkit.model.layers.use_chunked_attention = use_chunked_attention if use_chunked \
-            else (lambda qkv, dropout: False)
+            else (lambda qkv, num_heads, dropout: False)
 
     def step() -> None:
         F.cross_entropy(model(images), labels).backward()

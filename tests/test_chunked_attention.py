@@ -22,7 +22,8 @@ def sdpa_reference(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("batch,heads,tokens,head_dim", [(7, 3, 5, 4), (33, 4, 65, 12),
-                                                          (2, 12, 197, 8), (1, 1, 1, 8)])
+                                                          (2, 12, 197, 8), (1, 1, 1, 8),
+                                                          (3, 2, 9, 32)])
 @pytest.mark.parametrize("chunk_elements", [1 << 19, 100])  # one chunk; many, and a remainder
 def test_chunked_attention_equals_sdpa_in_values_and_gradients(
         monkeypatch, batch, heads, tokens, head_dim, chunk_elements):
@@ -33,7 +34,7 @@ def test_chunked_attention_equals_sdpa_in_values_and_gradients(
     grad_out = torch.randn(batch, tokens, heads * head_dim, dtype=torch.float64)
     expected = sdpa_reference(qkv, heads)
     (expected_grad,) = torch.autograd.grad(expected, qkv, grad_out)
-    assert use_chunked_attention(qkv, 0.0)
+    assert use_chunked_attention(qkv, heads, 0.0)
     before = qkv.detach().clone()
     out = chunked_attention(qkv, heads)
     (grad,) = torch.autograd.grad(out, qkv, grad_out)
@@ -55,16 +56,18 @@ def test_chunked_attention_takes_a_non_contiguous_projection():
 
 def test_chunked_attention_serves_cpu_training_only():
     qkv = torch.randn(2, 10, 24, requires_grad=True)
-    assert use_chunked_attention(qkv, 0.0)
-    assert not use_chunked_attention(qkv, 0.1), "attention dropout keeps SDPA"
-    assert not use_chunked_attention(qkv.detach(), 0.0), "no backward pass: SDPA"
+    assert use_chunked_attention(qkv, 2, 0.0)
+    assert not use_chunked_attention(qkv, 2, 0.1), "attention dropout keeps SDPA"
+    assert not use_chunked_attention(qkv.detach(), 2, 0.0), "no backward pass: SDPA"
     with torch.no_grad():
-        assert not use_chunked_attention(qkv, 0.0)
-    assert not use_chunked_attention(qkv.bfloat16(), 0.0)
+        assert not use_chunked_attention(qkv, 2, 0.0)
+    assert not use_chunked_attention(qkv.bfloat16(), 2, 0.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not use_chunked_attention(qkv, 0.0)
+        assert not use_chunked_attention(qkv, 2, 0.0)
     long = torch.randn(1, chunked.MAX_TOKENS + 1, 24, requires_grad=True)
-    assert not use_chunked_attention(long, 0.0)
+    assert not use_chunked_attention(long, 2, 0.0)
+    wide = torch.randn(2, 10, 3 * 2 * (chunked.MAX_HEAD_DIM + 1), requires_grad=True)
+    assert not use_chunked_attention(wide, 2, 0.0), "wide heads keep SDPA"
 
 
 def test_attention_module_trains_the_same_with_and_without_the_chunked_path(monkeypatch):
@@ -75,7 +78,7 @@ def test_attention_module_trains_the_same_with_and_without_the_chunked_path(monk
     grads = torch.autograd.grad(out.square().sum(), [x, *module.parameters()])
     calls = []
     monkeypatch.setattr(vitkit.model.layers, "use_chunked_attention",
-                        lambda qkv, dropout: calls.append(1) and False)
+                        lambda qkv, num_heads, dropout: calls.append(1) and False)
     reference, _ = module(x)
     reference_grads = torch.autograd.grad(reference.square().sum(), [x, *module.parameters()])
     assert calls, "the module asks use_chunked_attention"

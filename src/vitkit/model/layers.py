@@ -20,9 +20,9 @@ __all__ = ["Attention", "Block", "ConvStem", "DropPath", "Mlp", "PatchEmbed"]
 class Attention(nn.Module):
     """MSA: [q, k, v] = z U_qkv; softmax(q k^T / sqrt(D_h)) v per head; heads projected.
 
-    The normal path runs `scaled_dot_product_attention` (fused kernels), CPU training of
-    short sequences `chunked_attention` (faster there); when attention weights are requested
-    an explicit path computes them and gives the same output.
+    The normal path runs `scaled_dot_product_attention` (fused kernels); CPU training of
+    short sequences with narrow heads runs `chunked_attention` (faster there); when attention
+    weights are requested an explicit path computes them and gives the same output.
     `forward_first` attends from the first tokens only (the class-token shortcut).
     """
 
@@ -43,7 +43,7 @@ class Attention(nn.Module):
         batch, tokens, width = x.shape
         qkv = self.qkv(x)
         dropout = self.attn_dropout if self.training else 0.0
-        if not return_attention and use_chunked_attention(qkv, dropout):
+        if not return_attention and use_chunked_attention(qkv, self.num_heads, dropout):
             return self.proj_drop(self.proj(chunked_attention(qkv, self.num_heads))), None
         qkv = qkv.view(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, D_h)
