@@ -8,7 +8,7 @@ fused attention kernel); "class-token shortcut" runs the last block for the clas
 timed in rotating order; medians. The task "recipe" is the `cifar10` recipe's model (hybrid
 conv stem, mean pooling: no class token, so no shortcut) at 32 px, batch 128.
 
-    python benchmarks/step_ablation.py [--task tutorial|cifar|recipe] [--reps 9] [--steps 3]
+    python benchmarks/step_ablation.py [--task tutorial|cifar|recipe] [--reps 31] [--steps 1]
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def build(task: str) -> tuple[VisionTransformer, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=list(TASKS), default="tutorial")
-    parser.add_argument("--reps", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=3, help="steps per timed repetition")
+    parser.add_argument("--reps", type=int, default=31)
+    parser.add_argument("--steps", type=int, default=1, help="steps per timed repetition")
     args = parser.parse_args()
     configure_cpu()
     torch.manual_seed(0)
