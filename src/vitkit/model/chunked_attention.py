@@ -61,10 +61,10 @@ class _ChunkedAttention(torch.autograd.Function):
         width, head_dim = width3 // 3, width3 // 3 // num_heads
         scale = head_dim**-0.5
         chunk = max(1, CHUNK_ELEMENTS // (num_heads * tokens * tokens))
+        spans = [(start, min(start + chunk, batch)) for start in range(0, batch, chunk)]
         out = qkv.new_empty(batch, tokens, width)
         heads, probs = [], []
-        for start in range(0, batch, chunk):
-            stop = min(start + chunk, batch)
+        for start, stop in spans:
             h = _heads(qkv[start:stop], num_heads)
             q, k, v = h[0].mul_(scale), h[1], h[2]  # q pre-scaled, as kept for backward
             p = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
@@ -73,23 +73,21 @@ class _ChunkedAttention(torch.autograd.Function):
                 o.transpose(1, 2))
             heads.append(h)
             probs.append(p)
-        ctx.num_heads, ctx.scale, ctx.chunk = num_heads, scale, chunk
-        ctx.kept = (heads, probs)
+        ctx.num_heads, ctx.scale = num_heads, scale
+        ctx.kept = (spans, heads, probs)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
-        heads, probs = ctx.kept
+        spans, heads, probs = ctx.kept
         ctx.kept = None
         grad_out = grad_out.contiguous()
-        num_heads, scale, chunk = ctx.num_heads, ctx.scale, ctx.chunk
+        num_heads, scale = ctx.num_heads, ctx.scale
         batch, tokens, width = grad_out.shape
         head_dim = width // num_heads
         grad = grad_out.new_empty(batch, tokens, 3 * width)
-        for index, start in enumerate(range(0, batch, chunk)):
-            stop = min(start + chunk, batch)
-            h, p = heads[index], probs[index]
+        for (start, stop), h, p in zip(spans, heads, probs, strict=True):
             q, k, v = h[0], h[1], h[2]
             grad_o = (grad_out[start:stop].view(stop - start, tokens, num_heads, head_dim)
                       .transpose(1, 2).reshape(-1, tokens, head_dim))
