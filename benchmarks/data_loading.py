@@ -181,10 +181,10 @@ def vitkit_train_batches(folder: Path, size: int, batch: int, workers: int, epoc
 
 def vitkit_eval_batches(folder: Path, size: int, batch: int, workers: int, epoch: int
                         ) -> tuple[Iterator, Callable[[], None]]:
-    from vitkit.data.preprocess import Preprocess
     from vitkit.data.sources.folder_index import FolderRecords
     from vitkit.data.streaming import StreamEval
     from vitkit.data.transforms import EvalResize
+    from vitkit.preprocess import Preprocess
 
     preprocess = Preprocess(img_size=(size, size), resize_mode="shorter_side", crop_pct=0.875)
     feed = StreamEval(FolderRecords.scan(folder), EvalResize(preprocess), 3, (size, size),

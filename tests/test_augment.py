@@ -345,7 +345,7 @@ def test_normalize() -> None:
 
 def test_one_normalize_for_training_and_inference() -> None:
     """Training (augment), evaluation and predict (Preprocess) share one function."""
-    from vitkit.data import preprocess
+    from vitkit import preprocess
 
     assert normalize is preprocess.normalize
     x = noise(2, 3, 4, 4)

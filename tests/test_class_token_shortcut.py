@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from reference_models import randomise
 from vitkit import VisionTransformer, apply_token_merging, create_model
 from vitkit.weights import load_state_dict_checked
-from vitkit.weights.timm import config_from_timm_model
+from vitkit.weights.formats.timm import config_from_timm_model
 
 
 def tiny(**overrides) -> VisionTransformer:

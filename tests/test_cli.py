@@ -92,9 +92,9 @@ def _total(out: str) -> int:
 
 
 def test_summary_of_a_training_checkpoint(tmp_path, capsys):
-    from vitkit.train.checkpoint import load_checkpoint
     from vitkit.train.config import load_train_config
     from vitkit.train.loop import Trainer
+    from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 
     cfg = load_train_config("digits", ["model.depth=3", f"out_dir={tmp_path}", "progress=false"])
     Trainer(cfg).save("best")  # a checkpoint as training writes it (no steps needed)

@@ -18,9 +18,9 @@ from vitkit.cli import main
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
 from vitkit.model.vit import VisionTransformer
-from vitkit.train.checkpoint import load_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
+from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 
 TINY = ["model.width=16", "model.depth=1", "model.num_heads=2", "model.mlp_dim=32",
         "progress=false"]

@@ -541,7 +541,7 @@ def test_cli_explains_a_training_checkpoint_on_its_own_test_data(tmp_path, capsy
 
 
 def test_cli_explains_an_official_npz_hybrid_with_its_root_filters(tmp_path):
-    from vitkit.weights.npz import save_npz
+    from vitkit.weights.formats.npz import save_npz
 
     torch.manual_seed(0)
     model = create_model("Ti/16", img_size=32, stem="resnet", resnet_layers=(1,),

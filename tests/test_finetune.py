@@ -15,15 +15,15 @@ import torch
 
 from vitkit.cli import main
 from vitkit.config import ViTConfig
-from vitkit.data.preprocess import Preprocess
-from vitkit.errors import ConfigError
+from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
-from vitkit.train.checkpoint import CheckpointError, load_checkpoint
+from vitkit.preprocess import Preprocess
 from vitkit.train.config import load_train_config
 from vitkit.train.finetune import default_img_size, resize_random_crop, target_config
 from vitkit.train.loop import Trainer
 from vitkit.weights import load_pretrained, read_weights, save_npz, save_pretrained
+from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 from vitkit.weights.record import check_tensors
 
 # Fine-tuning at 16 px what was pretrained at 8 px: the 4x4 position grid becomes 8x8.

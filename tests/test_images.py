@@ -17,8 +17,8 @@ from PIL import Image
 
 from vitkit.analysis.images import images_from_files
 from vitkit.data.images import BACKGROUND, FIXES, decode_image, open_image
-from vitkit.data.preprocess import Preprocess
 from vitkit.errors import InputError
+from vitkit.preprocess import Preprocess
 
 
 def _pixels(h: int, w: int, channels: int = 3, seed: int = 0) -> np.ndarray:

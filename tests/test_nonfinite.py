@@ -8,9 +8,9 @@ import torch
 
 from vitkit.cli import main
 from vitkit.errors import ConfigError, TrainingError
-from vitkit.train.checkpoint import load_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
+from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 
 QUICK = ["progress=false", "total_steps=12", "warmup_steps=2", "model.dropout=0.1",
          "augment.crop_padding=1", "ema_decay=0.9"]

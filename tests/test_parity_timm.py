@@ -10,7 +10,7 @@ import torch
 from reference_models import randomise
 from vitkit import VisionTransformer
 from vitkit.weights import convert_timm, load_state_dict_checked
-from vitkit.weights.timm import config_from_timm_model
+from vitkit.weights.formats.timm import config_from_timm_model
 
 TOL = 1e-5
 

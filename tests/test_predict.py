@@ -14,9 +14,9 @@ from PIL import Image
 from vitkit import create_model, load_pretrained, save_pretrained
 from vitkit.cli import main
 from vitkit.data.classnames import imagenet_class_names, imagenet_synsets
-from vitkit.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from vitkit.errors import ConfigError, InputError
 from vitkit.predict import Prediction, predict
+from vitkit.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 NAMES = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu"]
 # Not the default: shorter-side resize + centre crop, bicubic, ImageNet statistics.

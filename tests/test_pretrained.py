@@ -20,8 +20,9 @@ from transformers import ViTForImageClassification, ViTModel
 
 import vitkit
 from reference_models import official_resnet_constants, randomise
-from vitkit.data.preprocess import Preprocess
+from vitkit.errors import WeightsNotFoundError
 from vitkit.model.posembed import resample_grid_embed
+from vitkit.preprocess import Preprocess
 from vitkit.weights import (
     load_pretrained,
     load_weights,
@@ -30,7 +31,7 @@ from vitkit.weights import (
     save_npz,
     save_pretrained,
 )
-from vitkit.weights.hub import WeightsNotFoundError, local_filename
+from vitkit.weights.formats.hub import local_filename
 
 TOL = 1e-5
 

@@ -14,11 +14,11 @@ import torch
 
 from vitkit.cli import main
 from vitkit.data.dataset import DataError, ImageDataset
-from vitkit.errors import ConfigError
-from vitkit.train.checkpoint import CheckpointError, load_checkpoint
+from vitkit.errors import CheckpointError, ConfigError
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
 from vitkit.weights import read_weights
+from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 
 # Every source of randomness in one run: dropout, drop path, crop, TrivialAugment, erasing,
 # mixup/cutmix, EMA and gradient accumulation.

@@ -12,9 +12,9 @@ from vitkit.cli import main
 from vitkit.data.skipped import read_skipped_files
 from vitkit.data.sources import load_source
 from vitkit.errors import ConfigError
-from vitkit.train.checkpoint import load_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
+from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 
 CLASSES = 3
 QUICK = ["data=folder", "total_steps=4", "warmup_steps=1", "batch_size=16", "progress=false"]

@@ -41,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz_data import FuzzCounts, mutate, run_and_report
 
 from vitkit.config import ViTConfig
-from vitkit.data.preprocess import official_preprocess
 from vitkit.errors import VitkitError
 from vitkit.model.vit import VisionTransformer
+from vitkit.preprocess import official_preprocess
 from vitkit.weights import load_pretrained, save_pretrained, to_official_arrays
 from vitkit.weights.formats import train_checkpoint
 

@@ -7,7 +7,6 @@ Variants are parsed, not enumerated: "B/16" is width, depth, MLP size and heads 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.errors import ConfigError
-from vitkit.fieldtypes import ImageSize, check_fields
+from vitkit.fieldtypes import ImageSize, check_fields, check_known_keys, did_you_mean
 
 POOLS = ("class_token", "mean_patches", "mean_all_tokens")
 FINAL_NORMS = ("tokens", "pooled", "none")
@@ -121,7 +120,7 @@ class ViTConfig:
             value = getattr(self, key)
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}"
-                                  + _did_you_mean(str(value), allowed))
+                                  + did_you_mean(str(value), allowed))
         for key in ("patch_size", "in_chans", "width", "depth", "num_heads", "mlp_dim"):
             if int(getattr(self, key)) < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)}")
@@ -310,7 +309,7 @@ def _variant_fields(name: str) -> dict[str, Any]:
     if match is None:
         timm_match = _TIMM_RE.match(key)
         if timm_match is None:
-            raise ConfigError(f"unknown model {name!r}." + _did_you_mean(name, list_model_names())
+            raise ConfigError(f"unknown model {name!r}." + did_you_mean(name, list_model_names())
                               + " Names are a size Ti/S/B/L/H and a patch size, like 'B/16', or "
                               f"one of {', '.join(TUTORIAL_MODELS)}; `vitkit models` lists them.")
         match, img_size = timm_match, int(timm_match.group(3))
@@ -336,7 +335,7 @@ _OFFICIAL_FIELDS = {"act": "gelu_tanh", "norm_eps": 1e-6, "init": "jax"}
 def named_checkpoint_config(name: str) -> ViTConfig | None:
     """The config of a named official checkpoint ("R50+B/16-i21k", "B/16-i21k-i1k-384"),
     from the name alone (nothing is downloaded); None when `name` names no checkpoint."""
-    from vitkit.weights.hub import normalize_name  # the registry of names; it imports us
+    from vitkit.weights.formats.hub import normalize_name  # the registry of names; it imports us
 
     key = normalize_name(name)
     match = _CHECKPOINT_TAG_RE.match(key) if key else None
@@ -395,25 +394,6 @@ def variant_name(config: ViTConfig) -> str:
 def list_model_names() -> list[str]:
     """The names `vitkit models` shows: the common variants and the tutorial models."""
     return list(COMMON_VARIANTS) + list(TUTORIAL_MODELS)
-
-
-def check_known_keys(dataclass_type: type, data: dict[str, Any], what: str) -> None:
-    """Refuse keys that are not fields of `dataclass_type`, suggesting the closest ones."""
-    known = {f.name for f in dataclasses.fields(dataclass_type)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        hints = "".join(_did_you_mean(key, known) for key in unknown)
-        raise ConfigError(f"unknown {what} key(s) {', '.join(unknown)}.{hints} "
-                          f"Valid keys: {', '.join(sorted(known))}.")
-
-
-def _did_you_mean(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
-    if not close:
-        close = difflib.get_close_matches(word.upper(), [str(c).upper() for c in choices], n=3,
-                                          cutoff=0.5)
-        close = [c for c in choices if str(c).upper() in close]
-    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _nearest_multiple(value: int, step: int) -> int:

@@ -34,9 +34,6 @@ class CheckpointError(VitkitError, ValueError):
     for another model."""
 
 
-# The name used before the hierarchy was unified; the same class.
-CheckpointFormatError = CheckpointError
-
 
 class WeightsNotFoundError(CheckpointError, FileNotFoundError):
     """A named checkpoint that is neither on disk nor downloadable."""
@@ -54,5 +51,5 @@ class ExportError(VitkitError):
     """A model that cannot be exported, a missing exporter, or an export that does not match."""
 
 
-__all__ = ["CheckpointError", "CheckpointFormatError", "ConfigError", "DataError", "ExportError",
+__all__ = ["CheckpointError", "ConfigError", "DataError", "ExportError",
            "InputError", "TrainingError", "VitkitError", "WeightsNotFoundError"]

@@ -48,14 +48,14 @@ def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
                   dynamic_size: bool) -> dict[str, str]:
     """What a consumer needs beside the graph: preprocessing, class names, config (JSON)."""
     from vitkit import __version__
-    from vitkit.data.preprocess import preprocess_for
+    from vitkit.preprocess import preprocess_for
 
     config = model.config
     preprocess = preprocess_for(model)
     return {
         "vitkit_version": __version__,
         "preprocess": json.dumps(preprocess.to_dict()),
-        "class_names": json.dumps(getattr(model, "class_names", None)),
+        "class_names": json.dumps(model.class_names),
         "model_config": json.dumps(config.to_dict()),
         "input": json.dumps({"name": INPUT_NAME, "layout": "NCHW", "dtype": "float32",
                              "img_size": list(config.img_size), "dynamic_batch": dynamic_batch,

@@ -10,6 +10,7 @@ where nothing can be lost (a list to a tuple, 4.0 to 4, 224 to a (224, 224) imag
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import math
@@ -57,8 +58,6 @@ def field_type(owner: type, name: str, what: str) -> Any:
     """The annotation of field `name`; an unknown name is refused with a hint."""
     types_ = field_types(owner)
     if name not in types_:
-        from vitkit.config import check_known_keys  # config imports this module
-
         check_known_keys(owner, {name: None}, what)
     return types_[name]
 
@@ -347,3 +346,22 @@ def _json_or_text(text: str) -> Any:
         except json.JSONDecodeError:
             pass
     return _str(text, from_text=True)
+
+
+def check_known_keys(dataclass_type: type, data: dict[str, Any], what: str) -> None:
+    """Refuse keys that are not fields of `dataclass_type`, suggesting the closest ones."""
+    known = {f.name for f in dataclasses.fields(dataclass_type)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        hints = "".join(did_you_mean(key, known) for key in unknown)
+        raise ConfigError(f"unknown {what} key(s) {', '.join(unknown)}.{hints} "
+                          f"Valid keys: {', '.join(sorted(known))}.")
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
+    if not close:
+        close = difflib.get_close_matches(word.upper(), [str(c).upper() for c in choices], n=3,
+                                          cutoff=0.5)
+        close = [c for c in choices if str(c).upper() in close]
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

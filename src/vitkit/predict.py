@@ -17,9 +17,9 @@ import torch
 from vitkit.data.classnames import imagenet_class_names
 from vitkit.data.folder import IMAGE_EXTENSIONS
 from vitkit.data.images import decode_image
-from vitkit.data.preprocess import Preprocess, preprocess_for
 from vitkit.errors import ConfigError, InputError
 from vitkit.model.vit import VisionTransformer
+from vitkit.preprocess import Preprocess, preprocess_for
 
 __all__ = ["Prediction", "class_names_for", "expand_inputs", "predict"]
 
@@ -100,7 +100,7 @@ def class_names_for(model: VisionTransformer) -> list[str]:
         raise ConfigError("this model has no classification head (num_classes=0), so it "
                           "cannot predict classes; load weights that include a head, or "
                           "fine-tune one first")
-    names = list(getattr(model, "class_names", None) or [])
+    names = list(model.class_names or [])
     if 0 < len(names) <= num_classes:
         return names + [f"class {i}" for i in range(len(names), num_classes)]
     return imagenet_class_names(num_classes) or [f"class {i}" for i in range(num_classes)]

@@ -35,8 +35,8 @@ from vitkit.analysis.filters import (
 )
 from vitkit.analysis.images import as_uint8_batch
 from vitkit.analysis.posembed import position_similarity, similarity_by_distance
-from vitkit.data.preprocess import preprocess_for
 from vitkit.errors import ConfigError, InputError
+from vitkit.preprocess import preprocess_for
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     source_words = source.replace("_", " ")
 
     files = dict(FILES)  # names inside out_dir
-    titles = [_describe(name, row, getattr(model, "class_names", None), config.num_classes)
+    titles = [_describe(name, row, model.class_names, config.num_classes)
               for name, row in zip(names, torch.cat(logits), strict=True)]
     warnings = _flat_map_warnings(maps, head_maps, names, source_words, head_fusion,
                                   discard_ratio)
@@ -129,7 +129,7 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
                                    "sign: largest entry positive; each scaled to its range")
 
     report = {
-        "model": {"name": config.name, "origin": getattr(model, "origin", None),
+        "model": {"name": config.name, "origin": model.origin,
                   "img_size": list(config.img_size), "patch_size": config.patch_size,
                   "grid": list(grid), "depth": config.depth, "heads": config.num_heads,
                   "class_token": config.class_token, "pool": config.pool,
@@ -213,7 +213,7 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     paper's 128 (PAPER_IMAGES); all the test images when there are fewer."""
     from vitkit.analysis.images import images_from_data, images_from_files
     from vitkit.predict import expand_inputs
-    from vitkit.weights.pretrained import build_model, read_weights
+    from vitkit.weights import build_model, read_weights
 
     files = expand_inputs(image_paths) if image_paths else []  # bad paths fail before loading
     weights = read_weights(source, weights_dir)

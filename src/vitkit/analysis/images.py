@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from vitkit.data.images import open_image
-from vitkit.data.preprocess import Preprocess
 from vitkit.errors import InputError
+from vitkit.preprocess import Preprocess
 
 
 def as_uint8_batch(images: torch.Tensor | Sequence[Image.Image], preprocess: Preprocess

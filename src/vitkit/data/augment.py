@@ -6,7 +6,7 @@ handful of op groups, never over samples or pixels) and draws all its randomness
 
 Contents: `random_crop`, `random_flip`, `trivial_augment` (with `apply_op` and `op_magnitude`
 to run one named op), `random_erasing`, `mixup_cutmix`, `one_hot_smooth`, `soft_cross_entropy`,
-`normalize` (`vitkit.data.preprocess.normalize`), and `BatchAugment`, which chains them from
+`normalize` (`vitkit.preprocess.normalize`), and `BatchAugment`, which chains them from
 an `AugmentConfig`.
 """
 
@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitkit.data.preprocess import normalize
 from vitkit.errors import InputError
+from vitkit.preprocess import normalize
 
 __all__ = [
     "OPS",

@@ -336,7 +336,7 @@ def to_memory(records: ImageRecords, size: tuple[int, int] | None, channels: int
     """Decode every record into an in-memory `ImageDataset`, each resized to `size` (bilinear,
     as the in-memory folder loader does); unreadable records are skipped and named."""
     from vitkit.data.dataset import DataError
-    from vitkit.data.preprocess import Preprocess
+    from vitkit.preprocess import Preprocess
 
     if size is None:
         raise DataError(f"{records.name}: decoding a streamed set into memory needs the image "

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from vitkit.data.preprocess import INTERPOLATIONS, Preprocess
 from vitkit.errors import ConfigError
+from vitkit.preprocess import INTERPOLATIONS, Preprocess
 
 
 @dataclass(frozen=True)

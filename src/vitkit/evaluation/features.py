@@ -27,11 +27,11 @@ from safetensors.numpy import save_file
 from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import eval_batches
-from vitkit.data.preprocess import Preprocess
 from vitkit.data.streaming import IterableEval, StreamEval
 from vitkit.errors import DataError
 from vitkit.evaluate import data_for, split_to_evaluate
 from vitkit.model.vit import VisionTransformer
+from vitkit.preprocess import Preprocess
 from vitkit.weights import WeightsRecord, build_model, read_weights
 from vitkit.weights.checksum import tensors_checksum
 

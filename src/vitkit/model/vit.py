@@ -11,6 +11,7 @@ from vitkit.model.init import init_weights_
 from vitkit.model.layers import Block
 from vitkit.model.posembed import fixed_positions, resample_grid_embed
 from vitkit.model.stems import Stem, build_stem
+from vitkit.preprocess import Preprocess
 
 
 class PreLogits(nn.Module):
@@ -62,6 +63,12 @@ class VisionTransformer(nn.Module):
             else nn.Identity()
         self.head = self._make_head(config.pre_logits_dim or width, config.num_classes)
         init_weights_(self, config.init)
+        # What loaded weights say about the model (set by `vitkit.weights.build_model`): the
+        # inputs it expects, its class names, the format it came from, raw or EMA weights.
+        self.preprocess: Preprocess | None = None
+        self.class_names: list[str] | None = None
+        self.origin: str | None = None
+        self.weights_kind: str = "raw"
 
     @staticmethod
     def _make_pos_embed(config: ViTConfig) -> torch.Tensor | None:

@@ -9,10 +9,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from vitkit.config import ViTConfig, _did_you_mean, check_known_keys, variant_config
+from vitkit.config import ViTConfig, variant_config
 from vitkit.data.augment import AugmentConfig
 from vitkit.errors import CheckpointError, ConfigError
-from vitkit.fieldtypes import check_fields, check_value, parse_text
+from vitkit.fieldtypes import check_fields, check_known_keys, check_value, did_you_mean, parse_text
 from vitkit.runtime import check_device
 
 LOG_FORMATS = ("csv", "jsonl", "tensorboard")
@@ -195,7 +195,7 @@ class TrainConfig:
 
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer={self.optimizer!r}: use one of "
-                              f"{', '.join(OPTIMIZERS)}." + _did_you_mean(self.optimizer,
+                              f"{', '.join(OPTIMIZERS)}." + did_you_mean(self.optimizer,
                                                                         list(OPTIMIZERS)))
         if self.schedule not in ("cosine", "constant"):
             raise ConfigError(f"schedule={self.schedule!r}: use 'cosine' or 'constant'")
@@ -239,7 +239,7 @@ class TrainConfig:
 
         if not is_known_source(self.data):
             raise ConfigError(f"data={self.data!r} is not a data source: use one of "
-                              f"{', '.join(SOURCES)}." + _did_you_mean(self.data, SOURCES[:-1]))
+                              f"{', '.join(SOURCES)}." + did_you_mean(self.data, SOURCES[:-1]))
         _require(self.data_mode in DATA_MODES, "data_mode={!r} is not one of "
                  + ", ".join(DATA_MODES), self.data_mode)
         _require(self.workers is None or self.workers >= 0, "workers={} must be >= 0 (0 reads "
@@ -346,7 +346,7 @@ def read_recipe(path_or_name: str) -> dict[str, Any]:
         text = resources.files("vitkit.recipes").joinpath(f"{path_or_name}.json").read_text()
     else:
         raise ConfigError(f"no recipe file or shipped recipe {path_or_name!r}."
-                          + _did_you_mean(path_or_name, recipe_names())
+                          + did_you_mean(path_or_name, recipe_names())
                           + f" Shipped recipes: {', '.join(recipe_names())}.")
     try:
         data = json.loads(text)
@@ -386,7 +386,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 
 def checkpoint_train_config(path: str | Path) -> dict[str, Any]:
     """The recipe a training checkpoint (last.pt, best.pt) was trained with, as a dict."""
-    from vitkit.train.checkpoint import load_checkpoint
+    from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 
     state = load_checkpoint(path)
     recipe = state.get("train_config") if isinstance(state, dict) else None

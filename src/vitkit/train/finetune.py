@@ -9,8 +9,8 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.data.augment import resize_batch
-from vitkit.data.preprocess import Preprocess
 from vitkit.model.vit import VisionTransformer
+from vitkit.preprocess import Preprocess
 from vitkit.train.config import TrainConfig
 from vitkit.weights import WeightsRecord, build_model, read_weights
 from vitkit.weights.formats.train_checkpoint import TrainCheckpoint

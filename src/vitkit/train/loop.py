@@ -20,7 +20,6 @@ from vitkit.config import ViTConfig
 from vitkit.data.augment import AugmentConfig, BatchAugment, resize_batch, soft_cross_entropy
 from vitkit.data.dataset import DataError, ImageDataset
 from vitkit.data.loader import BatchOrder, shard
-from vitkit.data.preprocess import Preprocess
 from vitkit.data.skipped import write_skipped_files
 from vitkit.data.sources import open_source
 from vitkit.data.sources.records import ImageRecords, IterableRecords
@@ -35,6 +34,7 @@ from vitkit.data.transforms import EvalResize, InceptionCrop
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
+from vitkit.preprocess import Preprocess
 from vitkit.runtime import check_device, configure_cpu
 from vitkit.train.compiling import CompileClock, compile_for_training
 from vitkit.train.config import TrainConfig
@@ -64,7 +64,6 @@ from vitkit.weights.formats import train_checkpoint
 from vitkit.weights.formats.train_checkpoint import Position, TrainCheckpoint
 
 log = logging.getLogger("vitkit.train")
-CHECKPOINT_FORMAT = train_checkpoint.FORMAT
 
 
 @dataclass

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import eval_batches
-from vitkit.data.preprocess import Preprocess
 from vitkit.data.streaming import IterableEval, StreamEval
+from vitkit.preprocess import Preprocess
 from vitkit.train.distributed import DistInfo, all_reduce_sum
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitkit.data.preprocess import Preprocess, preprocess_for
 from vitkit.errors import CheckpointError
 from vitkit.model.vit import VisionTransformer
+from vitkit.preprocess import Preprocess, preprocess_for
 from vitkit.weights import formats
 from vitkit.weights.build import build_model
 from vitkit.weights.formats.base import ReadOptions
@@ -26,7 +26,7 @@ from vitkit.weights.formats.hub import named_checkpoints, resolve_named
 from vitkit.weights.formats.npz import convert_npz, read_npz, save_npz, to_official_arrays
 from vitkit.weights.formats.timm import convert_timm
 from vitkit.weights.loading import load_state_dict_checked
-from vitkit.weights.record import ORIGINS, LoadedWeights, WeightsRecord
+from vitkit.weights.record import ORIGINS, WeightsRecord
 from vitkit.weights.resampling import POS_INTERPOLATIONS
 
 Size = int | tuple[int, int]
@@ -82,13 +82,13 @@ def save_pretrained(model: VisionTransformer, directory: str | Path,
                     preprocess: Preprocess | None = None,
                     class_names: list[str] | None = None) -> Path:
     """Write vitkit's format: model.safetensors + config.json (config, preprocessing, classes)."""
-    class_names = class_names if class_names is not None else getattr(model, "class_names", None)
+    class_names = class_names if class_names is not None else model.class_names
     return formats.vitkit.write(model.state_dict(), model.config,
                                 preprocess or preprocess_for(model), directory, class_names,
-                                getattr(model, "weights_kind", "raw"))
+                                model.weights_kind)
 
 
-__all__ = ["ORIGINS", "POS_INTERPOLATIONS", "LoadedWeights", "WeightsRecord", "build_model",
+__all__ = ["ORIGINS", "POS_INTERPOLATIONS", "WeightsRecord", "build_model",
            "convert_hf", "convert_npz", "convert_timm", "load_pretrained",
            "load_state_dict_checked", "load_weights", "named_checkpoints", "read_npz",
            "read_weights", "resolve_named", "save_npz", "save_pretrained", "to_official_arrays"]

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from vitkit.config import ViTConfig
-from vitkit.data.preprocess import Preprocess
 from vitkit.errors import CheckpointError, ConfigError
+from vitkit.preprocess import Preprocess
 
 # `WeightsRecord.origin`: every value, and the reader that sets it. The default
 # position-embedding resampling follows the origin (`vitkit.weights.resampling`).
@@ -115,6 +115,3 @@ def check_config_fits(config: ViTConfig, state_dict: dict[str, torch.Tensor],
 def _kind(value: object) -> str:
     return str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
 
-
-# The name used before the record had one owner; the same class.
-LoadedWeights = WeightsRecord

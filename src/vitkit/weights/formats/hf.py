@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from vitkit.config import HEADS_BY_WIDTH, ViTConfig
-from vitkit.data.preprocess import Preprocess, official_preprocess
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_value
+from vitkit.preprocess import Preprocess, official_preprocess
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WeightsRecord, check_config_fits

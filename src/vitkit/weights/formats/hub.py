@@ -17,8 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitkit.config import _did_you_mean
 from vitkit.errors import WeightsNotFoundError
+from vitkit.fieldtypes import did_you_mean
 
 BASE_URL = "https://storage.googleapis.com/vit_models"
 
@@ -176,7 +176,7 @@ def resolve_named(name: str, weights_dir: str | Path | None = None,
     if key is None:
         raise WeightsNotFoundError(
             f"{name!r} is neither a file nor a known checkpoint name."
-            + _did_you_mean(name, _OFFICIAL) + f" Known names: {', '.join(_OFFICIAL)}.")
+            + did_you_mean(name, _OFFICIAL) + f" Known names: {', '.join(_OFFICIAL)}.")
     filename = local_filename(key)
     basename = _OFFICIAL[key].split("/")[-1]
     folders = [Path(p) for p in (weights_dir, os.environ.get("VITKIT_WEIGHTS_DIR")) if p]

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from vitkit.config import ViTConfig, variant_name
-from vitkit.data.preprocess import official_preprocess
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.resnet import ResNetBackbone
+from vitkit.preprocess import official_preprocess
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WeightsRecord

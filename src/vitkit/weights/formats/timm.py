@@ -10,10 +10,10 @@ from typing import Any
 import torch
 
 from vitkit.config import HEADS_BY_WIDTH, ViTConfig
-from vitkit.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, official_preprocess
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_value
 from vitkit.model.resnet import ResNetBackbone
+from vitkit.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, official_preprocess
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WeightsRecord

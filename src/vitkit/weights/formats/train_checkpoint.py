@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from vitkit.config import ViTConfig
-from vitkit.data.preprocess import Preprocess
 from vitkit.errors import CheckpointError, ConfigError, VitkitError
+from vitkit.preprocess import Preprocess
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import Found

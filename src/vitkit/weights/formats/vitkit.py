@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from vitkit.config import ViTConfig, check_known_keys
-from vitkit.data.preprocess import Preprocess, official_preprocess
+from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
-from vitkit.fieldtypes import check_value
+from vitkit.fieldtypes import check_known_keys, check_value
+from vitkit.preprocess import Preprocess, official_preprocess
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import CONFIG_FILE, Found, load_safetensors

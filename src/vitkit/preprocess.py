@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitkit.config import check_known_keys
 from vitkit.errors import ConfigError, InputError
+from vitkit.fieldtypes import check_known_keys
 
 RESIZE_MODES = ("squash", "shorter_side")
 INTERPOLATIONS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
@@ -130,7 +130,7 @@ def preprocess_for(model: Any) -> Preprocess:
     """The model's own preprocessing (`model.preprocess`, set by `load_pretrained`) at the
     model's current image size; the official one when the model carries none."""
     config = model.config
-    pre = getattr(model, "preprocess", None)
+    pre = model.preprocess
     if pre is None:
         return official_preprocess(config.img_size, config.in_chans)
     if tuple(pre.img_size) != tuple(config.img_size):
