@@ -203,7 +203,7 @@ def from_scratch(jpeg_folder: Path, out: Path, settings: Settings) -> float:
 def summarize(run_dir: Path, wall_seconds: float | None = None) -> dict[str, object]:
     """A finished run: its last and best top-1, training images/s (median over evaluated
     epochs), training minutes, and how its checkpoint resizes images for evaluation."""
-    from vitkit.weights import read_weights
+    from vitkit.catalog import read_weights
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
             if line.strip()]

@@ -121,9 +121,10 @@ def speed(args: argparse.Namespace) -> None:
 
 
 def accuracy(args: argparse.Namespace) -> None:
+    from vitkit.catalog import read_weights
     from vitkit.evaluate import data_for, split_to_evaluate
     from vitkit.train.metrics import evaluate
-    from vitkit.weights import build_model, read_weights
+    from vitkit.weights import build_model
 
     configure_cpu(args.threads)
     torch.set_num_threads(args.threads)

@@ -15,11 +15,10 @@ import torch
 
 import vitkit
 from reference_models import randomise
+from vitkit.catalog import config_of, count_parameters, load_pretrained
 from vitkit.cli import main
-from vitkit.config import config_of
-from vitkit.model.create import count_parameters
-from vitkit.weights import load_pretrained, named_checkpoints, save_npz
-from vitkit.weights.formats.hub import checkpoint_table
+from vitkit.weights import save_npz
+from vitkit.weights.formats.hub import checkpoint_table, named_checkpoints
 
 TOL = 1e-5
 

@@ -106,7 +106,7 @@ def test_image_smaller_than_the_patch_is_refused_and_the_advice_works():
 
 
 def test_named_checkpoints_imply_their_config():
-    from vitkit.config import named_checkpoint_config
+    from vitkit.weights.formats.hub import named_checkpoint_config
 
     # SPEC: ImageNet-21k checkpoints keep the pre-logits layer; i21k-i1k are fine-tuned at 384
     # (or 224 where named) with a 1000-way head; the official port uses tanh GELU, eps 1e-6.
@@ -124,7 +124,7 @@ def test_named_checkpoints_imply_their_config():
 
 def test_config_of_reads_names_json_and_checkpoints(tmp_path):
     from vitkit import save_pretrained
-    from vitkit.config import config_of
+    from vitkit.catalog import config_of
 
     assert config_of("S/16", img_size=32).img_size == (32, 32)
     path = tmp_path / "tiny.json"

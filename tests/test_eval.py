@@ -22,12 +22,13 @@ from safetensors.torch import save_file
 from transformers import ViTConfig as HFConfig
 from transformers import ViTForImageClassification
 
+from vitkit.catalog import load_pretrained, read_weights
 from vitkit.cli import main
 from vitkit.data.sources import load_source
 from vitkit.evaluate import evaluate_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
-from vitkit.weights import ORIGINS, load_pretrained, read_weights, save_npz, save_pretrained
+from vitkit.weights import ORIGINS, save_npz, save_pretrained
 from vitkit.weights.formats.train_checkpoint import load_state
 
 # Two epochs on the digits; with this EMA the average scores better than the raw weights at

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import torch
 
+from vitkit.catalog import load_pretrained
 from vitkit.cli import main
 from vitkit.errors import InputError
 from vitkit.evaluation import fewshot_lsr_accuracy, fewshot_lsr_predictions, ridge_solver
 from vitkit.evaluation.fewshot import sample_shots
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
-from vitkit.weights import load_pretrained, save_pretrained
+from vitkit.weights import save_pretrained
 
 REL_TOL = 1e-8
 # A tiny digits model: two epochs of a two-block ViT (seconds on a CPU).

@@ -13,6 +13,7 @@ import pytest
 import scipy.ndimage
 import torch
 
+from vitkit.catalog import load_pretrained, read_weights
 from vitkit.cli import main
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
@@ -22,7 +23,7 @@ from vitkit.preprocess import Preprocess
 from vitkit.train.config import load_train_config
 from vitkit.train.finetune import default_img_size, resize_random_crop, target_config
 from vitkit.train.loop import Trainer
-from vitkit.weights import load_pretrained, read_weights, save_npz, save_pretrained
+from vitkit.weights import save_npz, save_pretrained
 from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 from vitkit.weights.record import check_tensors
 

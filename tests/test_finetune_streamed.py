@@ -13,9 +13,9 @@ import datasets
 import pytest
 from PIL import Image
 
+from vitkit.catalog import read_weights
 from vitkit.cli import main
 from vitkit.data.skipped import read_skipped_files
-from vitkit.weights import read_weights
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -22,9 +22,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from vitkit.catalog import load_pretrained, read_weights
 from vitkit.cli import main
 from vitkit.errors import CheckpointError, VitkitError
-from vitkit.weights import load_pretrained, read_weights, save_npz, save_pretrained
+from vitkit.weights import save_npz, save_pretrained
 from vitkit.weights.checksum import tensors_checksum
 from vitkit.weights.formats import train_checkpoint
 

@@ -24,10 +24,9 @@ from timm.models._hub import save_for_hf
 from transformers import ViTConfig as HFViTConfig
 from transformers import ViTForImageClassification, ViTImageProcessor
 
+from vitkit.catalog import config_of, load_pretrained, read_weights
 from vitkit.cli import main
-from vitkit.config import config_of
 from vitkit.errors import CheckpointError, WeightsNotFoundError
-from vitkit.weights import load_pretrained, read_weights
 
 TOL = 1e-5
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -19,8 +19,9 @@ from safetensors.torch import save_file
 
 import vitkit
 from reference_models import official_resnet_constants, randomise
+from vitkit.catalog import load_pretrained
 from vitkit.model.resnet import StdConv2d, same_padding
-from vitkit.weights import convert_npz, load_pretrained, read_npz, save_npz, to_official_arrays
+from vitkit.weights import convert_npz, read_npz, save_npz, to_official_arrays
 
 TOL = 1e-5
 IMG = 64

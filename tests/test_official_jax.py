@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.weights import load_pretrained, save_npz
+from vitkit.catalog import load_pretrained
+from vitkit.weights import save_npz
 
 JAX_PYTHON = os.environ.get("VITKIT_JAX_PYTHON")
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "official_jax_reference.py"

@@ -20,18 +20,12 @@ from transformers import ViTForImageClassification, ViTModel
 
 import vitkit
 from reference_models import official_resnet_constants, randomise
+from vitkit.catalog import load_pretrained, load_weights
 from vitkit.errors import WeightsNotFoundError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.preprocess import Preprocess
-from vitkit.weights import (
-    load_pretrained,
-    load_weights,
-    named_checkpoints,
-    resolve_named,
-    save_npz,
-    save_pretrained,
-)
-from vitkit.weights.formats.hub import local_filename
+from vitkit.weights import save_npz, save_pretrained
+from vitkit.weights.formats.hub import local_filename, named_checkpoints, resolve_named
 
 TOL = 1e-5
 

@@ -19,13 +19,13 @@ import torch
 from PIL import Image
 from sklearn.linear_model import LogisticRegression
 
+from vitkit.catalog import create_model
 from vitkit.cli import main
 from vitkit.data.sources import load_source
 from vitkit.errors import DataError
 from vitkit.evaluation import fit_logistic, frozen_features, knn_predictions, linear_probe
 from vitkit.evaluation.arrays import standardize
 from vitkit.evaluation.probe import stratified_holdout
-from vitkit.model.create import create_model
 from vitkit.preprocess import Preprocess
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer

@@ -20,8 +20,9 @@ from timm.layers import resample_abs_pos_embed
 
 import vitkit
 from reference_models import randomise
+from vitkit.catalog import load_pretrained
 from vitkit.errors import ConfigError
-from vitkit.weights import POS_INTERPOLATIONS, load_pretrained, save_npz, save_pretrained
+from vitkit.weights import POS_INTERPOLATIONS, save_npz, save_pretrained
 
 
 def _official_zoom(pos: torch.Tensor, old: int, new: int, prefix: int = 1) -> np.ndarray:

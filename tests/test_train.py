@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitkit.catalog import read_weights
 from vitkit.cli import main
 from vitkit.data.dataset import DataError, ImageDataset
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
-from vitkit.weights import read_weights
 from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 
 # Every source of randomness in one run: dropout, drop path, crop, TrivialAugment, erasing,

@@ -4,7 +4,7 @@
                                  [--seconds S]
 
 Readers (each fuzzes one tiny model written in that format, read back with
-`vitkit.weights.load_pretrained`): `npz` (official .npz, original vit_jax layout),
+`vitkit.load_pretrained`): `npz` (official .npz, original vit_jax layout),
 `npz_big_vision` (the AugReg / big_vision layout), `npz_hybrid` (a ResNet-stem hybrid),
 `timm_pth`, `timm_safetensors`, `hf_folder` (Hugging Face model folder), `vitkit_folder`
 (`save_pretrained`) and `train_checkpoint` (last.pt). Mutations are structural (a tensor
@@ -40,11 +40,12 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz_data import FuzzCounts, mutate, run_and_report
 
+from vitkit.catalog import load_pretrained
 from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import official_preprocess
-from vitkit.weights import load_pretrained, save_pretrained, to_official_arrays
+from vitkit.weights import save_pretrained, to_official_arrays
 from vitkit.weights.formats import train_checkpoint
 
 TINY = dict(img_size=32, patch_size=16, width=16, depth=1, num_heads=2, mlp_dim=32,

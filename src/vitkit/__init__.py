@@ -1,5 +1,6 @@
 """vitkit: the Vision Transformer of "An Image Is Worth 16x16 Words", faithful and fast."""
 
+from vitkit.catalog import count_parameters, create_model, load_pretrained
 from vitkit.config import ViTConfig, list_model_names, variant_config
 from vitkit.errors import (
     CheckpointError,
@@ -11,8 +12,8 @@ from vitkit.errors import (
     VitkitError,
 )
 from vitkit.inference.merging import apply_token_merging
-from vitkit.model import VisionTransformer, count_parameters, create_model
-from vitkit.weights import load_pretrained, save_pretrained
+from vitkit.model import VisionTransformer
+from vitkit.weights import save_pretrained
 
 __version__ = "0.1.0"
 

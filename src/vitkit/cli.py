@@ -16,10 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitkit.config import SIZES, ViTConfig, list_model_names
+from vitkit.config import SIZES, ViTConfig
 from vitkit.errors import VitkitError
 from vitkit.fieldtypes import parse_size, parse_text
-from vitkit.model.create import count_parameters, resolve_config
 
 if TYPE_CHECKING:
     from vitkit.train.config import TrainConfig
@@ -80,8 +79,10 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="variant ('B/16', 'S/32', ...), tutorial model name, "
-                                      "JSON config file, checkpoint file or folder, or named "
-                                      "checkpoint ('R50+B/16-i21k')")
+                                      "JSON config file, checkpoint file, folder or run folder, "
+                                      "named checkpoint ('R50+B/16-i21k'; `vitkit models "
+                                      "--checkpoints` lists them) or Hub repository "
+                                      "(hf-hub:ORG/NAME[@REVISION])")
     parser.add_argument("--img-size", type=parse_img_size, help="224, or HxW like 60x100")
     parser.add_argument("--num-classes", type=int, help="classifier outputs (0: features only)")
     parser.add_argument("--in-chans", type=int, help="input channels")
@@ -140,24 +141,24 @@ def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str
 
 
 def cmd_models(args: argparse.Namespace) -> None:
-    from vitkit.weights.formats.hub import checkpoint_table
+    from vitkit.catalog import checkpoint_rows, model_rows
 
     if args.checkpoints:
-        print_checkpoint_table(checkpoint_table())
+        print_checkpoint_table(checkpoint_rows())
         return
     print(f"{'name':<18}{'layers':>7}{'width':>7}{'MLP':>7}{'heads':>7}{'image':>9}"
           f"{'params':>15}")
-    for name in list_model_names():
-        cfg = resolve_config(name)
+    for model in model_rows():
+        cfg = model.config
         image = f"{cfg.img_size[0]}" if cfg.img_size[0] == cfg.img_size[1] else \
             f"{cfg.img_size[0]}x{cfg.img_size[1]}"
-        print(f"{name:<18}{cfg.depth:>7}{cfg.width:>7}{cfg.mlp_dim:>7}{cfg.num_heads:>7}"
-              f"{image:>9}{count_parameters(cfg):>15,}")
+        print(f"{model.name:<18}{cfg.depth:>7}{cfg.width:>7}{cfg.mlp_dim:>7}{cfg.num_heads:>7}"
+              f"{image:>9}{model.params:>15,}")
     sizes = "/".join(SIZES)
     print(f"\nAny size {sizes} with any patch size parses too (e.g. 'L/8', 'Ti/4'); "
           "change anything with keyword overrides.")
-    rows = checkpoint_table()
-    original = [row for row in rows if "-augreg-" not in row.name]
+    rows = checkpoint_rows()
+    original = [row for row in rows if not row.augreg]
     print("\nNamed official checkpoints (load_pretrained(NAME), or NAME wherever a command takes "
           "weights; cached in ~/.cache/vitkit, or put the file in --weights-dir):")
     for row in original:
@@ -181,11 +182,9 @@ def print_checkpoint_table(rows: list[NamedCheckpoint]) -> None:
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
-    from vitkit.config import config_of
     from vitkit.summary import summarize
 
-    config = config_of(args.model, **model_overrides(args))
-    print(summarize(config, max_depth=args.max_depth).format())
+    print(summarize(args.model, max_depth=args.max_depth, **model_overrides(args)).format())
 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -266,10 +265,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     """Exit 0 when every input was predicted, 1 when some could not be read (named on
     stderr after the others' predictions), 2 when none could."""
+    from vitkit.catalog import load_pretrained
     from vitkit.errors import InputError
     from vitkit.inference.speedup import speed_up
     from vitkit.predict import expand_inputs, predict
-    from vitkit.weights import load_pretrained
 
     files = expand_inputs(args.inputs)  # a wrong path fails before the model loads
     model = load_pretrained(args.weights, weights_dir=args.weights_dir)
@@ -291,8 +290,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> None:
     from pathlib import Path
 
+    from vitkit.catalog import load_pretrained
     from vitkit.export import FORMATS, ExportError, check_onnx, default_check_sizes, export_onnx
-    from vitkit.weights import load_pretrained
 
     if args.format not in FORMATS:
         raise ExportError(f"unknown format {args.format!r}: use --format "

@@ -205,7 +205,7 @@ class ViTConfig:
             except UnicodeDecodeError:
                 raise ConfigError(
                     f"{path} is not a JSON config file (it is binary). A checkpoint's config "
-                    "is read with vitkit.weights.read_weights(path).config; `vitkit summary` "
+                    "is read with vitkit.catalog.config_of(path); `vitkit summary` "
                     "takes checkpoints directly.") from None
         try:
             data = json.loads(text)
@@ -276,19 +276,39 @@ def variant_config(name: str, **overrides: Any) -> ViTConfig:
     are both valid.
     """
     fields = _variant_fields(name)
+    if fields is None:
+        raise unknown_model_error(name, list_model_names())
     if "patch_size" in overrides and re.match(r"^(Ti|S|B|L|H)/\d+$", fields["name"]):
         fields["name"] = f"{fields['name'].split('/')[0]}/{overrides['patch_size']}"
     return ViTConfig.from_dict({**fields, **overrides})
 
 
-def _variant_fields(name: str) -> dict[str, Any]:
+def unknown_model_error(name: str, names: list[str], others: str = "") -> ConfigError:
+    """The error for a name that names no model: the closest of `names`, and what names are
+    (`others` adds the kinds of name the caller also takes)."""
+    return ConfigError(f"unknown model {name!r}." + did_you_mean(name, names)
+                       + " Names are a size Ti/S/B/L/H and a patch size, like 'B/16', or one of "
+                       f"{', '.join(TUTORIAL_MODELS)}{others}; `vitkit models` lists them.")
+
+
+def is_variant_name(name: str) -> bool:
+    """Whether `name` has a variant's shape ("B/16", "R50+B/16", "vit_base_patch16_224", a
+    tutorial model); one with a bad part ("R99+B/16") counts, `variant_config` says which."""
+    try:
+        return _variant_fields(name) is not None
+    except ConfigError:
+        return True
+
+
+def _variant_fields(name: str) -> dict[str, Any] | None:
+    """The config fields a variant name spells; None when `name` is not a variant name."""
     key = _OFFICIAL_HYBRID_NAMES.get(name.strip().lower(), name.strip())
     timm_hybrid = _TIMM_HYBRID_RE.match(key)
     if timm_hybrid:
         size, depth, stride, patch, img = timm_hybrid.groups()
         tokens_stride = int(stride) if patch is None else 4 * int(patch)
         fields = _variant_fields(f"R{depth}+{_SIZE_ALIASES[size.lower()]}/{tokens_stride}")
-        return {**fields, "img_size": int(img)}
+        return None if fields is None else {**fields, "img_size": int(img)}
     hybrid = _HYBRID_RE.match(key)
     if hybrid:
         depth = hybrid.group(1)
@@ -297,6 +317,8 @@ def _variant_fields(name: str) -> dict[str, Any]:
                               + ", ".join(f"'R{d}+'" for d in RESNET_LAYERS)
                               + " (e.g. 'R50+B/16')")
         fields = _variant_fields(hybrid.group(2))
+        if fields is None:
+            return None
         layers = RESNET_LAYERS[depth]
         if fields["patch_size"] % 32 == 0:
             layers = _RESNET_LAYERS_BY_STRIDE32.get(depth, layers)
@@ -309,71 +331,13 @@ def _variant_fields(name: str) -> dict[str, Any]:
     if match is None:
         timm_match = _TIMM_RE.match(key)
         if timm_match is None:
-            raise ConfigError(f"unknown model {name!r}." + did_you_mean(name, list_model_names())
-                              + " Names are a size Ti/S/B/L/H and a patch size, like 'B/16', or "
-                              f"one of {', '.join(TUTORIAL_MODELS)}; `vitkit models` lists them.")
+            return None
         match, img_size = timm_match, int(timm_match.group(3))
     size = _SIZE_ALIASES[match.group(1).lower()]
     spec = SIZES[size]
     patch = int(match.group(2))
     return dict(img_size=img_size, patch_size=patch, width=spec.width, depth=spec.depth,
                 num_heads=spec.num_heads, mlp_dim=spec.mlp_dim, name=f"{size}/{patch}")
-
-
-# What the tag of an official checkpoint name says about its model (weights/hub.py holds the
-# names): "-i21k" is ImageNet-21k pre-training at 224 px, with a pre-logits layer of width D
-# and a 21,843-way head; "-i21k-i1k-N" is fine-tuned on ImageNet-2012 at N px (1000 classes,
-# pre-logits dropped). The weights are the official JAX port: tanh GELU, LayerNorm eps 1e-6.
-_CHECKPOINT_TAG_RE = re.compile(
-    r"^(?P<variant>.+?)(?P<augreg>-augreg)?-i21k(?:-i1k-(?P<size>\d+))?$")
-# AugReg ("-augreg-i21k...", "How to train your ViT?") has no pre-logits layer at all. Its
-# "R+Ti/16" is the released R+ViT-Ti_16: 8x8 patches on the root block (vitkit's "R+Ti/32").
-_AUGREG_VARIANTS = {"R+Ti/16": "R+ViT-Ti_16"}
-_OFFICIAL_FIELDS = {"act": "gelu_tanh", "norm_eps": 1e-6, "init": "jax"}
-
-
-def named_checkpoint_config(name: str) -> ViTConfig | None:
-    """The config of a named official checkpoint ("R50+B/16-i21k", "B/16-i21k-i1k-384"),
-    from the name alone (nothing is downloaded); None when `name` names no checkpoint."""
-    from vitkit.weights.formats.hub import normalize_name  # the registry of names; it imports us
-
-    key = normalize_name(name)
-    match = _CHECKPOINT_TAG_RE.match(key) if key else None
-    if match is None:
-        return None
-    variant, size = match["variant"], match["size"]
-    if match["augreg"]:
-        variant = _AUGREG_VARIANTS.get(variant, variant)
-        return variant_config(variant, img_size=int(size or 224),
-                              num_classes=1000 if size else 21843, **_OFFICIAL_FIELDS)
-    if size is None:
-        width = variant_config(variant).width
-        return variant_config(variant, img_size=224, num_classes=21843, pre_logits_dim=width,
-                              **_OFFICIAL_FIELDS)
-    return variant_config(variant, img_size=int(size), num_classes=1000, **_OFFICIAL_FIELDS)
-
-
-def config_of(source: str | Path, **overrides: Any) -> ViTConfig:
-    """The model a name or file describes, without building it or downloading anything.
-
-    `source` is a JSON config file, a checkpoint file or folder (its stored config), a Hub
-    repository ("hf-hub:ORG/NAME", fetched through the Hugging Face cache), a named official
-    checkpoint ("R50+B/16-i21k", from the name) or a variant name ("B/16").
-    """
-    from vitkit.weights.formats import hf_hub  # weights build on this module
-
-    path = Path(source)
-    if path.suffix.lower() == ".json":
-        config = ViTConfig.from_json(path)
-    elif path.exists() or hf_hub.claims(str(source)):
-        from vitkit.weights import read_weights
-
-        config = read_weights(source).config
-    else:
-        config = named_checkpoint_config(str(source))
-        if config is None:
-            return variant_config(str(source), **overrides)
-    return config.replace(**overrides) if overrides else config
 
 
 def variant_name(config: ViTConfig) -> str:

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from vitkit.catalog import read_weights
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.sources import SOURCES, open_source
 from vitkit.data.sources.records import IterableRecords
@@ -16,7 +17,7 @@ from vitkit.data.transforms import EvalResize
 from vitkit.errors import DataError
 from vitkit.inference.speedup import speed_up
 from vitkit.train.metrics import evaluate
-from vitkit.weights import WeightsRecord, build_model, read_weights
+from vitkit.weights import WeightsRecord, build_model
 
 log = logging.getLogger("vitkit.evaluate")
 

@@ -10,10 +10,13 @@ convolutions (the stem works them out, `Stem.flops`) and the encoder's and head'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from vitkit.catalog import config_of
 from vitkit.config import ViTConfig
 from vitkit.inference.merging import clip_merge_count
 from vitkit.model.layers import DropPath
@@ -78,8 +81,10 @@ def _kind(module: nn.Module) -> str:
     return type(module).__name__
 
 
-def summarize(config: ViTConfig, max_depth: int = 1) -> Summary:
-    """Build `config` on the meta device, run one image through it and tabulate."""
+def summarize(model: str | Path | ViTConfig, max_depth: int = 1, **overrides: Any) -> Summary:
+    """Build `model` (a config, or any name `vitkit.catalog.lookup` knows, with `overrides`) on
+    the meta device, run one image through it and tabulate."""
+    config = config_of(model, **overrides)
     with torch.device("meta"):
         model = VisionTransformer(config).eval()
     shapes: dict[str, tuple[int, ...]] = {}

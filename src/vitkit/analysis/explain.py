@@ -212,8 +212,9 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     checkpoint records), sampled across classes with `seed`. `num_images` defaults to the
     paper's 128 (PAPER_IMAGES); all the test images when there are fewer."""
     from vitkit.analysis.images import images_from_data, images_from_files
+    from vitkit.catalog import read_weights
     from vitkit.predict import expand_inputs
-    from vitkit.weights import build_model, read_weights
+    from vitkit.weights import build_model
 
     files = expand_inputs(image_paths) if image_paths else []  # bad paths fail before loading
     weights = read_weights(source, weights_dir)

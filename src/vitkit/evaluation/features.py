@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from vitkit.catalog import read_weights
 from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import eval_batches
@@ -32,7 +33,7 @@ from vitkit.errors import DataError
 from vitkit.evaluate import data_for, split_to_evaluate
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
-from vitkit.weights import WeightsRecord, build_model, read_weights
+from vitkit.weights import WeightsRecord, build_model
 from vitkit.weights.checksum import tensors_checksum
 
 log = logging.getLogger("vitkit.evaluation")

@@ -7,12 +7,13 @@ from typing import Any
 
 import torch
 
+from vitkit.catalog import read_weights
 from vitkit.config import ViTConfig
 from vitkit.data.augment import resize_batch
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.train.config import TrainConfig
-from vitkit.weights import WeightsRecord, build_model, read_weights
+from vitkit.weights import WeightsRecord, build_model
 from vitkit.weights.formats.train_checkpoint import TrainCheckpoint
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from vitkit.catalog import count_parameters
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
-from vitkit.model.create import count_parameters
 
 FLOAT = 4
 

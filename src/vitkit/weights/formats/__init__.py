@@ -2,27 +2,20 @@
 
 An adapter is a module with `detect(found) -> bool` and `read(found, options) -> WeightsRecord`
 (and `write` where vitkit writes the format). `read_record` sniffs the path once
-(`sniff.Found`) and hands it to the first adapter that detects it. A name that is not a path
-goes to a source adapter that makes it one (`hf_hub`: "hf-hub:ORG/NAME" through
-huggingface_hub; `hub`: named official checkpoints). Adding a
-format = one module here, listed in ADAPTERS.
+(`sniff.Found`) and hands it to the first adapter that detects it. Adding a format = one
+module here, listed in ADAPTERS.
+
+Two modules here are sources, not formats: they turn a name into a local path for
+`vitkit.catalog` (`hf_hub`: "hf-hub:ORG/NAME" through huggingface_hub; `hub`: the named
+official checkpoints). Names are resolved only there; this registry reads local paths.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from vitkit.errors import CheckpointError
-from vitkit.weights.formats import (
-    hf,
-    hf_hub,
-    hub,
-    npz,
-    run_folder,
-    timm,
-    train_checkpoint,
-    vitkit,
-)
+from vitkit.errors import CheckpointError, WeightsNotFoundError
+from vitkit.weights.formats import hf, npz, run_folder, timm, train_checkpoint, vitkit
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import CONFIG_FILE, Found
 from vitkit.weights.record import WeightsRecord
@@ -30,25 +23,13 @@ from vitkit.weights.record import WeightsRecord
 # Order matters where formats overlap: a training checkpoint holds a timm-named "model" dict,
 # and vitkit's model.safetensors holds timm-named tensors.
 ADAPTERS = (train_checkpoint, run_folder, vitkit, npz, hf, timm)
-SOURCES = (hf_hub, hub)
 
 
-def locate(source: str | Path, weights_dir: str | Path | None = None,
-           download: bool | None = None) -> Path:
-    """The local path of `source`: itself when it exists, else what a source adapter makes of
-    it (for an unknown name, the named-checkpoint error with suggestions)."""
-    path = Path(source)
-    if path.exists():
-        return path
-    adapter = next((a for a in SOURCES if a.claims(str(source))), hub)
-    return adapter.resolve(str(source), weights_dir, download)
-
-
-def read_record(source: str | Path, weights_dir: str | Path | None = None,
-                download: bool | None = None, options: ReadOptions | None = None
-                ) -> WeightsRecord:
-    """Read any format vitkit knows into a `WeightsRecord`."""
-    found = Found.at(locate(source, weights_dir, download))
+def read_record(path: str | Path, options: ReadOptions | None = None) -> WeightsRecord:
+    """Read a local file or folder of any format vitkit knows into a `WeightsRecord`."""
+    if not Path(path).exists():
+        raise WeightsNotFoundError(f"{path} does not exist")
+    found = Found.at(Path(path))
     for adapter in ADAPTERS:
         if adapter.detect(found):
             return adapter.read(found, options or ReadOptions())
@@ -77,5 +58,5 @@ def _not_recognised(found: Found) -> CheckpointError:
         ".safetensors, a PyTorch .bin/.pth/.pt, a model folder or a training run's folder")
 
 
-__all__ = ["ADAPTERS", "SOURCES", "ReadOptions", "hf", "hf_hub", "hub", "locate", "npz",
-           "read_record", "run_folder", "timm", "train_checkpoint", "vitkit"]
+__all__ = ["ADAPTERS", "ReadOptions", "hf", "npz", "read_record", "run_folder", "timm",
+           "train_checkpoint", "vitkit"]

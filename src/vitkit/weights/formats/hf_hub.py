@@ -1,10 +1,11 @@
 """Hugging Face Hub repositories: `hf-hub:ORG/NAME[@REVISION]` becomes a local folder.
 
-A source adapter, like `hub`: it fetches through `huggingface_hub` (so the standard cache,
-HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE and HF_TOKEN apply) and hands the snapshot folder to
-the format adapters: `hf` (transformers ViT: config.json with model_type "vit") or `timm`
-(config.json with "architecture" and "pretrained_cfg"). config.json is read first to tell
-the two apart; then only the weights file the folder needs is fetched, safetensors first.
+A source, like `hub` (`vitkit.catalog` hands it the names it claims): it fetches through
+`huggingface_hub` (so the standard cache, HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE and HF_TOKEN
+apply) and hands the snapshot folder to the format adapters: `hf` (transformers ViT:
+config.json with model_type "vit") or `timm` (config.json with "architecture" and
+"pretrained_cfg"). config.json is read first to tell the two apart; then only the weights file
+the folder needs is fetched, safetensors first.
 """
 
 from __future__ import annotations

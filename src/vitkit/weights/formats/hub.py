@@ -1,10 +1,11 @@
 """Named official checkpoints (the 2020 release and the recommended AugReg ones): their
-download URLs, expected ImageNet top-1, a local cache, and an offline folder.
+download URLs, expected ImageNet top-1, the architecture each name implies, a local cache,
+and an offline folder.
 
-A source adapter: it turns a name into a local file, which the npz adapter then reads.
-`resolve_named("B/16-i21k")` returns a local path: the file in `weights_dir` (or
-$VITKIT_WEIGHTS_DIR) when it is there, else in the cache (~/.cache/vitkit or
-$VITKIT_CACHE), downloading it once when downloads are allowed.
+A source, not a format: `vitkit.catalog` asks it whether a string names a checkpoint and
+where its file is; the npz adapter then reads the file. `resolve_named("B/16-i21k")` returns
+a local path: the file in `weights_dir` (or $VITKIT_WEIGHTS_DIR) when it is there, else in
+the cache (~/.cache/vitkit or $VITKIT_CACHE), downloading it once when downloads are allowed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitkit.config import ViTConfig, variant_config
 from vitkit.errors import WeightsNotFoundError
 from vitkit.fieldtypes import did_you_mean
 
@@ -135,6 +137,11 @@ class NamedCheckpoint:
     top1: float | None  # ImageNet-2012 validation top-1 in %, None where no source gives one
     top1_source: str = ""
 
+    @property
+    def augreg(self) -> bool:
+        """One of the AugReg checkpoints ("How to train your ViT?"), not the 2020 release."""
+        return "-augreg-" in self.name
+
 
 def named_checkpoints() -> dict[str, str]:
     """Every known name and its download URL."""
@@ -160,6 +167,37 @@ def normalize_name(name: str) -> str | None:
     return next((key for key in _OFFICIAL if canon(key) == wanted), None)
 
 
+# What the tag of a checkpoint name says about its model: "-i21k" is ImageNet-21k pre-training
+# at 224 px, with a pre-logits layer of width D and a 21,843-way head; "-i21k-i1k-N" is
+# fine-tuned on ImageNet-2012 at N px (1000 classes, pre-logits dropped). The weights are the
+# official JAX port: tanh GELU, LayerNorm eps 1e-6.
+_CHECKPOINT_TAG_RE = re.compile(
+    r"^(?P<variant>.+?)(?P<augreg>-augreg)?-i21k(?:-i1k-(?P<size>\d+))?$")
+# AugReg ("-augreg-i21k...", "How to train your ViT?") has no pre-logits layer at all. Its
+# "R+Ti/16" is the released R+ViT-Ti_16: 8x8 patches on the root block (vitkit's "R+Ti/32").
+_AUGREG_VARIANTS = {"R+Ti/16": "R+ViT-Ti_16"}
+_OFFICIAL_FIELDS = {"act": "gelu_tanh", "norm_eps": 1e-6, "init": "jax"}
+
+
+def named_checkpoint_config(name: str) -> ViTConfig | None:
+    """The config of a named official checkpoint ("R50+B/16-i21k", "B/16-i21k-i1k-384"),
+    from the name alone (nothing is downloaded); None when `name` names no checkpoint."""
+    key = normalize_name(name)
+    match = _CHECKPOINT_TAG_RE.match(key) if key else None
+    if match is None:
+        return None
+    variant, size = match["variant"], match["size"]
+    if match["augreg"]:
+        variant = _AUGREG_VARIANTS.get(variant, variant)
+        return variant_config(variant, img_size=int(size or 224),
+                              num_classes=1000 if size else 21843, **_OFFICIAL_FIELDS)
+    if size is None:
+        width = variant_config(variant).width
+        return variant_config(variant, img_size=224, num_classes=21843, pre_logits_dim=width,
+                              **_OFFICIAL_FIELDS)
+    return variant_config(variant, img_size=int(size), num_classes=1000, **_OFFICIAL_FIELDS)
+
+
 def local_filename(name: str) -> str:
     """The file name a named checkpoint has on disk: "imagenet21k_ViT-B_16.npz"."""
     return _OFFICIAL[name].replace("/", "_")
@@ -174,9 +212,7 @@ def resolve_named(name: str, weights_dir: str | Path | None = None,
     """Local path of a named checkpoint, downloading it into the cache if allowed."""
     key = normalize_name(name)
     if key is None:
-        raise WeightsNotFoundError(
-            f"{name!r} is neither a file nor a known checkpoint name."
-            + did_you_mean(name, _OFFICIAL) + f" Known names: {', '.join(_OFFICIAL)}.")
+        raise unknown_checkpoint_error(name)
     filename = local_filename(key)
     basename = _OFFICIAL[key].split("/")[-1]
     folders = [Path(p) for p in (weights_dir, os.environ.get("VITKIT_WEIGHTS_DIR")) if p]
@@ -194,6 +230,13 @@ def resolve_named(name: str, weights_dir: str | Path | None = None,
             f"{key} is not on this machine and downloads are off. Download {url} and put it "
             f"at one of: {places} (or pass --weights-dir FOLDER).")
     return download_file(url, cache_dir() / filename)
+
+
+def unknown_checkpoint_error(name: str) -> WeightsNotFoundError:
+    """The error for weights asked for by a name that is neither a file nor a checkpoint."""
+    return WeightsNotFoundError(
+        f"{name!r} is neither a file nor a known checkpoint name."
+        + did_you_mean(name, _OFFICIAL) + f" Known names: {', '.join(_OFFICIAL)}.")
 
 
 def download_file(url: str, target: Path) -> Path:
@@ -220,11 +263,3 @@ def download_file(url: str, target: Path) -> Path:
         raise
     return target
 
-
-# -- the adapter -------------------------------------------------------------------------------
-def claims(name: str) -> bool:
-    """Whether `name` is one of the named official checkpoints."""
-    return normalize_name(name) is not None
-
-
-resolve = resolve_named

@@ -1,0 +1,206 @@
+"""What a string names, answered in one place.
+
+A name is a variant ("B/16", "Ti/4", "cifar10-tutorial"), a JSON config file, a named
+official checkpoint ("B/16-i21k", "B/16-augreg-i21k-i1k-384"), a Hub repository
+("hf-hub:ORG/NAME[@REVISION]"), a local weights file or folder, or a training run folder.
+`lookup(text)` says which (`Named`): its kind, its config and where its weights are.
+Everything that takes a name asks here: `create_model`, `count_parameters`, `config_of`,
+`read_weights`, `load_pretrained`, `load_weights`, `vitkit summary`, `vitkit models` (its
+tables) and `vitkit benchmark`. Reading file formats stays in `vitkit.weights.formats`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from vitkit.config import (
+    ViTConfig,
+    is_variant_name,
+    list_model_names,
+    unknown_model_error,
+    variant_config,
+)
+from vitkit.errors import CheckpointError
+from vitkit.model.vit import VisionTransformer
+from vitkit.weights import build_model, read_local
+from vitkit.weights.formats import hf_hub, hub
+from vitkit.weights.formats.hub import NamedCheckpoint
+from vitkit.weights.formats.run_folder import is_run_folder
+from vitkit.weights.loading import load_state_dict_checked
+from vitkit.weights.record import WeightsRecord
+
+Kind = Literal["variant", "config_file", "checkpoint", "hub", "weights", "run_folder",
+               "unknown"]
+Size = int | tuple[int, int]
+ConfigSource = str | Path | ViTConfig | dict[str, Any]
+# The kinds of name an unknown one may have meant, besides variants and tutorial models.
+_OTHER_KINDS = (", a checkpoint name like 'B/16-i21k' (`vitkit models --checkpoints`), a JSON "
+                "config, a weights file or folder, or hf-hub:ORG/NAME")
+
+
+@dataclass(frozen=True)
+class Named:
+    """What one string names: its `kind`, and the `key` that kind's owner knows it by (the
+    variant name, the checkpoint's table name, the hf-hub: name, or the path)."""
+
+    text: str
+    kind: Kind
+    key: str
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether the name stands for trained weights, not only an architecture."""
+        return self.kind in ("checkpoint", "hub", "weights", "run_folder")
+
+    def config(self, **overrides: Any) -> ViTConfig:
+        """The architecture, without building a model. Variants, config files and named
+        checkpoints say it themselves (nothing is read or downloaded); weights files are read
+        for theirs, and a Hub repository is fetched into the Hugging Face cache first."""
+        if self.kind == "variant":
+            return variant_config(self.key, **overrides)
+        if self.kind == "unknown":
+            raise unknown_model_error(self.text, all_names(), _OTHER_KINDS)
+        if self.kind == "config_file":
+            config = ViTConfig.from_json(self.key)
+        elif self.kind == "checkpoint":
+            config = hub.named_checkpoint_config(self.key)
+        else:
+            config = read_local(self.weights_path()).config
+        return config.replace(**overrides) if overrides else config
+
+    def weights_path(self, weights_dir: str | Path | None = None,
+                     download: bool | None = None) -> Path:
+        """The local file or folder of the weights, fetched when need be: a named checkpoint
+        from `weights_dir`, $VITKIT_WEIGHTS_DIR or the cache (downloaded once when allowed), a
+        Hub repository through the Hugging Face cache."""
+        if self.kind == "checkpoint":
+            return hub.resolve_named(self.key, weights_dir, download)
+        if self.kind == "hub":
+            return hf_hub.resolve(self.key, weights_dir, download)
+        if Path(self.key).exists():  # a JSON config too: its reader says it holds no weights
+            return Path(self.key)
+        raise hub.unknown_checkpoint_error(self.text)
+
+
+def lookup(source: str | Path) -> Named:
+    """What `source` names. A path that exists is a file; then "hf-hub:" names, named
+    checkpoints (in any spelling: "ViT-B_16-i21k" is "B/16-i21k") and variant names."""
+    text, path = str(source), Path(source)
+    if path.suffix.lower() == ".json":
+        return Named(text, "config_file", text)
+    if path.exists():
+        return Named(text, "run_folder" if is_run_folder(path) else "weights", text)
+    if hf_hub.claims(text):
+        return Named(text, "hub", text)
+    key = hub.normalize_name(text)
+    if key is not None:
+        return Named(text, "checkpoint", key)
+    return Named(text, "variant" if is_variant_name(text) else "unknown", text)
+
+
+def all_names() -> list[str]:
+    """Every name `vitkit models` lists: variants, tutorial models, named checkpoints."""
+    return list_model_names() + list(hub.named_checkpoints())
+
+
+# -- models by name ------------------------------------------------------------------------------
+def config_of(source: ConfigSource, **overrides: Any) -> ViTConfig:
+    """The model a name, file, dict or config describes, with `overrides` replacing fields,
+    without building it (see `Named.config` for what is read)."""
+    if isinstance(source, ViTConfig):
+        return source.replace(**overrides) if overrides else source
+    if isinstance(source, dict):
+        return ViTConfig.from_dict({**source, **overrides})
+    return lookup(source).config(**overrides)
+
+
+def create_model(name_or_config: ConfigSource = "B/16", device: str | torch.device | None = None,
+                 **overrides: Any) -> VisionTransformer:
+    """Build a randomly initialised ViT of any model `lookup` knows (a named checkpoint gives
+    its architecture, without its weights).
+
+    >>> model = create_model("B/16", num_classes=10, img_size=384)
+    """
+    config = config_of(name_or_config, **overrides)
+    with torch.device(device or "cpu"):
+        return VisionTransformer(config)
+
+
+def count_parameters(name_or_config: ConfigSource, **overrides: Any) -> int:
+    """Exact parameter count, computed on the meta device (nothing allocated)."""
+    model = create_model(name_or_config, device="meta", **overrides)
+    return sum(p.numel() for p in model.parameters())
+
+
+# -- weights by name -----------------------------------------------------------------------------
+def read_weights(source: str | Path, weights_dir: str | Path | None = None,
+                 download: bool | None = None, source_img_size: Size | None = None, *,
+                 img_size: Size | None = None, num_heads: int | None = None,
+                 global_pool: str | None = None) -> WeightsRecord:
+    """Read and convert weights (a file, folder, run folder, checkpoint name or Hub
+    repository) without building a model; see `vitkit.weights.read_local` for the options."""
+    path = lookup(source).weights_path(weights_dir, download)
+    return read_local(path, source_img_size, img_size=img_size, num_heads=num_heads,
+                      global_pool=global_pool)
+
+
+def load_pretrained(source: str | Path, *, weights_dir: str | Path | None = None,
+                    download: bool | None = None, pos_interpolation: str | None = None,
+                    source_img_size: Size | None = None, **overrides: Any) -> VisionTransformer:
+    """A ViT with weights from a file, folder, run folder, checkpoint name or Hub repository,
+    in eval mode.
+
+    >>> model = load_pretrained("B/16-i21k", img_size=384, num_classes=10)
+
+    The model carries `model.preprocess` (what its inputs must look like) and
+    `model.class_names` (when the checkpoint names its classes). At another `img_size` the
+    position embeddings are resampled with `pos_interpolation` (one of POS_INTERPOLATIONS;
+    default: as the format's own code does, e.g. vit_jax's corner-aligned bilinear for
+    official .npz, timm's antialiased bicubic for timm and Hugging Face files).
+    `source_img_size` is the training resolution of a file with a non-square position grid;
+    `num_heads` and `global_pool` complete timm state dicts of non-standard widths.
+    """
+    hints = {k: overrides.pop(k) for k in ("num_heads", "global_pool") if k in overrides}
+    weights = read_weights(source, weights_dir, download, source_img_size,
+                           img_size=overrides.get("img_size"), **hints)
+    return build_model(weights, pos_interpolation, **overrides)
+
+
+def load_weights(model: VisionTransformer, source: str | Path, **read_options: Any) -> None:
+    """Load a checkpoint into an existing model, strictly, with errors that name the fix."""
+    read_options.setdefault("img_size", model.config.img_size)
+    weights = read_weights(source, **read_options)
+    try:
+        load_state_dict_checked(model, weights.state_dict)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{source} does not fit this model: {exc}") from exc
+
+
+# -- the tables of `vitkit models` ---------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelRow:
+    """One row of `vitkit models`: a listed variant or tutorial model and its size."""
+
+    name: str
+    config: ViTConfig
+    params: int
+
+
+def model_rows() -> list[ModelRow]:
+    """The variants and tutorial models `vitkit models` lists, with their parameter counts."""
+    return [ModelRow(name, config_of(name), count_parameters(name))
+            for name in list_model_names()]
+
+
+def checkpoint_rows() -> list[NamedCheckpoint]:
+    """Every named checkpoint with its URL and expected ImageNet top-1 (`--checkpoints`)."""
+    return hub.checkpoint_table()
+
+
+__all__ = ["ModelRow", "Named", "all_names", "checkpoint_rows", "config_of",
+           "count_parameters", "create_model", "load_pretrained", "load_weights", "lookup",
+           "model_rows", "read_weights"]

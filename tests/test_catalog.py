@@ -1,0 +1,183 @@
+"""One catalog of names: `lookup` says what a string names, and every door that takes a name
+(`config_of`, `create_model`, `count_parameters`, `vitkit summary`, `vitkit models`,
+`vitkit benchmark`, `load_pretrained`) gives the same answer for it. Nothing is downloaded:
+named checkpoints are built from the architecture their name implies."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import vitkit
+from vitkit.catalog import (
+    all_names,
+    checkpoint_rows,
+    config_of,
+    count_parameters,
+    create_model,
+    load_pretrained,
+    lookup,
+    model_rows,
+)
+from vitkit.cli import main
+from vitkit.config import ViTConfig
+from vitkit.errors import ConfigError, WeightsNotFoundError
+from vitkit.inference.benchmark.source import load_benchmark_model
+from vitkit.weights import save_npz, save_pretrained
+from vitkit.weights.formats import hub
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+HUB_REPO = "acme/tiny-vitkit"
+
+
+@pytest.fixture
+def no_download(tmp_path, monkeypatch):
+    """Downloads off and impossible; the vitkit cache empty (and checked empty after)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a download was attempted")
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VITKIT_OFFLINE", "1")
+    monkeypatch.setenv("VITKIT_CACHE", str(cache))
+    monkeypatch.setattr(hub, "download_file", refuse)
+    yield
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def summary_total(capsys, name: str) -> int:
+    """The total `vitkit summary NAME` prints."""
+    assert main(["summary", name]) in (0, None)
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("Total params:"))
+    return int(line.split()[2].replace(",", ""))
+
+
+def listed_checkpoints(capsys) -> list[str]:
+    """The names `vitkit models --checkpoints` prints, read from its output."""
+    assert main(["models", "--checkpoints"]) in (0, None)
+    lines = capsys.readouterr().out.splitlines()
+    return [line.split()[0] for line in lines[1:] if line.startswith(tuple("TSBLHR"))]
+
+
+def tiny() -> ViTConfig:
+    return ViTConfig(img_size=32, patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128,
+                     num_classes=5)
+
+
+def hub_snapshot(home: Path, model: vitkit.VisionTransformer) -> None:
+    """A vitkit folder pushed to the Hub, in huggingface_hub's cache layout under `home`."""
+    storage = home / "hub" / f"models--{HUB_REPO.replace('/', '--')}"
+    (storage / "refs").mkdir(parents=True)
+    (storage / "refs" / "main").write_text(COMMIT)
+    save_pretrained(model, storage / "snapshots" / COMMIT)
+
+
+# -- the contract of issue 22: every listed checkpoint builds at the size summary prints ----------
+def test_every_listed_checkpoint_builds_with_the_count_summary_prints(capsys, no_download):
+    names = listed_checkpoints(capsys)
+    assert len(names) == len(checkpoint_rows()) >= 39
+    for name in names:
+        model = create_model(name, device="meta")
+        counted = sum(p.numel() for p in model.parameters())
+        assert count_parameters(name) == counted == summary_total(capsys, name), name
+        assert model.config == hub.named_checkpoint_config(name), name
+
+
+def test_models_table_counts_equal_summary_totals(capsys):
+    for row in model_rows():
+        assert row.params == summary_total(capsys, row.name), row.name
+        assert row.config == config_of(row.name)
+
+
+# -- one answer per name, whoever asks ------------------------------------------------------------
+@pytest.fixture
+def sources(tmp_path, monkeypatch) -> dict[str, str]:
+    """A name of each kind `lookup` knows, beside the kind it is."""
+    config_file = tmp_path / "tiny.json"
+    tiny().to_json(config_file)
+    folder = save_pretrained(create_model(tiny()), tmp_path / "folder")
+    npz = save_npz(create_model(tiny().replace(act="gelu_tanh")), tmp_path / "tiny.npz")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"")  # lookup only asks whether it is there
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    hub_snapshot(tmp_path / "hf", create_model(tiny().replace(num_classes=3)))
+    return {"Ti/16": "variant", "cifar10-tutorial": "variant", "R+Ti/32": "variant",
+            "vit_small_patch32_224": "variant", "Ti/16-augreg-i21k": "checkpoint",
+            "ViT-B_32-i21k": "checkpoint", "R+Ti/16-augreg-i21k-i1k-384": "checkpoint",
+            str(config_file): "config_file", str(folder): "weights", str(npz): "weights",
+            str(run): "run_folder", f"hf-hub:{HUB_REPO}": "hub", "B/16x": "unknown"}
+
+
+def test_lookup_names_each_kind(sources):
+    for text, kind in sources.items():
+        assert lookup(text).kind == kind, text
+    assert lookup("ViT-B_32-i21k").key == "B/32-i21k"
+    assert lookup("b32-i21k").key == "B/32-i21k"
+
+
+@pytest.mark.parametrize("kind", ["variant", "checkpoint", "config_file", "weights", "hub"])
+def test_config_of_summary_create_model_and_benchmark_agree(capsys, no_download, sources, kind):
+    for name in [text for text, k in sources.items() if k == kind]:
+        config = config_of(name)
+        model = create_model(name, device="meta")
+        assert model.config == config, name
+        assert count_parameters(name) == summary_total(capsys, name), name
+        benchmarked, origin = load_benchmark_model(name)
+        assert benchmarked.config == config, name
+        assert origin == ("random init" if kind in ("variant", "checkpoint", "config_file")
+                          else f"weights {name}")
+        if kind in ("weights", "hub"):
+            assert load_pretrained(name).config == config
+
+
+def test_overrides_apply_the_same_way_to_every_kind(sources):
+    for name in ("Ti/16", "Ti/16-augreg-i21k", next(t for t, k in sources.items()
+                                                    if k == "weights")):
+        config = config_of(name, img_size=64, num_classes=7)
+        assert (config.img_size, config.num_classes) == ((64, 64), 7)
+        assert create_model(name, img_size=64, num_classes=7, device="meta").config == config
+
+
+def test_named_checkpoint_used_to_be_unknown_to_create_model():
+    # issue 22: config_of("B/16-i21k") worked while create_model said "unknown model"
+    model = vitkit.create_model("B/16-i21k", device="meta")
+    assert (model.config.num_classes, model.config.pre_logits_dim) == (21843, 768)
+
+
+# -- unknown names ----------------------------------------------------------------------------------
+def test_an_unknown_name_gets_did_you_mean_from_every_door(capsys):
+    for door in (config_of, create_model, count_parameters):
+        with pytest.raises(ConfigError, match=r"unknown model 'B/16-i21x'.*Did you mean "
+                                              r".*'B/16-i21k'"):
+            door("B/16-i21x")
+    with pytest.raises(ConfigError, match=r"Did you mean .*'B/16'"):
+        load_benchmark_model("B/16x")
+    assert main(["summary", "B/16-i21x"]) == 2
+    assert "Did you mean 'B/16-i21k'" in capsys.readouterr().err
+    with pytest.raises(WeightsNotFoundError, match=r"Did you mean .*'B/16-i21k'"):
+        load_pretrained("B/16-i21x", download=False)
+
+
+def test_a_variant_name_has_no_weights_to_load():
+    with pytest.raises(WeightsNotFoundError, match="neither a file nor a known checkpoint"):
+        load_pretrained("B/16", download=False)
+    assert not lookup("B/16").has_weights and lookup("B/16-i21k").has_weights
+
+
+def test_all_names_are_what_models_lists(capsys):
+    assert main(["models"]) in (0, None)
+    out = capsys.readouterr().out
+    for row in model_rows():
+        assert row.name in out and f"{row.params:,}" in out
+    assert set(all_names()) == {row.name for row in model_rows()} | \
+        {row.name for row in checkpoint_rows()}
+
+
+def test_a_json_config_file_is_a_config_not_weights(tmp_path):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"img_size": 32, "patch_size": 4, "width": 48, "depth": 1,
+                                "num_heads": 4, "mlp_dim": 96}))
+    assert lookup(path).kind == "config_file" and not lookup(path).has_weights
+    assert create_model(path).config.width == 48
