@@ -1,7 +1,9 @@
 """vitkit's own files: the one cache root, and the one way to write a file atomically.
 
-The cache root is `$VITKIT_CACHE`, else `~/.cache/vitkit`; it holds the folder indexes
-(`index/`), frozen features (`features/`), named checkpoints and the default CIFAR folders.
+The cache root is `$VITKIT_CACHE`, else `~/.cache/vitkit` (`default_cache`); it holds the
+folder indexes (`index/`), frozen features (`features/`) and named checkpoints. The CIFAR
+folders default to `~/.cache/vitkit/<dataset>` whatever `$VITKIT_CACHE` says (they have their
+own variables, `$VITKIT_CIFAR10_DIR` and `$VITKIT_CIFAR100_DIR`).
 An atomic write fills a temporary file `.NAME.XXXX<suffix>` beside the target and renames it
 over the target, so a crash leaves the old file or the new one, never a part of one.
 """
@@ -14,15 +16,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["CACHE_VARIABLE", "cache_root", "write_atomic"]
+__all__ = ["CACHE_VARIABLE", "cache_root", "default_cache", "write_atomic"]
 
 CACHE_VARIABLE = "VITKIT_CACHE"
 
 
+def default_cache() -> Path:
+    """`~/.cache/vitkit` (the home folder read at call time)."""
+    return Path.home() / ".cache" / "vitkit"
+
+
 def cache_root() -> Path:
-    """`$VITKIT_CACHE`, else `~/.cache/vitkit` (read at call time)."""
+    """`$VITKIT_CACHE`, else `default_cache()` (read at call time)."""
     base = os.environ.get(CACHE_VARIABLE)
-    return Path(base) if base else Path.home() / ".cache" / "vitkit"
+    return Path(base) if base else default_cache()
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object], suffix: str = ".tmp",

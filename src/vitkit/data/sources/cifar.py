@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from vitkit.data.dataset import DataError, ImageDataset
-from vitkit.files import cache_root
+from vitkit.files import default_cache
 
 __all__ = [
     "CIFAR_SPECS",
@@ -112,7 +112,7 @@ def _spec(dataset: str) -> CifarSpec:
 
 
 def _default_root(dataset: str) -> Path:
-    return cache_root() / dataset
+    return default_cache() / dataset
 
 
 def _looks_like_data_dir(path: Path, spec: CifarSpec) -> bool:
@@ -143,8 +143,8 @@ def find_cifar_dir(dataset: str, data_dir: str | Path | None = None) -> Path:
     """The folder holding `dataset`'s binary files.
 
     Looks in `data_dir` if given, else in `$VITKIT_CIFAR10_DIR` / `$VITKIT_CIFAR100_DIR` if
-    set, else in `<cache root>/<dataset>` (`vitkit.files.cache_root`: `$VITKIT_CACHE`, else
-    `~/.cache/vitkit`); each may be the data folder or its parent.
+    set, else in `~/.cache/vitkit/<dataset>` (`vitkit.files.default_cache`); each may be the
+    data folder or its parent.
     """
     spec = _spec(dataset)
     if data_dir is not None:
