@@ -195,17 +195,17 @@ class IterableFeed(_NamesSkips):
         self.order = order
         local = len(shard(torch.arange(order.batch_size), rank, world_size))
         self.dataset = StreamedBatches(records, transform, channels, size, seed, rank,
-                                        world_size, local)
+                                       world_size, local)
         self.pin_memory = pin_memory
         self.skips = SkipLog(records.name)
 
     def epoch(self, epoch: int, start_batch: int = 0
               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         self.dataset.epoch, self.dataset.skip_batches = epoch, start_batch
-        loader = DataLoader(self.dataset, batch_size=None, num_workers=1,
-                            pin_memory=self.pin_memory, prefetch_factor=4)
+        batches = DataLoader(self.dataset, batch_size=None, num_workers=1,
+                             pin_memory=self.pin_memory, prefetch_factor=4)
         total = self.order.batches_per_epoch()
-        for index, batch in enumerate(loader, start_batch):
+        for index, batch in enumerate(batches, start_batch):
             if index >= total:
                 break  # every rank trains the same number of steps per epoch
             self.skips.add(batch.skipped)
@@ -301,10 +301,10 @@ class IterableEval(_NamesSkips):
     def eval_batches(self, batch_size: int, rank: int = 0, world_size: int = 1
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         dataset = StreamedBatches(self.records, self.transform, self.channels, self.size, 0,
-                                   rank, world_size, batch_size)
-        loader = DataLoader(dataset, batch_size=None, num_workers=1,
-                            pin_memory=self.pin_memory)
-        for batch in loader:
+                                  rank, world_size, batch_size)
+        batches = DataLoader(dataset, batch_size=None, num_workers=1,
+                             pin_memory=self.pin_memory)
+        for batch in batches:
             self.skips.add(batch.skipped)
             if len(batch.labels):
                 yield batch.images, batch.labels
