@@ -62,7 +62,7 @@ def _write_jpeg(task: tuple[str, bytes, int]) -> None:
 def _jpeg_tasks(folder: Path, split: str, count: int, cifar_dir: str, seed: int
                 ) -> list[tuple[str, bytes, int]]:
     """One task per file: the first count / 10 images of each class in the CIFAR-10 split."""
-    from vitkit.data.cifar import load_cifar
+    from vitkit.data.sources.cifar import load_cifar
 
     data = load_cifar(cifar_dir, split)
     labels = data.labels.numpy()
@@ -168,9 +168,9 @@ def train_peak_rss(data_dir: Path, recipe: dict, out: Path) -> tuple[int, int, f
 # -- 3. loaders ---------------------------------------------------------------------------------
 def vitkit_train_batches(folder: Path, size: int, batch: int, workers: int, epoch: int
                          ) -> tuple[Iterator, Callable[[], None]]:
+    from vitkit.data.feeds import StreamFeed
     from vitkit.data.loader import BatchOrder
-    from vitkit.data.sources.folder_index import FolderRecords
-    from vitkit.data.streaming import StreamFeed
+    from vitkit.data.sources.folder import FolderRecords
     from vitkit.data.transforms import InceptionCrop
 
     records = FolderRecords.scan(folder)
@@ -181,8 +181,8 @@ def vitkit_train_batches(folder: Path, size: int, batch: int, workers: int, epoc
 
 def vitkit_eval_batches(folder: Path, size: int, batch: int, workers: int, epoch: int
                         ) -> tuple[Iterator, Callable[[], None]]:
-    from vitkit.data.sources.folder_index import FolderRecords
-    from vitkit.data.streaming import StreamEval
+    from vitkit.data.feeds import StreamEval
+    from vitkit.data.sources.folder import FolderRecords
     from vitkit.data.transforms import EvalResize
     from vitkit.preprocess import Preprocess
 

@@ -95,7 +95,7 @@ def make_jpeg_folder(cifar_dir: str | Path, root: Path, settings: Settings, seed
     """ROOT/jpeg/{train,val}/<class>/*.jpg: CIFAR-10 training images (train) and test images
     (val), the first of each class in turn, upsampled to random sizes; reused when already
     made with these settings."""
-    from vitkit.data.cifar import load_cifar
+    from vitkit.data.sources.cifar import load_cifar
 
     folder = root / "jpeg"
     stamp = {"train": settings.train_images, "val": settings.val_images,

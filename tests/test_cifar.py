@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitkit.data.cifar import download_cifar, find_cifar_dir, load_cifar, verify_and_extract
 from vitkit.data.dataset import DataError
+from vitkit.data.sources.cifar import download_cifar, find_cifar_dir, load_cifar, verify_and_extract
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
                    "ship", "truck"]

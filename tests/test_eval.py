@@ -24,7 +24,7 @@ from transformers import ViTForImageClassification
 
 from vitkit.catalog import load_pretrained, read_weights
 from vitkit.cli import main
-from vitkit.data.sources import load_source
+from vitkit.data.sources import open_source
 from vitkit.evaluate import evaluate_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
@@ -65,7 +65,7 @@ def _accuracy(forward, images: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def _digits_test() -> tuple[torch.Tensor, torch.Tensor]:
-    test = load_source("digits")[1]
+    test = open_source("digits")[1]
     return test.images, test.labels
 
 

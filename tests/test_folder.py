@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from vitkit.data.dataset import DataError
-from vitkit.data.folder import load_image_folder, write_skipped_files
 from vitkit.data.images import decode_image
-from vitkit.data.skipped import count_by_kind, read_skipped_files
-from vitkit.data.sources import load_source
+from vitkit.data.skipped import count_by_kind, read_skipped_files, write_skipped_files
+from vitkit.data.sources import open_source
+from vitkit.data.sources.folder import load_image_folder
 
 
 def _pixels(h: int, w: int, seed: int) -> np.ndarray:
@@ -210,7 +210,7 @@ def test_every_skipped_file_named_written_and_fixed(
         (root / rel).write_bytes(data)
 
     with caplog.at_level(logging.WARNING, logger="vitkit.data"):
-        train, test = load_source("folder", str(root), image_size=(8, 8))
+        train, test = open_source("folder", str(root), image_size=(8, 8), mode="memory")
     assert len(train) == 6 and len(test) == 2 and train.skipped == 5 and test.skipped == 1
     listed = train.skipped_files + test.skipped_files
     assert {Path(p).relative_to(root).as_posix(): r.partition(":")[0] for p, r in listed} == {
@@ -230,7 +230,7 @@ def test_every_skipped_file_named_written_and_fixed(
 
     for path, _ in listed:  # the advice for each: fetch a good copy of the file
         _save(Path(path), _pixels(8, 8, 5), "PNG")
-    train, test = load_source("folder", str(root), image_size=(8, 8))
+    train, test = open_source("folder", str(root), image_size=(8, 8), mode="memory")
     assert (len(train), len(test), train.skipped_files, test.skipped_files) == (11, 3, [], [])
     assert write_skipped_files(tmp_path / "run2", train, test) is None
     assert not (tmp_path / "run2").exists()

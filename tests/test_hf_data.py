@@ -19,8 +19,8 @@ from datasets import Image as HFImage
 from datasets.packaged_modules.parquet.parquet import Parquet
 from PIL import Image
 
-from vitkit.data.builtin import load_digits
 from vitkit.data.sources import hf as hf_source
+from vitkit.data.sources.digits import load_digits
 from vitkit.data.sources.hf import load_hf_split, load_hf_splits
 from vitkit.data.sources.records import ImageRecords, IterableRecords
 from vitkit.errors import DataError

@@ -21,7 +21,7 @@ from sklearn.linear_model import LogisticRegression
 
 from vitkit.catalog import create_model
 from vitkit.cli import main
-from vitkit.data.sources import load_source
+from vitkit.data.sources import open_source
 from vitkit.errors import DataError
 from vitkit.evaluation import fit_logistic, frozen_features, knn_predictions, linear_probe
 from vitkit.evaluation.arrays import standardize
@@ -144,7 +144,7 @@ def test_images_of_another_size_are_resized_and_the_log_says_so(tmp_path, caplog
 
 def load_digits_first() -> np.ndarray:
     """The first training digit, uint8 (1, 1, 8, 8)."""
-    train, _ = load_source("digits", channels=1)
+    train, _ = open_source("digits", channels=1)
     return train.images[:1].numpy()
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from vitkit import ConfigError, ExportError, apply_token_merging, load_pretrained
 from vitkit.cli import main
-from vitkit.data.sources import load_source
+from vitkit.data.sources import open_source
 from vitkit.export import check_onnx_int8, export_onnx_int8, read_metadata
 from vitkit.inference.quantize import DEFAULT, quantize_int8
 from vitkit.train.config import load_train_config
@@ -32,7 +32,7 @@ def run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def digits_test() -> tuple[torch.Tensor, torch.Tensor]:
-    test = load_source("digits")[1]
+    test = open_source("digits")[1]
     return (test.images.float() / 255 - 0.5) / 0.5, test.labels  # the recipe's mean/std
 
 
@@ -130,7 +130,7 @@ def test_cli_eval_predict_and_export_take_int8_and_merge_tokens(run, tmp_path, c
     report = json.loads((out / "eval.json").read_text())
     assert report["int8"] == DEFAULT and report["merge_tokens"] == 1 and report["top1"] > 0.5
 
-    images, _ = load_source("digits")[1].images[:3], None
+    images, _ = open_source("digits")[1].images[:3], None
     folder = tmp_path / "images"
     folder.mkdir()
     from PIL import Image

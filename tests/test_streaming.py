@@ -14,11 +14,11 @@ from PIL import Image
 
 from vitkit.data import sources
 from vitkit.data.dataset import ImageDataset
+from vitkit.data.feeds import StreamFeed
 from vitkit.data.loader import BatchOrder
 from vitkit.data.skipped import read_skipped_files
 from vitkit.data.sources import open_source
-from vitkit.data.sources.folder_index import FolderRecords
-from vitkit.data.streaming import StreamFeed
+from vitkit.data.sources.folder import FolderRecords
 from vitkit.data.transforms import InceptionCrop
 from vitkit.errors import ConfigError, DataError
 from vitkit.train.config import load_train_config

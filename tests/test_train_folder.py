@@ -10,7 +10,7 @@ from PIL import Image
 
 from vitkit.cli import main
 from vitkit.data.skipped import read_skipped_files
-from vitkit.data.sources import load_source
+from vitkit.data.sources import open_source
 from vitkit.errors import ConfigError
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
@@ -25,7 +25,7 @@ def digit_folder(tmp_path_factory) -> Path:
     """Digits 0-2 of the embedded data as 8x8 grayscale PNGs in train/ and val/ class folders,
     plus one corrupt file in train/1."""
     root = tmp_path_factory.mktemp("folder") / "digits3"
-    train, test = load_source("digits", None, (8, 8), 1)
+    train, test = open_source("digits", None, (8, 8), 1)
     for split, data in (("train", train), ("val", test)):
         for i, (image, label) in enumerate(zip(data.images, data.labels, strict=True)):
             if int(label) < CLASSES:

@@ -3,13 +3,13 @@
     python tools/fuzz_data.py [--cases 10000] [--seed 0] [--reader cifar|images|all]
                               [--seconds S]
 
-Readers: `cifar` (`vitkit.data.cifar.load_cifar` on a small CIFAR-10 or CIFAR-100 folder whose
-batch file or class-name file was mutated) and `images` (`vitkit.data.images.decode_image` on
-mutated PNG, JPEG, GIF, BMP, TIFF, WebP and PPM files). Prints, per reader, how many inputs
-gave a clear error, loaded, or did something else ("other": a raw exception, a warning that
-escaped, an error that does not name the file, or a result that breaks the reader's contract;
-it must be 0). The test suite runs the same fuzzers for a few seconds (tests/test_images.py,
-tests/test_cifar.py).
+Readers: `cifar` (`vitkit.data.sources.cifar.load_cifar` on a small CIFAR-10 or CIFAR-100
+folder whose batch file or class-name file was mutated) and `images`
+(`vitkit.data.images.decode_image` on mutated PNG, JPEG, GIF, BMP, TIFF, WebP and PPM files).
+Prints, per reader, how many inputs gave a clear error, loaded, or did something else
+("other": a raw exception, a warning that escaped, an error that does not name the file, or a
+result that breaks the reader's contract; it must be 0). The test suite runs the same fuzzers
+for a few seconds (tests/test_images.py, tests/test_cifar.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vitkit.data.cifar import CIFAR_SPECS, load_cifar
 from vitkit.data.images import FIXES, decode_image
+from vitkit.data.sources.cifar import CIFAR_SPECS, load_cifar
 from vitkit.errors import VitkitError
 
 # The fuzzer keeps Pillow's decompression-bomb limit small, so that a mutated header claiming

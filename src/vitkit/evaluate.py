@@ -9,11 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.catalog import read_weights
-from vitkit.data.dataset import ImageDataset
+from vitkit.data.feeds import EvaluationFeed, evaluation_feed
 from vitkit.data.sources import SOURCES, open_source
-from vitkit.data.sources.records import IterableRecords
-from vitkit.data.streaming import IterableEval, StreamEval
-from vitkit.data.transforms import EvalResize
 from vitkit.errors import DataError
 from vitkit.inference.speedup import speed_up
 from vitkit.train.metrics import evaluate
@@ -41,17 +38,17 @@ def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, spl
     return data, data_dir, limit
 
 
-def _check_fits(dataset: ImageDataset | StreamEval | IterableEval, num_classes: int,
+def _check_fits(dataset: EvaluationFeed, num_classes: int,
                 in_chans: int, data: str) -> None:
     if num_classes <= 0:
         raise DataError("these weights have no classification head (num_classes=0), so there "
                         f"is nothing to evaluate: fine-tune a head first (vitkit finetune "
                         f"WEIGHTS --data {data})")
-    if isinstance(dataset, IterableEval):
-        return  # a stream's labels are known only as it is read
-    if isinstance(dataset, ImageDataset) and dataset.channels != in_chans:
+    if dataset.channels != in_chans:
         raise DataError(f"the {data} images have {dataset.channels} channel(s) but the model "
                         f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
+    if dataset.labels is None:
+        return  # a stream's labels are known only as it is read
     top = int(dataset.labels.max())
     if top >= num_classes:
         raise DataError(f"{data} has labels up to {top} but the model has {num_classes} "
@@ -85,7 +82,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
                                  config.in_chans)
     _check_fits(dataset, config.num_classes, config.in_chans, data)
-    if isinstance(dataset, ImageDataset) and tuple(dataset.image_size) != tuple(config.img_size):
+    if tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
     result = evaluate(fast, dataset, config.num_classes, weights.preprocess, batch_size,
@@ -115,7 +112,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
 
 def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
                        limit: int | None, size: tuple[int, int], channels: int
-                       ) -> ImageDataset | StreamEval | IterableEval:
+                       ) -> EvaluationFeed:
     """The split to evaluate: in memory, or streamed through the weights' own preprocessing.
 
     Folders and Hugging Face datasets are streamed (each image resized and cropped as the
@@ -140,12 +137,7 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
         limit if split == "test" else None, mode, train_split, eval_split,
         bool(recipe.get("streaming")) if own else False)
     chosen = train_set if split == "train" else test_set
-    if isinstance(chosen, ImageDataset):
-        return chosen
-    resize = EvalResize(weights.preprocess.replace(img_size=list(size)))
-    if isinstance(chosen, IterableRecords):
-        return IterableEval(chosen, resize, channels, size)
-    return StreamEval(chosen, resize, channels, size)
+    return evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)
 
 
 def default_out_dir(source: str | Path, weights_file: Path | None) -> Path:

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from vitkit.data.classnames import imagenet_class_names
-from vitkit.data.folder import IMAGE_EXTENSIONS
 from vitkit.data.images import decode_image
+from vitkit.data.sources.folder import IMAGE_EXTENSIONS
 from vitkit.errors import ConfigError, InputError
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess, preprocess_for

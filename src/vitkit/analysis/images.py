@@ -69,7 +69,7 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
                      seed: int = 0) -> tuple[torch.Tensor, list[str]]:
     """`count` test images of `data` (default: the checkpoint's training data), sampled
     across classes by `stratified_indices` (all of them when the test split is smaller)."""
-    from vitkit.data.sources import load_source
+    from vitkit.data.sources import open_source
 
     trained = train_config or {}
     data = data or trained.get("data")
@@ -81,8 +81,8 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
                          "a data source (--data cifar10 --data-dir DIR)")
     if count < 1:
         raise InputError(f"--num-images must be at least 1, got {count}")
-    _, test = load_source(data, data_dir, preprocess.img_size, preprocess.channels,
-                          train_limit=1)
+    _, test = open_source(data, data_dir, preprocess.img_size, preprocess.channels,
+                          train_limit=1, mode="memory")
     chosen = stratified_indices(test.labels, count, seed)
     names = [f"{data} test #{index}: {test.classes[int(test.labels[index])]}"
              for index in chosen.tolist()]

@@ -1,4 +1,4 @@
-"""Batches from an in-memory dataset in a seeded, resumable order, sharded across ranks.
+"""The order of training batches: seeded, resumable, sharded across ranks (every feed).
 
 The order of epoch e is a permutation drawn from the seed `seed * 100003 + e`, so (epoch,
 batch index) is all the state needed to resume exactly. Every rank draws the same global
@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-
-from vitkit.data.dataset import ImageDataset
 
 
 @dataclass
@@ -47,12 +45,3 @@ def shard(indices: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """This rank's contiguous slice of a global batch (sizes differ by at most one)."""
     bounds = torch.linspace(0, len(indices), world_size + 1).round().long().tolist()
     return indices[bounds[rank]:bounds[rank + 1]]
-
-
-def eval_batches(dataset: ImageDataset, batch_size: int, rank: int = 0, world_size: int = 1
-                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's share of the dataset in fixed order, as (uint8 images, labels) batches."""
-    mine = shard(torch.arange(len(dataset)), rank, world_size)
-    for start in range(0, len(mine), batch_size):
-        chunk = mine[start:start + batch_size]
-        yield dataset.images[chunk], dataset.labels[chunk]

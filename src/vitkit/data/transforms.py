@@ -1,7 +1,14 @@
-"""Per-image transforms of streamed data: the Inception crop for training, the resize and centre
-crop of `Preprocess` for evaluation. Both take a decoded PIL image at its original resolution
-and return a (C, H, W) uint8 array at the model's size; the batched augmentation
-(`vitkit.data.augment`) does the rest on whole batches.
+"""Every resize and crop rule of vitkit's data, in one place:
+
+- `InceptionCrop`: the random resized crop of streamed training images;
+- `EvalResize`: the evaluation transform of streamed images, `Preprocess.resize` (the shorter
+  side to size / crop_pct then a centre crop, or a squash resize);
+- `evaluation_preprocess`: which of those a fresh run evaluates with (and records);
+- `squash`: the resize of images decoded into memory (`vitkit.data.memory`).
+
+The per-image transforms take a decoded PIL image at its original resolution and return a
+(C, H, W) uint8 array at the model's size; the batched augmentation (`vitkit.data.augment`)
+and the batch resizes (`vitkit.data.augment.resize_batch`) do the rest on whole batches.
 
 The Inception crop is the random resized crop of Szegedy et al. (2015) that the paper's
 pre-training, big_vision's `inception_crop` and timm's `RandomResizedCrop` use: a window
@@ -93,3 +100,24 @@ def to_chw(image: Image.Image) -> np.ndarray:
     if array.ndim == 2:
         return array[None].copy()
     return np.ascontiguousarray(array.transpose(2, 0, 1))
+
+
+def squash(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """The whole image resized to `size` (H, W), bilinear, no crop: how images are decoded into
+    memory (`Preprocess`'s "squash", as the official ViT evaluation resizes)."""
+    return image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+
+
+def evaluation_preprocess(size: tuple[int, int] | list[int], channels: int, streamed: bool,
+                          crop_pct: float) -> Preprocess:
+    """The preprocessing of a fresh run at the model's `size` (mean = std = 0.5 per channel).
+
+    Streamed images arrive at full resolution: their shorter side goes to size / `crop_pct`,
+    then a centre crop (as ImageNet evaluation does). Images held in memory were decoded at
+    one size: they are resized whole (squash).
+    """
+    half = (0.5,) * channels
+    if streamed:
+        return Preprocess(img_size=size, resize_mode="shorter_side", crop_pct=crop_pct,
+                          mean=half, std=half)
+    return Preprocess(img_size=size, mean=half, std=half)

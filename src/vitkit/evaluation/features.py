@@ -14,23 +14,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save
 
 from vitkit.catalog import read_weights
 from vitkit.data.augment import resize_batch
-from vitkit.data.dataset import ImageDataset
-from vitkit.data.loader import eval_batches
-from vitkit.data.streaming import IterableEval, StreamEval
+from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
 from vitkit.evaluate import data_for, split_to_evaluate
+from vitkit.files import cache_root, write_atomic
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.weights import WeightsRecord, build_model
@@ -72,7 +69,7 @@ def representation_of(model: VisionTransformer) -> str:
 
 
 @torch.no_grad()
-def extract_features(model: VisionTransformer, dataset: ImageDataset | StreamEval | IterableEval,
+def extract_features(model: VisionTransformer, dataset: EvaluationFeed,
                      preprocess: Preprocess, image_size: tuple[int, int] | None = None,
                      batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """(features (N, D) float32, labels (N,) int64) of every image, in the data set's order.
@@ -82,8 +79,7 @@ def extract_features(model: VisionTransformer, dataset: ImageDataset | StreamEva
     """
     was_training = model.training
     model.eval()
-    batches = eval_batches(dataset, batch_size) if isinstance(dataset, ImageDataset) else \
-        dataset.eval_batches(batch_size)
+    batches = dataset.eval_batches(batch_size)
     features, labels = [], []
     for images, batch_labels in batches:
         x = resize_batch(preprocess.normalize(images), image_size)
@@ -96,8 +92,7 @@ def extract_features(model: VisionTransformer, dataset: ImageDataset | StreamEva
 
 
 def features_cache_dir() -> Path:
-    base = os.environ.get("VITKIT_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "vitkit") / "features"
+    return cache_root() / "features"
 
 
 def _cache_key(weights: WeightsRecord, model: VisionTransformer, sources: dict[str, tuple]
@@ -124,14 +119,11 @@ def _read_cache(path: Path, data: str, weights_file: Path | None) -> FrozenFeatu
 
 
 def _write_cache(path: Path, features: FrozenFeatures) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {"train_x": features.train_x, "train_y": features.train_y,
               "test_x": features.test_x, "test_y": features.test_y}
     meta = {"classes": json.dumps(features.classes), "representation": features.representation}
-    handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(handle)
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp, metadata=meta)
-    os.replace(tmp, path)
+    data = save({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata=meta)
+    write_atomic(path, lambda stream: stream.write(data))
 
 
 def _check_split(labels: np.ndarray, data: str, split: str) -> None:
@@ -163,14 +155,10 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
     for split, (split_data, split_dir, limit) in sources.items():
         dataset = split_to_evaluate(weights, split_data, split_dir, split, limit,
                                     config.img_size, config.in_chans)
-        if isinstance(dataset, ImageDataset) and tuple(dataset.image_size) != config.img_size:
+        if tuple(dataset.image_size) != tuple(config.img_size):
             log.info("the %s images are %dx%d and the model takes %dx%d: resizing them "
                      "(bilinear, antialiased when shrinking), as fine-tuning does", split_data,
                      *dataset.image_size, *config.img_size)
-        elif not isinstance(dataset, ImageDataset):
-            log.info("%s %s: each image resized to %dx%d by the weights' preprocessing "
-                     "(resize_mode=%s)", split_data, split, *config.img_size,
-                     weights.preprocess.resize_mode)
         x, y = extract_features(model, dataset, weights.preprocess, config.img_size, batch_size)
         _check_split(y, split_data, split)
         arrays[split] = (x, y)

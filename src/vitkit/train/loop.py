@@ -19,18 +19,17 @@ from torch.nn.parallel import DistributedDataParallel
 from vitkit.config import ViTConfig
 from vitkit.data.augment import AugmentConfig, BatchAugment, resize_batch, soft_cross_entropy
 from vitkit.data.dataset import DataError, ImageDataset
+from vitkit.data.feeds import (
+    EvaluationFeed,
+    TrainingFeed,
+    evaluation_feed,
+    record_count,
+    training_feed,
+)
 from vitkit.data.loader import BatchOrder, shard
 from vitkit.data.skipped import write_skipped_files
-from vitkit.data.sources import open_source
-from vitkit.data.sources.records import ImageRecords, IterableRecords
-from vitkit.data.streaming import (
-    IterableEval,
-    IterableFeed,
-    MemoryFeed,
-    StreamEval,
-    StreamFeed,
-)
-from vitkit.data.transforms import EvalResize, InceptionCrop
+from vitkit.data.sources import Records, open_source
+from vitkit.data.transforms import InceptionCrop, evaluation_preprocess
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
@@ -95,19 +94,18 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_data_fits(config: ViTConfig, train: ImageDataset | ImageRecords,
-                    resize: bool = False) -> None:
+def check_data_fits(config: ViTConfig, train: Records, resize: bool = False) -> None:
     """Refuse data the model cannot take, naming the fix (`resize`: images of another size
     are resized to the model's, as when fine-tuning at a higher resolution). Streamed records
     are decoded to the model's channels and size, so only their labels are checked."""
-    if isinstance(train, IterableRecords):
+    if train.labels is None:
         return  # a stream's labels are only known as it is read (its classes size the head)
     labels = torch.as_tensor(train.labels)
     top = int(labels.max())
     if top >= config.num_classes or int(labels.min()) < 0:
         raise DataError(f"labels run from {int(labels.min())} to {top} but the head has "
                         f"{config.num_classes} outputs: set model.num_classes={top + 1}")
-    if not isinstance(train, ImageDataset):
+    if train.streamed:
         return
     if train.channels != config.in_chans:
         raise DataError(f"the data has {train.channels} channel(s) but the model takes "
@@ -119,7 +117,7 @@ def check_data_fits(config: ViTConfig, train: ImageDataset | ImageRecords,
 
 
 def size_head_to_folder(cfg: TrainConfig, config: ViTConfig,
-                        train: ImageDataset | ImageRecords) -> ViTConfig:
+                        train: Records) -> ViTConfig:
     """A fresh run on `data=folder` or `data=hf:...`: the head has one output per class found.
     A `model.num_classes` set to another number is refused; left unset (a variant name, or a
     model dict without it), the head is sized from the data."""
@@ -166,7 +164,7 @@ class Trainer:
                 cfg.train_limit, cfg.test_limit, cfg.data_mode, cfg.train_split, cfg.split,
                 cfg.streaming, cfg.workers)
         self.train_data, self.test_data = train_data, test_data
-        self.streamed = not isinstance(train_data, ImageDataset)
+        self.streamed = train_data.streamed
         self.model_config = size_head_to_folder(cfg, self.model_config, train_data)
         self.out_dir = Path(cfg.out_dir)
         if self.info.is_main and not self.streamed:  # the run's folder names every image it
@@ -186,7 +184,7 @@ class Trainer:
         self.ema = self._make_ema()
         self.augment = BatchAugment(self._augment_config(), self.model_config.num_classes)
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.order = BatchOrder(self._record_count(train_data), cfg.batch_size, cfg.seed)
+        self.order = BatchOrder(record_count(train_data), cfg.batch_size, cfg.seed)
         if self.order.batches_per_epoch() == 0:
             raise DataError(f"{len(train_data)} training images do not fill one batch of "
                             f"{cfg.batch_size}: lower batch_size")
@@ -211,15 +209,12 @@ class Trainer:
         of a fine-tuning run, the one it trained with), else mean = std = 0.5 per channel;
         the config's mean/std replace those when set."""
         size = list(self.model_config.img_size)
-        channels = (0.5,) * self.model_config.in_chans
         base = init.preprocess if init is not None else saved
         if base is not None:
             pre = base.replace(img_size=size)
-        elif self.streamed:  # full-size images: shorter side to size / crop_pct, centre crop
-            pre = Preprocess(img_size=size, resize_mode="shorter_side",
-                             crop_pct=self.cfg.eval_crop_pct, mean=channels, std=channels)
         else:
-            pre = Preprocess(img_size=size, mean=channels, std=channels)
+            pre = evaluation_preprocess(size, self.model_config.in_chans, self.streamed,
+                                        self.cfg.eval_crop_pct)
         if self.cfg.mean is not None and self.cfg.std is not None:
             pre = pre.replace(mean=list(self.cfg.mean), std=list(self.cfg.std))
         return pre
@@ -234,40 +229,18 @@ class Trainer:
             augment = replace(augment, crop_padding=0)
         return augment
 
-    @staticmethod
-    def _record_count(train: ImageDataset | ImageRecords | IterableRecords) -> int:
-        if not isinstance(train, IterableRecords):
-            return len(train)
-        if train.num_records is None:
-            raise DataError(f"{train.name} is streamed and does not state its size, so epochs "
-                            "cannot be counted: use streaming=false (the dataset is prepared "
-                            "locally and read by index), or a dataset whose split info gives "
-                            "its number of examples")
-        return train.num_records
-
-    def _feeds(self, train: ImageDataset | ImageRecords | IterableRecords,
-               test: ImageDataset | ImageRecords | IterableRecords
-               ) -> tuple[MemoryFeed | StreamFeed | IterableFeed,
-                          ImageDataset | StreamEval | IterableEval]:
+    def _feeds(self, train: Records, test: Records) -> tuple[TrainingFeed, EvaluationFeed]:
         """Where the batches come from: memory, or DataLoader workers decoding records."""
-        if not self.streamed:
-            return MemoryFeed(train, self.order), test
         cfg, size = self.cfg, tuple(self.model_config.img_size)
         channels, pin = self.model_config.in_chans, self.device.type == "cuda"
         crop = InceptionCrop(size, tuple(cfg.crop_scale), tuple(cfg.crop_ratio),
                              self.preprocess.interpolation)
-        if cfg.resize_crop > 1:
+        if self.streamed and cfg.resize_crop > 1:
             log.info("streamed data: the Inception crop replaces resize_crop")
-        rank, world, evaluate_as = self.info.rank, self.info.world_size, EvalResize(self.preprocess)
-        if isinstance(train, IterableRecords):
-            return (IterableFeed(train, self.order, crop, channels, size, cfg.seed, rank, world,
-                                 pin),
-                    IterableEval(test, evaluate_as, channels, size, pin))
-        feed = StreamFeed(train, self.order, crop, channels, size, cfg.seed, rank, world,
-                          cfg.workers, pin)
-        evaluation = test if isinstance(test, ImageDataset) else StreamEval(
-            test, evaluate_as, channels, size, cfg.workers, pin)
-        return feed, evaluation
+        rank, world = self.info.rank, self.info.world_size
+        return (training_feed(train, self.order, crop, channels, size, cfg.seed, rank, world,
+                              cfg.workers, pin),
+                evaluation_feed(test, self.preprocess, channels, cfg.workers, pin))
 
     def _make_ema(self) -> torch.optim.swa_utils.AveragedModel | None:
         if not self.cfg.ema_decay:

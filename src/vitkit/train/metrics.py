@@ -9,9 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.data.augment import resize_batch
-from vitkit.data.dataset import ImageDataset
-from vitkit.data.loader import eval_batches
-from vitkit.data.streaming import IterableEval, StreamEval
+from vitkit.data.feeds import EvaluationFeed, eval_batches
 from vitkit.preprocess import Preprocess
 from vitkit.train.distributed import DistInfo, all_reduce_sum
 
@@ -35,7 +33,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset: ImageDataset | StreamEval | IterableEval,
+def evaluate(model: torch.nn.Module, dataset: EvaluationFeed,
              num_classes: int,
              preprocess: Preprocess, batch_size: int = 500, device: torch.device | None = None,
              info: DistInfo | None = None, autocast_dtype: torch.dtype | None = None,
@@ -56,11 +54,7 @@ def evaluate(model: torch.nn.Module, dataset: ImageDataset | StreamEval | Iterab
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64)
     k = min(5, num_classes)
     interrupted = False
-    if isinstance(dataset, ImageDataset):
-        batches = eval_batches(dataset, batch_size, info.rank, info.world_size)
-    else:  # streamed records (StreamEval): decoded by loader workers
-        batches = dataset.eval_batches(batch_size, info.rank, info.world_size)
-    for images, labels in batches:
+    for images, labels in eval_batches(dataset, batch_size, info.rank, info.world_size):
         if should_stop is not None and not info.enabled and should_stop():
             interrupted = True  # under DDP every rank must join the all-reduce below
             break

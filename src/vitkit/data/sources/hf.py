@@ -102,6 +102,8 @@ def _image_source(stored: Mapping[str, object]) -> bytes | str | io.BytesIO:
 class HFImageRecords:
     """A map-style split as `ImageRecords`: `read(i)` decodes record i; `labels` decode nothing."""
 
+    streamed = True
+
     def __init__(self, dataset: Dataset, name: str, image_column: str, label_column: str,
                  classes: list[str]) -> None:
         self.name, self.classes = name, classes
@@ -128,6 +130,9 @@ class HFImageRecords:
 
 class HFStreamRecords:
     """A streamed split as `IterableRecords`: seeded buffer shuffle, one share per rank, skip."""
+
+    streamed = True
+    labels = None  # known only as the stream is read
 
     def __init__(self, stream: IterableDataset, name: str, image_column: str, label_column: str,
                  classes: list[str], num_records: int | None,

@@ -1,4 +1,4 @@
-"""What a streamed data source offers: labelled images read one at a time.
+"""What `open_source` returns, `Records`: labelled images, in memory or read one at a time.
 
 In-memory sources (digits, CIFAR, small folders) are `ImageDataset`s: one uint8 tensor at the
 model's size. Streamed sources (large folders, Hugging Face datasets) are `ImageRecords`:
@@ -6,6 +6,10 @@ random access by index, each image decoded at its original resolution when it is
 training transform (an Inception crop) sees the full image and memory stays flat in the size of
 the set. Sets that cannot be indexed (a streamed Hugging Face `IterableDataset`) are
 `IterableRecords`: read in order, sharded per rank, resumed by skipping.
+
+Every kind has `name`, `classes`, `labels` (None for `IterableRecords`: known only as read) and
+`streamed` (False only for `ImageDataset`: its images are held at one size, not decoded from
+the files as they are read). `vitkit.data.feeds` turns any of them into batches.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import DecodedImage
 
 
@@ -29,6 +34,7 @@ class ImageRecords(Protocol):
 
     name: str
     classes: list[str]
+    streamed: bool  # True: decoded from the files at their own resolution as they are read
 
     def __len__(self) -> int: ...
 
@@ -57,6 +63,11 @@ class IterableRecords(Protocol):
     name: str
     classes: list[str]
     num_records: int | None
+    streamed: bool  # True
+    labels: None  # known only as the stream is read
 
     def iterate(self, epoch: int, seed: int, rank: int, world_size: int, channels: int,
                 skip: int = 0) -> Iterator[tuple[DecodedImage, int, str]]: ...
+
+
+Records = ImageDataset | ImageRecords | IterableRecords

@@ -11,6 +11,8 @@ from vitkit.data.sources.records import ImageRecords
 class FirstRecords:
     """Records 0 .. count - 1 of `records`, same classes."""
 
+    streamed = True
+
     def __init__(self, records: ImageRecords, count: int) -> None:
         self.records = records
         self.count = min(count, len(records))

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from vitkit.config import ViTConfig, variant_config
 from vitkit.errors import WeightsNotFoundError
 from vitkit.fieldtypes import did_you_mean
+from vitkit.files import cache_root, write_atomic
 
 BASE_URL = "https://storage.googleapis.com/vit_models"
 
@@ -204,7 +205,7 @@ def local_filename(name: str) -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VITKIT_CACHE", Path.home() / ".cache" / "vitkit"))
+    return cache_root()
 
 
 def resolve_named(name: str, weights_dir: str | Path | None = None,
@@ -244,22 +245,20 @@ def download_file(url: str, target: Path) -> Path:
     from tqdm.auto import tqdm
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, os.fdopen(handle, "wb") as out:
+
+    def fetch(out: BinaryIO) -> None:
+        with urllib.request.urlopen(url, timeout=60) as response:
             total = int(response.headers.get("Content-Length", 0)) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=target.name) as bar:
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
                     bar.update(len(chunk))
-        os.replace(tmp, target)
+
+    try:
+        write_atomic(target, fetch, suffix=".part")
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise WeightsNotFoundError(
             f"could not download {url} ({exc}). Offline, download it elsewhere and put it at "
             f"{target} or pass --weights-dir FOLDER.") from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return target
 

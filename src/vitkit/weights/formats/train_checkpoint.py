@@ -19,8 +19,6 @@ Both the raw model and the EMA are kept whatever `weights` says, so a resume is 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError, VitkitError
+from vitkit.files import write_atomic
 from vitkit.preprocess import Preprocess
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
@@ -170,19 +169,7 @@ def _preprocess(saved: dict[str, Any], config: ViTConfig) -> Preprocess:
 def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
     """Write `state` to `path` so that a crash leaves either the old file or the new one
     (temporary file beside it, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            torch.save(state, stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, lambda stream: torch.save(state, stream), fsync=True)
 
 
 def write(checkpoint: TrainCheckpoint, path: str | Path) -> Path:

@@ -1,11 +1,13 @@
-"""A class-per-folder image set (`root/<class_name>/**/<image>`) read lazily from a file index.
+"""`data=folder`: class-per-folder images (`root/<class_name>/**/<image>`) read lazily from a
+file index, with `root/train` and `root/val` (or `test/`) as the splits.
 
-The folder is scanned once and the index cached (~/.cache/vitkit/index, or $VITKIT_CACHE/index):
+The folder is scanned once and the index cached (`<cache root>/index`, see `vitkit.files`):
 a later start re-reads the index after checking the modification times of the folders it
 covers, so millions of files are not listed again on every start (adding or removing a file
 changes its folder's time and triggers a rescan). Paths are kept as one byte buffer with
 offsets, so the index costs a few bytes per file and worker processes share it.
-Empty class folders are warned about and left out.
+Empty class folders are warned about and left out. `load_image_folder` decodes one folder into
+memory (`vitkit.data.memory`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,18 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import DecodedImage, decode_image
+from vitkit.data.memory import decode_into_memory, size_hw
 from vitkit.errors import DataError
+from vitkit.files import cache_root, write_atomic
+
+__all__ = ["IMAGE_EXTENSIONS", "FolderRecords", "check_same_classes", "folder_splits",
+           "load_image_folder", "open_folder"]
 
 logger = logging.getLogger("vitkit.data")
 
@@ -28,11 +35,6 @@ IMAGE_EXTENSIONS = frozenset({
     ".bmp", ".gif", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp",
 })
 INDEX_VERSION = 1
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("VITKIT_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "vitkit"
 
 
 def _scan_class(class_dir: str, files: list[str], dirs: list[str]) -> None:
@@ -67,6 +69,8 @@ class FolderRecords:
     """`ImageRecords` over `root/<class_name>/...`: classes sorted by folder name, label i names
     `classes[i]`, files sorted within a class."""
 
+    streamed = True  # decoded from the files as read
+
     def __init__(self, root: str | Path, classes: list[str], labels: np.ndarray,
                  blob: np.ndarray, offsets: np.ndarray) -> None:
         self.root = Path(root)
@@ -81,7 +85,7 @@ class FolderRecords:
         """The index of `root`: from the cache when its folders are unchanged, else scanned."""
         root = Path(root).expanduser().resolve()
         _check_root(root)
-        cache = _cache_root() / "index" / (hashlib.sha1(str(root).encode()).hexdigest()[:20]
+        cache = cache_root() / "index" / (hashlib.sha1(str(root).encode()).hexdigest()[:20]
                                            + ".npz")
         if use_cache:
             cached = cls._from_cache(root, cache)
@@ -156,13 +160,9 @@ class FolderRecords:
             times = np.array([os.stat(d).st_mtime_ns for d in dirs], dtype=np.int64)
             meta = {"version": INDEX_VERSION, "root": str(self.root), "classes": self.classes,
                     "dirs": dirs}
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=cache.parent, suffix=".npz",
-                                             delete=False) as handle:
-                np.savez(handle, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                         times=times, labels=self._labels, blob=self._blob,
-                         offsets=self._offsets)
-            os.replace(handle.name, cache)
+            write_atomic(cache, lambda stream: np.savez(
+                stream, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), times=times,
+                labels=self._labels, blob=self._blob, offsets=self._offsets))
         except OSError as err:  # a read-only home: the index still works, uncached
             logger.info("could not cache the file index of %s (%s)", self.root, err)
 
@@ -223,3 +223,26 @@ def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
                     f"{train_dir.name}/: {shown(only_train)}; only in {held_out_dir.name}/: "
                     f"{shown(only_held)}. Both splits need the same class sub-folders (with "
                     "images in each)")
+
+
+def open_folder(data_dir: str | Path | None) -> tuple[FolderRecords, FolderRecords]:
+    """The training and held-out records of a data folder (`folder_splits`), same classes."""
+    if data_dir is None:
+        raise DataError("data='folder' needs data_dir=PATH holding train/ and val/ (or "
+                        "test/) folders with one subfolder per class")
+    train_dir, held_out_dir = folder_splits(data_dir)
+    train, test = FolderRecords.scan(train_dir), FolderRecords.scan(held_out_dir)
+    check_same_classes(train.classes, test.classes, train_dir, held_out_dir)
+    return train, test
+
+
+def load_image_folder(root: str | Path, image_size: int | tuple[int, int] | None = None,
+                      channels: int = 3, workers: int | None = None,
+                      resize: bool = True) -> ImageDataset:
+    """Decode every image under `root/<class_name>/` into an in-memory `ImageDataset`
+    (`vitkit.data.memory.decode_into_memory`: sizes, channels, workers and skipped files)."""
+    if channels not in (1, 3):
+        raise DataError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
+    size = size_hw(image_size)  # checked before the folder is listed
+    return decode_into_memory(FolderRecords.scan(Path(root).expanduser()), size, channels,
+                              workers, resize)

@@ -1,6 +1,6 @@
-"""The embedded default dataset: the 1,797 8x8 handwritten digits that ship with scikit-learn
-(UCI optical digits test set, E. Alpaydin and C. Kaynak), stored in the package as
-`digits.npz` (45 KB) so the first training run needs no download."""
+"""`data=digits`, the embedded default dataset: the 1,797 8x8 handwritten digits that ship
+with scikit-learn (UCI optical digits test set, E. Alpaydin and C. Kaynak), stored in the
+package as `vitkit/data/digits.npz` (45 KB) so the first training run needs no download."""
 
 from __future__ import annotations
 
@@ -32,3 +32,14 @@ def load_digits(split: str = "train", test_fraction: float = 0.2, seed: int = 0)
         test_mask[members[: round(len(members) * test_fraction)]] = True
     mask = test_mask if split == "test" else ~test_mask
     return ImageDataset(images[mask][:, None], labels[mask], DIGIT_CLASSES, name=f"digits-{split}")
+
+
+def open_digits(train_limit: int | None = None, test_limit: int | None = None
+                ) -> tuple[ImageDataset, ImageDataset]:
+    """The training and held-out digits, each cut to its first `*_limit` images when given."""
+    train, test = load_digits("train"), load_digits("test")
+    if train_limit:
+        train = train.subset(slice(0, train_limit))
+    if test_limit:
+        test = test.subset(slice(0, test_limit))
+    return train, test

@@ -1,4 +1,5 @@
-"""CIFAR-10 and CIFAR-100 in the official binary format, read with numpy into an `ImageDataset`.
+"""`data=cifar10` / `data=cifar100`: CIFAR-10 and CIFAR-100 in the official binary format,
+read with numpy into an `ImageDataset`.
 
 Layouts (one folder per dataset, as the official tarballs extract):
 
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from vitkit.data.dataset import DataError, ImageDataset
+from vitkit.files import default_cache
 
 __all__ = [
     "CIFAR_SPECS",
@@ -36,6 +38,7 @@ __all__ = [
     "download_cifar",
     "find_cifar_dir",
     "load_cifar",
+    "open_cifar",
     "verify_and_extract",
 ]
 
@@ -109,7 +112,7 @@ def _spec(dataset: str) -> CifarSpec:
 
 
 def _default_root(dataset: str) -> Path:
-    return Path.home() / ".cache" / "vitkit" / dataset
+    return default_cache() / dataset
 
 
 def _looks_like_data_dir(path: Path, spec: CifarSpec) -> bool:
@@ -131,7 +134,8 @@ def _not_found(spec: CifarSpec, looked: list[Path]) -> DataError:
         f"{spec.name} data not found (looked in: {where}). Expected the folder {spec.folder}/ "
         f"(from the official binary tarball) or a folder containing it. Fix: pass --data-dir "
         f"PATH, or set the environment variable {spec.env_var}=PATH, or fetch it with "
-        f"vitkit.data.cifar.download_cifar({spec.name!r}, {str(_default_root(spec.name))!r})."
+        f"vitkit.data.sources.cifar.download_cifar({spec.name!r}, "
+        f"{str(_default_root(spec.name))!r})."
     )
 
 
@@ -139,7 +143,8 @@ def find_cifar_dir(dataset: str, data_dir: str | Path | None = None) -> Path:
     """The folder holding `dataset`'s binary files.
 
     Looks in `data_dir` if given, else in `$VITKIT_CIFAR10_DIR` / `$VITKIT_CIFAR100_DIR` if
-    set, else in `~/.cache/vitkit/<dataset>`; each may be the data folder or its parent.
+    set, else in `~/.cache/vitkit/<dataset>` (`vitkit.files.default_cache`); each may be the
+    data folder or its parent.
     """
     spec = _spec(dataset)
     if data_dir is not None:
@@ -265,6 +270,15 @@ def load_cifar(
         classes=_read_class_names(folder, spec),
         name=f"{spec.name}-{split}",
     )
+
+
+def open_cifar(dataset: str, data_dir: str | Path | None = None, train_limit: int | None = None,
+               test_limit: int | None = None) -> tuple[ImageDataset, ImageDataset]:
+    """The training and test split of `dataset` (found by `find_cifar_dir`), each cut to its
+    first `*_limit` records when given."""
+    root = find_cifar_dir(dataset, data_dir)
+    return (load_cifar(root, "train", dataset, limit=train_limit),  # type: ignore[arg-type]
+            load_cifar(root, "test", dataset, limit=test_limit))  # type: ignore[arg-type]
 
 
 def _md5(path: Path, chunk: int = 1 << 20) -> str:

@@ -1,45 +1,43 @@
-"""Class-per-folder image datasets (`root/<class_name>/<image>`), decoded by
-`vitkit.data.images` (so every file is converted, or skipped with a named reason, as
-`predict` and `explain` do it).
+"""The one decode-into-memory path: every image of an `ImageRecords` (a folder, a Hugging Face
+split) decoded by `vitkit.data.images` and gathered into one uint8 (N, C, H, W) `ImageDataset`.
 
-Files are decoded in worker processes and gathered into one uint8 (N, C, H, W) tensor.
-Classes are the sub-folder names, sorted; label i names `classes[i]`. The files are listed by
-`FolderRecords` (the one owner of the folder layout and its cached index); empty class folders
-are warned about and left out.
+Records are decoded in worker processes (each reads its share by index) and resized to one
+size by `vitkit.data.transforms.squash`. Unreadable records are skipped: counted, named with
+their reason in `skipped_files`, summarised in `notes` and the log; classes left with no
+readable image are noted. Labels come from the records, so classes keep their numbering.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
 from vitkit.data.dataset import DataError, ImageDataset
-from vitkit.data.images import decode_image
-from vitkit.data.skipped import summarize_skips, write_skipped_files
-from vitkit.data.sources.folder_index import IMAGE_EXTENSIONS, FolderRecords
+from vitkit.data.skipped import summarize_skips
+from vitkit.data.sources.records import ImageRecords
+from vitkit.data.transforms import squash, to_chw
+from vitkit.data.workers import auto_workers
 
-__all__ = ["IMAGE_EXTENSIONS", "load_image_folder", "write_skipped_files"]
+__all__ = ["decode_into_memory", "size_hw"]
 
 logger = logging.getLogger("vitkit.data")
 
-# Below this many files (with `workers=None`) decoding in-process beats starting a pool.
+# Below this many records (with `workers=None`) decoding in-process beats starting a pool.
 _POOL_MIN_FILES = 64
-_MAX_AUTO_WORKERS = 8
 
-# What a worker sends back: ("ok", CHW uint8 array), ("bad", (kind, detail)) or
-# ("size", (h, w)).
+# What a decode returns: ("ok", CHW uint8 array), ("bad", (kind, detail)) or ("size", (h, w)).
 _Result = tuple[str, object]
+_worker_records: ImageRecords | None = None  # the records a pool worker reads
 
 
-def _size_hw(image_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+def size_hw(image_size: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """`image_size` (an int or (height, width)) as (height, width), checked; None stays."""
     if image_size is None:
         return None
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -53,21 +51,30 @@ def _fmt(hw: tuple[int, int]) -> str:
     return f"{hw[0]}x{hw[1]}"
 
 
-def _decode(path: str, channels: int, size: tuple[int, int] | None, resize: bool,
-            max_pixels: int | None) -> _Result:
-    """Decode one file to a CHW uint8 array (worker-process entry point)."""
-    Image.MAX_IMAGE_PIXELS = max_pixels  # the caller's limit, also in spawned workers
-    decoded = decode_image(path, channels)
+def _decode(records: ImageRecords, index: int, channels: int, size: tuple[int, int] | None,
+            resize: bool) -> _Result:
+    """Decode record `index` to a CHW uint8 array at `size` (when given)."""
+    decoded = records.read(index, channels)
     if decoded.image is None:
         return "bad", (decoded.kind, decoded.detail)
     img = decoded.image
     if size is not None and (img.height, img.width) != size:
         if not resize:
             return "size", (img.height, img.width)
-        img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    arr = np.asarray(img, dtype=np.uint8)
-    arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-    return "ok", np.ascontiguousarray(arr)
+        img = squash(img, size)
+    return "ok", to_chw(img)
+
+
+def _start_worker(records: ImageRecords, max_pixels: int | None) -> None:
+    global _worker_records
+    _worker_records = records
+    Image.MAX_IMAGE_PIXELS = max_pixels  # the caller's limit, also in spawned workers
+
+
+def _decode_in_worker(index: int, channels: int, size: tuple[int, int] | None,
+                      resize: bool) -> _Result:
+    assert _worker_records is not None
+    return _decode(_worker_records, index, channels, size, resize)
 
 
 def _worker_count(workers: int | None, n_files: int) -> int:
@@ -77,17 +84,19 @@ def _worker_count(workers: int | None, n_files: int) -> int:
         return min(workers, n_files)
     if n_files < _POOL_MIN_FILES:
         return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    count = min(cores or 1, _MAX_AUTO_WORKERS)
+    count = auto_workers()
     return 0 if count <= 1 else count
 
 
-def _results(fn: partial[_Result], paths: list[str], pool: ProcessPoolExecutor | None,
-             workers: int) -> Iterator[_Result]:
+def _results(records: ImageRecords, channels: int, size: tuple[int, int] | None, resize: bool,
+             pool: ProcessPoolExecutor | None, workers: int) -> Iterator[_Result]:
+    indices = range(len(records))
     if pool is None:
-        return map(fn, paths)
-    chunksize = max(1, min(64, len(paths) // (workers * 4)))
-    return pool.map(fn, paths, chunksize=chunksize)
+        return map(partial(_decode, records, channels=channels, size=size, resize=resize),
+                   indices)
+    chunksize = max(1, min(64, len(records) // (workers * 4)))
+    return pool.map(partial(_decode_in_worker, channels=channels, size=size, resize=resize),
+                    indices, chunksize=chunksize)
 
 
 def _named(skipped: list[tuple[str, str]], limit: int = 3) -> str:
@@ -96,48 +105,49 @@ def _named(skipped: list[tuple[str, str]], limit: int = 3) -> str:
     return shown + ("; ..." if len(skipped) > limit else "")
 
 
-def load_image_folder(
-    root: str | Path,
-    image_size: int | tuple[int, int] | None = None,
-    channels: int = 3,
-    workers: int | None = None,
-    resize: bool = True,
-) -> ImageDataset:
-    """Decode every image under `root/<class_name>/` into an in-memory `ImageDataset`.
+def _short_name(records: ImageRecords, index: int) -> str:
+    """How notes and errors name record `index`: its path within the folder, else `where`."""
+    relative = getattr(records, "relative_path", None)
+    return relative(index) if relative is not None else records.where(index)
 
-    `image_size` (int or (height, width)): images of another size are resized (bilinear) when
+
+def decode_into_memory(records: ImageRecords, image_size: int | tuple[int, int] | None = None,
+                       channels: int = 3, workers: int | None = None,
+                       resize: bool = True) -> ImageDataset:
+    """Decode every record into an in-memory `ImageDataset`.
+
+    `image_size` (int or (height, width)): images of another size are resized (`squash`) when
     `resize`, else rejected. Without it all images must share one size. `channels`: 3 (RGB) or
     1 (grayscale). `workers`: decoding processes; None picks by CPU count (in-process for
-    small folders), 0 decodes in-process. Files are decoded by `vitkit.data.images` (EXIF
+    small sets), 0 decodes in-process. Images are decoded by `vitkit.data.images` (EXIF
     rotation, transparency on white, 16-bit scaled); unreadable ones are skipped: counted in
     `skipped`, every one named with its reason in `skipped_files`, summarised in `notes` and
-    the log (`write_skipped_files` writes them to a run's folder).
+    the log (`vitkit.data.skipped.write_skipped_files` writes them to a run's folder).
     """
     if channels not in (1, 3):
         raise DataError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
-    size = _size_hw(image_size)
-    root = Path(root).expanduser()
-    records = FolderRecords.scan(root)
-    classes = records.classes
-    files = [(Path(records.where(i)), int(label)) for i, label in enumerate(records.labels)]
-    root = records.root
-    paths = [str(p) for p, _ in files]
-    n_workers = _worker_count(workers, len(paths))
-    fn = partial(_decode, channels=channels, size=size, resize=resize,
-                 max_pixels=Image.MAX_IMAGE_PIXELS)
+    size = size_hw(image_size)
+    classes = list(records.classes)
+    root = getattr(records, "root", records.name)  # how messages name the set
+    labels_of = np.asarray(records.labels)
+    n_workers = _worker_count(workers, len(records))
 
     out: np.ndarray | None = None
     labels: list[int] = []
-    skipped: list[tuple[str, str]] = []  # (path relative to root, "kind: detail")
+    skipped: list[tuple[str, str]] = []  # (short name, "kind: detail")
+    skipped_files: list[tuple[str, str]] = []  # (full name, "kind: detail")
     sizes: dict[tuple[int, int], list] = {}  # (h, w) -> [count, example file]
-    pool = ProcessPoolExecutor(max_workers=n_workers) if n_workers > 0 else None
+    pool = (ProcessPoolExecutor(max_workers=n_workers, initializer=_start_worker,
+                                initargs=(records, Image.MAX_IMAGE_PIXELS))
+            if n_workers > 0 else None)
     try:
-        results = _results(fn, paths, pool, n_workers)
-        for (path, label), (status, value) in zip(files, results, strict=True):
-            rel = path.relative_to(root).as_posix()
+        results = _results(records, channels, size, resize, pool, n_workers)
+        for index, (status, value) in enumerate(results):
+            rel, label = _short_name(records, index), int(labels_of[index])
             if status == "bad":
                 kind, detail = value
                 skipped.append((rel, f"{kind}: {detail}"))
+                skipped_files.append((records.where(index), f"{kind}: {detail}"))
                 logger.debug("%s: skipped %s (%s: %s)", root, rel, kind, detail)
                 continue
             if status == "size":
@@ -150,7 +160,7 @@ def load_image_folder(
             entry = sizes.setdefault(hw, [0, rel])
             entry[0] += 1
             if out is None:
-                out = np.empty((len(files), *arr.shape), dtype=np.uint8)
+                out = np.empty((len(records), *arr.shape), dtype=np.uint8)
             if len(sizes) > 1:
                 continue  # mixed sizes: keep counting them for the error below
             out[len(labels)] = arr
@@ -166,12 +176,12 @@ def load_image_folder(
                         f"{', ...' if len(common) > 3 else ''}; pass image_size=(H, W) (or an "
                         f"int) to resize them all to one size")
     if out is None:
-        raise DataError(f"no readable images in {root}: all {len(files)} files were skipped "
+        raise DataError(f"no readable images in {root}: all {len(records)} files were skipped "
                         f"({_named(skipped)}); check the files are valid images")
 
     notes: list[str] = []
     if skipped:
-        note = (f"{summarize_skips(skipped, len(files))}: {_named(skipped, 2)}; every one is "
+        note = (f"{summarize_skips(skipped, len(records))}: {_named(skipped, 2)}; every one is "
                 f"in the dataset's skipped_files (write_skipped_files saves them)")
         notes.append(note)
         logger.warning("%s: %s", root, note)
@@ -188,8 +198,8 @@ def load_image_folder(
         images=torch.from_numpy(out),
         labels=torch.tensor(labels, dtype=torch.int64),
         classes=classes,
-        name=root.name,
+        name=records.name,
         skipped=len(skipped),
         notes=notes,
-        skipped_files=[(str(root / rel), reason) for rel, reason in skipped],
+        skipped_files=skipped_files,
     )

@@ -1,0 +1,53 @@
+"""vitkit's own files: the one cache root, and the one way to write a file atomically.
+
+The cache root is `$VITKIT_CACHE`, else `~/.cache/vitkit` (`default_cache`); it holds the
+folder indexes (`index/`), frozen features (`features/`) and named checkpoints. The CIFAR
+folders default to `~/.cache/vitkit/<dataset>` whatever `$VITKIT_CACHE` says (they have their
+own variables, `$VITKIT_CIFAR10_DIR` and `$VITKIT_CIFAR100_DIR`).
+An atomic write fills a temporary file `.NAME.XXXX<suffix>` beside the target and renames it
+over the target, so a crash leaves the old file or the new one, never a part of one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["CACHE_VARIABLE", "cache_root", "default_cache", "write_atomic"]
+
+CACHE_VARIABLE = "VITKIT_CACHE"
+
+
+def default_cache() -> Path:
+    """`~/.cache/vitkit` (the home folder read at call time)."""
+    return Path.home() / ".cache" / "vitkit"
+
+
+def cache_root() -> Path:
+    """`$VITKIT_CACHE`, else `default_cache()` (read at call time)."""
+    base = os.environ.get(CACHE_VARIABLE)
+    return Path(base) if base else default_cache()
+
+
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], object], suffix: str = ".tmp",
+                 fsync: bool = False) -> Path:
+    """Write `path` through `write(stream)` (a binary file open for writing) without ever
+    leaving a partial file: the temporary file beside it replaces `path` once `write` returns
+    (after an fsync when `fsync`), and is removed when anything fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            write(stream)
+            if fsync:
+                stream.flush()
+                os.fsync(stream.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
