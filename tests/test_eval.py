@@ -24,7 +24,7 @@ from transformers import ViTForImageClassification
 
 from vitkit.cli import main
 from vitkit.data.sources import load_source
-from vitkit.evaluate import evaluate_checkpoint
+from vitkit.evaluation import evaluate_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
 from vitkit.weights import ORIGINS, load_pretrained, read_weights, save_npz, save_pretrained

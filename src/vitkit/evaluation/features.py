@@ -29,7 +29,7 @@ from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import eval_batches
 from vitkit.data.streaming import IterableEval, StreamEval
 from vitkit.errors import DataError
-from vitkit.evaluate import data_for, split_to_evaluate
+from vitkit.evaluation.splits import data_for, split_to_evaluate
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.weights import WeightsRecord, build_model, read_weights

@@ -32,6 +32,7 @@ from vitkit.data.streaming import (
 )
 from vitkit.data.transforms import EvalResize, InceptionCrop
 from vitkit.errors import CheckpointError, ConfigError
+from vitkit.evaluation.classify import evaluate
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
@@ -53,7 +54,6 @@ from vitkit.train.finetune import (
     target_config,
 )
 from vitkit.train.memory import check_fits_in_memory
-from vitkit.train.metrics import evaluate
 from vitkit.train.nonfinite import NonFiniteGuard, StepOutcome
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import RunPlan

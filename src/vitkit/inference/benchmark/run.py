@@ -13,7 +13,8 @@ from vitkit.inference.benchmark.memory import PeakMemory, peak_rss_growth
 from vitkit.inference.benchmark.peak import MatmulPeak, mfu
 from vitkit.inference.benchmark.source import Size, load_benchmark_model
 from vitkit.inference.benchmark.timing import Timing, time_calls
-from vitkit.summary import forward_flops
+from vitkit.inference.merging import merge_schedule
+from vitkit.summary import forward_flops, token_count
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ def benchmark(source: str, img_size: Size | None = None, batch_size: int = 8,
     options.check()
     model, origin = load_benchmark_model(source, img_size, weights_dir)
     config = model.config
-    flops = forward_flops(config, stem=model.patch_embed, merge_tokens=options.merge_tokens)
+    schedule = merge_schedule(config, options.merge_tokens,
+                              token_count(config, stem=model.patch_embed))
+    flops = forward_flops(config, stem=model.patch_embed, tokens_per_layer=schedule)
     weights = weights_mib(model)
     peak = peak or MatmulPeak(options.threads, warmup=1)
     peak.sample(3)
