@@ -1,10 +1,11 @@
 """The one shape a verb's result takes: `format()` gives the text `vitkit <verb>` prints,
-`to_dict()` the same facts as JSON. `Report` is that shape for a text put together as the verb
-runs; results with fields of their own (`Prediction`, `BenchmarkResult`, `Summary`) have the
-same two methods."""
+`to_dict()` the same facts as JSON, `json_lines()` what `--json` prints (one object per line).
+`Report` is that shape for a text put together as the verb runs; results with fields of their
+own (`Predictions`, `BenchmarkResult`, `SweepReport`) have the same methods."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -15,6 +16,8 @@ class Formats(Protocol):
     def format(self) -> str: ...
 
     def to_dict(self) -> dict[str, Any]: ...
+
+    def json_lines(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,9 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return self.data
+
+    def json_lines(self) -> str:
+        return json.dumps(self.data)
 
     def __str__(self) -> str:
         return self.text

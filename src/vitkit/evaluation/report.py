@@ -16,7 +16,7 @@ from vitkit.inference.speedup import speed_up
 from vitkit.report import Report
 from vitkit.weights import build_model, read_weights
 
-log = logging.getLogger("vitkit.evaluate")
+log = logging.getLogger("vitkit.evaluation")
 
 
 def _check_fits(dataset: ImageDataset | StreamEval | IterableEval, num_classes: int,

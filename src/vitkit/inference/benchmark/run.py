@@ -3,6 +3,7 @@ timm's benchmark.py reports inference (median over timed calls after warm-up).""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 
 import torch
@@ -42,6 +43,10 @@ class BenchmarkResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def json_lines(self) -> str:
+        """The result as one line of JSON (`vitkit benchmark --json`)."""
+        return json.dumps(self.to_dict())
 
     def format(self) -> str:
         size = f"{self.img_size[0]}x{self.img_size[1]}"
