@@ -33,6 +33,8 @@ class Ranks(Protocol):
 
 @dataclass(frozen=True)
 class SingleProcess:
+    """One process: nothing to combine."""
+
     rank: int = 0
     world_size: int = 1
     enabled: bool = False
