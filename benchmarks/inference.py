@@ -27,9 +27,10 @@ import torch
 
 from vitkit import apply_token_merging, create_model
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
+from vitkit.inference.merging import merge_schedule
 from vitkit.inference.quantize import quantize_int8
 from vitkit.runtime import configure_cpu
-from vitkit.summary import forward_flops
+from vitkit.summary import forward_flops, token_count
 
 Runner = Callable[[], object]
 
@@ -114,16 +115,17 @@ def speed(args: argparse.Namespace) -> None:
           f"{'vs vitkit':>10}{'GFLOPs/img':>12}")
     for label, samples in times.items():
         med = statistics.median(samples)
-        flops = forward_flops(config, merge_tokens=rows[label][1]) / 1e9
+        flops = forward_flops(config, tokens_per_layer=merge_schedule(
+            config, rows[label][1], token_count(config))) / 1e9
         print(f"{label:<26}{med * 1e3:>10.1f}{args.batch / med:>10.2f}"
               f"{fp32['timm fp32'] / med:>8.2f}x{fp32['vitkit fp32'] / med:>9.2f}x"
               f"{flops:>12.1f}")
 
 
 def accuracy(args: argparse.Namespace) -> None:
+    from vitkit.evaluation.classify import evaluate
+    from vitkit.evaluation.splits import data_for, split_to_evaluate
     from vitkit.catalog import read_weights
-    from vitkit.evaluate import data_for, split_to_evaluate
-    from vitkit.train.metrics import evaluate
     from vitkit.weights import build_model
 
     configure_cpu(args.threads)

@@ -219,3 +219,13 @@ def test_batch_size_zero_is_refused_with_the_smallest_that_works(capsys):
 def test_benchmark_without_a_model_or_sweep_says_what_to_give(capsys):
     code, _, err = run_cli(capsys, *FAST)
     assert code == 2 and "vitkit benchmark B/16" in err and "--sweep" in err
+
+
+def test_int8_engine_picks_the_eager_implementation_and_is_refused_on_onnxruntime(capsys):
+    """--int8-engine means what it means on eval and predict: the PyTorch int8 implementation
+    (it implies --int8); onnxruntime quantises its graph itself."""
+    result = run_json(capsys, "cifar10-tutorial", "--int8-engine", "torch", *FAST)
+    assert "int8 (vitkit.inference.quantize.quantize_int8, torch)" in result["engine"]
+    code, _, err = run_cli(capsys, "cifar10-tutorial", "--int8-engine", "torch", "--engine",
+                           "onnxruntime", *FAST)
+    assert code == 2 and "--int8-engine applies to the torch engine only" in err

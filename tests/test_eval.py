@@ -25,7 +25,7 @@ from transformers import ViTForImageClassification
 from vitkit.catalog import load_pretrained, read_weights
 from vitkit.cli import main
 from vitkit.data.sources import open_source
-from vitkit.evaluate import evaluate_checkpoint
+from vitkit.evaluation import evaluate_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import Trainer
 from vitkit.weights import ORIGINS, save_npz, save_pretrained

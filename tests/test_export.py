@@ -14,8 +14,8 @@ import torch
 
 import vitkit
 from vitkit.cli import main
+from vitkit.errors import ExportError
 from vitkit.export import (
-    ExportError,
     check_onnx,
     export_onnx,
     read_metadata,

@@ -173,3 +173,24 @@ def test_a_bad_r_is_refused_with_the_fix(r):
 def test_a_non_vitkit_model_is_refused():
     with pytest.raises(ConfigError, match="VisionTransformer"):
         apply_token_merging(torch.nn.Linear(2, 2), 1)
+
+
+def test_the_merge_schedule_is_the_token_count_each_layer_keeps():
+    """`merge_schedule` gives `forward_flops` the tokens a merging model keeps per layer: the
+    same counts the model itself ends with, and r=0 counts as the plain model."""
+    from vitkit.inference.merging import merge_schedule
+    from vitkit.summary import forward_flops, token_count
+
+    model = apply_token_merging(small_model(), 3)
+    tokens = token_count(model.config)
+    assert tokens == 17
+    assert merge_schedule(model.config, 3, tokens) == [14, 11, 8, 5]
+    assert merge_schedule(model.config, 8, tokens) == [9, 5, 3, 2]  # clipped to half the patches
+    assert merge_schedule(model.config, 0, tokens) == [17] * 4
+    with torch.no_grad():
+        assert model.forward_features(torch.zeros(1, 3, 32, 32)).shape[1] == 5
+    assert forward_flops(model.config, tokens_per_layer=[17] * 4) == forward_flops(model.config)
+    merged = forward_flops(model.config, tokens_per_layer=merge_schedule(model.config, 3, 17))
+    assert merged < forward_flops(model.config)
+    with pytest.raises(ConfigError, match="the token schedule has 3 layers, the model 4"):
+        forward_flops(model.config, tokens_per_layer=[17, 17, 17])

@@ -8,12 +8,10 @@ a bug: its traceback is kept and the user is asked to report it.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import traceback
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vitkit.config import SIZES, ViTConfig
@@ -21,12 +19,15 @@ from vitkit.errors import VitkitError
 from vitkit.fieldtypes import parse_size, parse_text
 
 if TYPE_CHECKING:
+    from vitkit.report import Formats
     from vitkit.train.config import TrainConfig
     from vitkit.weights.formats.hub import NamedCheckpoint
 
 EXIT_PARTIAL = 1  # some inputs failed, the others were done
 EXIT_BUG = 1  # an unexpected exception (as Python's own exit status for one)
 EXIT_ERROR = 2  # a usage error or a VitkitError
+EAGER_INT8 = ("PyTorch on the CPU, every nn.Linear (--int8-engine picks the "
+              "implementation)")
 BUG_REPORT = ("vitkit {verb}: this is a bug in vitkit, not a problem with your input: please "
               "report this bug with the command you ran and the traceback above.")
 
@@ -104,23 +105,42 @@ def non_negative_int(text: str) -> int:
     return int_at_least(text, 0)
 
 
-def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
-    """--int8 [--int8-engine E] and --merge-tokens R (eval, predict, export)."""
+INT8_HELP = ("int8 weights for this verb's engine (dynamic quantisation: weights stored as int8, "
+             "activations quantised per batch): {engine}")
+
+
+def add_int8_arguments(parser: argparse.ArgumentParser, engine: str,
+                       eager: bool = True) -> None:
+    """--int8, one meaning on every verb: int8 weights for the engine the verb runs; with
+    `eager` (a PyTorch engine) also --int8-engine, the implementation (implies --int8)."""
     from vitkit.inference.quantize import DEFAULT, ENGINES
 
-    parser.add_argument("--int8", action="store_true",
-                        help="dynamic int8 quantisation of the Linear layers (CPU)")
-    parser.add_argument("--int8-engine", choices=ENGINES, default=None,
-                        help=f"int8 implementation (default {DEFAULT}; implies --int8)")
+    parser.add_argument("--int8", action="store_true", help=INT8_HELP.format(engine=engine))
+    if eager:
+        parser.add_argument("--int8-engine", choices=ENGINES, default=None,
+                            help=f"PyTorch int8 implementation (default {DEFAULT}; implies "
+                                 "--int8)")
+
+
+def add_merge_tokens_argument(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """--merge-tokens R, the same flag on every verb that takes it."""
     parser.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
-                        help="Token Merging (ToMe): merge R tokens in every layer (default 0)")
+                        help="Token Merging (ToMe): merge R tokens in every layer (default "
+                             f"0){note}")
 
 
 def int8_engine(args: argparse.Namespace) -> str | None:
-    """The int8 engine the flags ask for, or None for float."""
-    from vitkit.inference.quantize import DEFAULT
+    """The eager int8 engine the flags ask for, or None for float."""
+    from vitkit.inference.quantize import int8_engine as engine_for
 
-    return args.int8_engine or (DEFAULT if args.int8 else None)
+    return engine_for(args.int8, args.int8_engine)
+
+
+def print_report(report: Formats, as_json: bool = False) -> None:
+    """A verb's report: its text, or its JSON lines (`--json` where the verb prints JSON)."""
+    text = report.json_lines() if as_json else report.format()
+    if text:
+        print(text)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str) -> None:
@@ -187,44 +207,20 @@ def cmd_summary(args: argparse.Namespace) -> None:
     print(summarize(args.model, max_depth=args.max_depth, **model_overrides(args)).format())
 
 
-def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The run's TrainConfig: the recipe (with --resume and no recipe, the checkpoint's),
-    then KEY=VALUE overrides, then the flags. With --resume and no --out, the run goes on in
-    the checkpoint's folder."""
-    from vitkit.train.config import TrainConfig, checkpoint_train_config, load_train_config
-
-    recipe, overrides = args.recipe, list(args.overrides)
-    if recipe and "=" in recipe and not Path(recipe).exists():  # `train epochs=3`: no recipe
-        recipe, overrides = None, [recipe, *overrides]
-    out = args.out
-    if out is None and args.resume and not any(o.startswith("out_dir=") for o in overrides):
-        out = str(Path(args.resume).parent)
-    for flag, key in ((args.time_budget, "time_budget"), (out, "out_dir"),
-                      (args.data_dir, "data_dir")):
-        if flag is not None:
-            overrides.append(f"{key}={json.dumps(flag)}")
-    if recipe is None and args.resume:
-        return load_train_config(None, overrides, base=checkpoint_train_config(args.resume))
-    if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
-        fine_tuning = any(item.startswith("init_from=") for item in overrides)
-        base = {} if fine_tuning else {"model": TrainConfig.model}  # model.X=... changes it
-        return load_train_config(None, overrides, base=base)
-    return load_train_config(recipe or "digits", overrides)
-
-
-def _names_other_data(overrides: list[str]) -> bool:
-    """Whether KEY=VALUE overrides choose data other than the embedded digits (then a run with
-    no recipe starts from TrainConfig's defaults, not from the digits recipe)."""
-    data = [item.partition("=")[2].strip('"') for item in overrides if item.startswith("data=")]
-    return bool(data) and data[-1] != "digits"
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     """Train; exit 128 + the signal number when SIGINT/SIGTERM stopped the run (130, 143),
     so a stopped run does not look finished."""
+    from vitkit.train.recipe import run_config
+
+    cfg = run_config(args.recipe, args.overrides, resume=args.resume, out=args.out,
+                     time_budget=args.time_budget, data_dir=args.data_dir)
+    return run_training(cfg, args)
+
+
+def run_training(cfg: TrainConfig, args: argparse.Namespace) -> int:
+    """Train `cfg` (--resume, --overwrite) and print how it ended."""
     from vitkit.train.loop import train
 
-    cfg = train_config_from_args(args)
     result = train(cfg, resume=args.resume, overwrite=args.overwrite)
     if not result.is_main:
         return result.exit_status
@@ -244,137 +240,72 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     """The finetune recipe started from WEIGHTS; flags become overrides, as in `train`."""
-    overrides = [f"init_from={json.dumps(args.weights)}", *args.overrides]
-    for flag, key in ((args.data, "data"), (args.img_size, "model.img_size"),
-                      (args.weights_dir, "weights_dir")):
-        if flag is not None:
-            overrides.append(f"{key}={json.dumps(flag)}")
-    args.recipe, args.overrides = "finetune", overrides
-    return cmd_train(args)
+    from vitkit.train.recipe import finetune_config
+
+    cfg = finetune_config(args.weights, args.overrides, data=args.data, img_size=args.img_size,
+                          weights_dir=args.weights_dir, resume=args.resume, out=args.out,
+                          time_budget=args.time_budget, data_dir=args.data_dir)
+    return run_training(cfg, args)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from vitkit.evaluate import evaluate_checkpoint
+    from vitkit.evaluation.report import evaluate_checkpoint
 
-    report = evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split, args.out,
-                                 args.limit, args.batch_size, args.weights_dir,
-                                 args.merge_tokens, int8_engine(args))
-    print(report)
+    print_report(evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split,
+                                     args.out, args.limit, args.batch_size, args.weights_dir,
+                                     args.merge_tokens, int8_engine(args)))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     """Exit 0 when every input was predicted, 1 when some could not be read (named on
     stderr after the others' predictions), 2 when none could."""
-    from vitkit.catalog import load_pretrained
     from vitkit.errors import InputError
-    from vitkit.inference.speedup import speed_up
-    from vitkit.predict import expand_inputs, predict
+    from vitkit.predict import predict_files
 
-    files = expand_inputs(args.inputs)  # a wrong path fails before the model loads
-    model = load_pretrained(args.weights, weights_dir=args.weights_dir)
-    model = speed_up(model, args.merge_tokens, int8_engine(args))
-    results = predict(model, files, topk=args.topk, batch_size=args.batch_size)
-    for result in results:
-        print(json.dumps(result.to_dict()) if args.json else result.format())
-    failed = [result.path for result in results if not result.ok]
-    if len(failed) == len(results):
+    report = predict_files(args.weights, args.inputs, args.topk, args.batch_size,
+                           args.weights_dir, args.merge_tokens, int8_engine(args))
+    print_report(report, args.json)
+    failed, total = report.failed, len(report.results)
+    if len(failed) == total:
         raise InputError(f"none of the {len(failed)} file(s) could be read as an image; check "
                          "they are valid image files")
     if failed:
-        print(f"vitkit predict: {len(failed)} of {len(results)} files could not be read: "
+        print(f"vitkit predict: {len(failed)} of {total} files could not be read: "
               + ", ".join(failed), file=sys.stderr)
         return EXIT_PARTIAL
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from pathlib import Path
+    from vitkit.export import export_weights
 
-    from vitkit.catalog import load_pretrained
-    from vitkit.export import FORMATS, ExportError, check_onnx, default_check_sizes, export_onnx
-
-    if args.format not in FORMATS:
-        raise ExportError(f"unknown format {args.format!r}: use --format "
-                          + " or ".join(FORMATS))
-    if args.merge_tokens:
-        raise ExportError("--merge-tokens does not export: token merging runs in PyTorch "
-                          "(vitkit eval/predict --merge-tokens R); export without it (--int8 "
-                          "makes the ONNX file faster)")
-    suffix = ".int8.onnx" if args.int8 else ".onnx"
-    source, out = Path(args.weights), args.out  # default: beside the weights
-    if out is None:
-        out = source / f"model{suffix}" if source.is_dir() else source.with_suffix(suffix) \
-            if source.exists() else Path(args.weights.replace("/", "-") + suffix)
-    model = load_pretrained(args.weights, weights_dir=args.weights_dir)
-    if args.int8:
-        from vitkit.export import export_onnx_int8
-
-        path = export_onnx_int8(model, out, dynamic_size=args.dynamic_size, opset=args.opset)
-    else:
-        path = export_onnx(model, out, dynamic_size=args.dynamic_size, opset=args.opset)
-    axes = "batch, height, width" if args.dynamic_size else "batch"
-    kind = ", int8" if args.int8 else ""
-    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB{kind}, dynamic {axes})")
-    sizes = default_check_sizes(model) if args.dynamic_size else []
-    where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
-    if args.int8:
-        from vitkit.export import INT8_RTOL, check_onnx_int8
-
-        diff, agree = check_onnx_int8(model, path, batch_sizes=(1, 3), sizes=sizes)
-        print(f"onnxruntime check (int8 vs fp32): max abs diff {diff:.2g} over batch 1, 3 at "
-              f"{where} (tolerance {INT8_RTOL:g} x the logits' range), top-1 agreement "
-              f"{100 * agree:.0f}%: OK")
-        return
-    diff = check_onnx(model, path, batch_sizes=(1, 3), sizes=sizes, atol=1e-4)
-    print(f"onnxruntime check: max abs diff {diff:.2g} over batch 1, 3 at {where} "
-          "(tolerance 1e-4): OK")
+    print_report(export_weights(args.weights, args.out, format=args.format, int8=args.int8,
+                                dynamic_size=args.dynamic_size, opset=args.opset,
+                                merge_tokens=args.merge_tokens, weights_dir=args.weights_dir))
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
-    from vitkit.analysis.explain import explain_weights
+    from vitkit.analysis.explain import explain_report
 
-    report = explain_weights(args.weights, args.images, args.out, args.data, args.data_dir,
-                             args.num_images, args.weights_dir, args.seed,
-                             head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
-                             show=args.show)
-    distance = report["mean_attention_distance_px"]
-    layers = ", ".join(f"{d:.1f}" for d in distance["per_layer"])
-    print(f"{len(report['images'])} image(s), {report['rollout']['images_shown']} drawn; rollout "
-          f"from the {report['rollout']['map_source'].replace('_', ' ')}; mean attention "
-          f"distance per layer over {distance['images']} image(s) (px): {layers}")
-    print(f"wrote {len(report['files'])} figures and explain.json to {args.out}")
+    print_report(explain_report(args.weights, args.images, args.out, args.data, args.data_dir,
+                                args.num_images, args.weights_dir, args.seed,
+                                head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+                                show=args.show))
 
 
 def cmd_benchmark(args: argparse.Namespace) -> None:
     """One benchmark, or with --sweep the variants x resolutions table and figure."""
-    from vitkit.errors import ConfigError
-    from vitkit.inference.benchmark import DEFAULT_VARIANTS, EngineOptions, benchmark, sweep
-    from vitkit.inference.benchmark.figure import plot_sweep
-    from vitkit.inference.benchmark.sweep import format_sweep, parse_list, parse_resolutions
+    from vitkit.inference.benchmark import EngineOptions
+    from vitkit.inference.benchmark.report import benchmark_report
 
-    options = EngineOptions(args.engine, args.compile, args.int8, args.merge_tokens,
-                            args.threads)
-    if not args.sweep:
-        if args.model is None:
-            raise ConfigError("name the model to benchmark, e.g. `vitkit benchmark B/16`, or "
-                              "add --sweep for the variants x resolutions table")
-        result = benchmark(args.model, args.img_size, args.batch_size, options, args.warmup,
-                           args.iters, weights_dir=args.weights_dir)
-        print(json.dumps(result.to_dict()) if args.json else result.format())
-        return
-    variants = parse_list(args.variants, "variants") if args.variants else \
-        [args.model] if args.model else list(DEFAULT_VARIANTS)
-    resolutions = parse_resolutions(args.resolutions)
-    cap = args.memory_gb * 2**30 if args.memory_gb is not None else None
-    rows, peak = sweep(variants, resolutions, args.batch_size, options, args.warmup,
-                       args.iters, cap, args.weights_dir)
-    path = plot_sweep(rows, args.out, title=f"inference, {options.describe()}")
-    if args.json:
-        for row in rows:
-            print(json.dumps({**row.to_dict(), "peak_gflops": peak.gflops}))
-    else:
-        print(format_sweep(rows, peak))
-        print(f"wrote {path}")
+    engine = int8_engine(args)
+    options = EngineOptions(args.engine, args.compile, engine is not None, args.merge_tokens,
+                            args.threads, args.int8_engine)
+    print_report(benchmark_report(args.model, args.img_size, args.batch_size, options,
+                                  args.warmup, args.iters, args.weights_dir,
+                                  sweep_table=args.sweep, variants=args.variants,
+                                  resolutions=args.resolutions, memory_gb=args.memory_gb,
+                                  out=args.out), args.json)
 
 
 # -- frozen-feature evaluation (issue 12): `vitkit fewshot`, `vitkit probe` -------------------
@@ -387,17 +318,15 @@ def cmd_fewshot(args: argparse.Namespace) -> None:
     from vitkit.evaluation import fewshot_report
 
     weights = [args.weights, *args.compare]
-    text, _ = fewshot_report(weights, args.data, args.data_dir, args.shots, args.seeds,
-                             args.l2, args.json, args.out, args.weights_dir)
-    print(text)
+    print_report(fewshot_report(weights, args.data, args.data_dir, args.shots, args.seeds,
+                                args.l2, args.json, args.out, args.weights_dir))
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
     from vitkit.evaluation import probe_report
 
-    text, _ = probe_report(args.weights, args.data, args.data_dir, args.k, args.temperature,
-                           args.json, args.weights_dir)
-    print(text)
+    print_report(probe_report(args.weights, args.data, args.data_dir, args.k,
+                              args.temperature, args.json, args.weights_dir))
 
 
 def add_frozen_feature_verbs(verbs: Any) -> None:
@@ -480,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "(default: as the training run did)")
     evaluate.add_argument("--batch-size", type=positive_int, default=500)
     evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
-    add_speed_arguments(evaluate)
+    add_int8_arguments(evaluate, EAGER_INT8)
+    add_merge_tokens_argument(evaluate)
     evaluate.set_defaults(run=cmd_eval)
 
     predict = verbs.add_parser("predict", help="top-k classes of images with a checkpoint")
@@ -490,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
     predict.add_argument("--json", action="store_true", help="one JSON object per line")
     predict.add_argument("--batch-size", type=int, default=32)
-    add_speed_arguments(predict)
+    add_int8_arguments(predict, EAGER_INT8)
+    add_merge_tokens_argument(predict)
     predict.set_defaults(run=cmd_predict)
     export = verbs.add_parser("export", help="write ONNX (dynamic batch) and check it with "
                                              "onnxruntime")
@@ -500,11 +431,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--dynamic-size", action="store_true",
                         help="also accept other image sizes (multiples of the patch size)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: torch's)")
-    export.add_argument("--int8", action="store_true",
-                        help="write the graph with dynamic int8 weights (onnxruntime's "
-                             "quantize_dynamic), checked against the float model")
-    export.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
-                        help="not exportable (refused): token merging runs in PyTorch")
+    add_int8_arguments(export, "the ONNX graph, with onnxruntime's quantize_dynamic (int8 "
+                       "MatMul/Gemm weights), checked against the float model; default "
+                       "output .int8.onnx", eager=False)
+    add_merge_tokens_argument(export, "; not exportable (refused): token merging runs in "
+                                      "PyTorch")
     export.set_defaults(run=cmd_export)
     explain = verbs.add_parser("explain", help="attention rollout and maps, mean attention "
                                                "distance, position and filter figures")
@@ -537,10 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="image size (default: the model's; positions resampled)")
     bench.add_argument("--batch-size", type=positive_int, default=8,
                        help="batch of the images/s measurement (default 8)")
-    bench.add_argument("--int8", action="store_true",
-                       help="int8 weights (vitkit.inference.quantize.quantize_int8, for --engine)")
-    bench.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
-                       help="merge R tokens per block (token merging)")
+    add_int8_arguments(bench, "--engine torch: PyTorch's (vitkit.inference.quantize."
+                              "quantize_int8); --engine onnxruntime: the exported graph's "
+                              "(onnxruntime quantize_dynamic)")
+    add_merge_tokens_argument(bench, "; --engine torch only")
     bench.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
                        help="torch (default) or onnxruntime (exported with vitkit export)")
     bench.add_argument("--compile", action="store_true",

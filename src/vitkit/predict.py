@@ -7,6 +7,7 @@ decode gets a `Prediction` with `error` set and does not stop the others.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,8 @@ from vitkit.errors import ConfigError, InputError
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess, preprocess_for
 
-__all__ = ["Prediction", "class_names_for", "expand_inputs", "predict"]
+__all__ = ["Prediction", "Predictions", "class_names_for", "expand_inputs", "predict",
+           "predict_files"]
 
 
 @dataclass
@@ -53,6 +55,28 @@ class Prediction:
         top = ", ".join(f"{label} ({100 * prob:.2f}%)"
                         for label, prob in zip(self.labels, self.probs, strict=True))
         return f"{self.path}: {top}"
+
+
+@dataclass
+class Predictions:
+    """`vitkit predict`'s report: one `Prediction` per file, in order."""
+
+    results: list[Prediction]
+
+    @property
+    def failed(self) -> list[str]:
+        """The files that could not be read."""
+        return [result.path for result in self.results if not result.ok]
+
+    def format(self) -> str:
+        return "\n".join(result.format() for result in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"predictions": [result.to_dict() for result in self.results]}
+
+    def json_lines(self) -> str:
+        """One JSON object per file and line (`vitkit predict --json`)."""
+        return "\n".join(json.dumps(result.to_dict()) for result in self.results)
 
 
 def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
@@ -156,3 +180,18 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
     finally:
         model.train(was_training)
     return results
+
+
+def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int = 5,
+                  batch_size: int = 32, weights_dir: str | Path | None = None,
+                  merge_tokens: int = 0, int8: str | None = None) -> Predictions:
+    """`predict` with weights any source `load_pretrained` reads, through the speed paths
+    (`merge_tokens` per layer, `int8` an engine of `vitkit.inference.quantize`). A wrong path
+    fails before the model loads."""
+    from vitkit.inference.speedup import speed_up
+    from vitkit.catalog import load_pretrained
+
+    files = expand_inputs(inputs)
+    model = load_pretrained(weights, weights_dir=weights_dir)
+    model = speed_up(model, merge_tokens, int8)
+    return Predictions(predict(model, files, topk=topk, batch_size=batch_size))

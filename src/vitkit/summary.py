@@ -9,6 +9,7 @@ convolutions (the stem works them out, `Stem.flops`) and the encoder's and head'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from torch import nn
 
 from vitkit.catalog import config_of
 from vitkit.config import ViTConfig
-from vitkit.inference.merging import clip_merge_count
+from vitkit.errors import ConfigError
 from vitkit.model.layers import DropPath
 from vitkit.model.stems import Stem, build_stem
 from vitkit.model.vit import VisionTransformer
@@ -127,26 +128,47 @@ def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def forward_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = None,
-                  stem: Stem | None = None, merge_tokens: int = 0) -> int:
-    """FLOPs of one image's forward pass at `img_size` (default: the config's), counted as
-    torch.utils.flop_counter does: 2 per multiply-add of the stem's convolutions and of the
-    encoder's and head's matmuls; norms, activations and softmax left out.
-
-    `stem` is the model's stem if at hand; otherwise one is built on the meta device.
-    `merge_tokens` counts a model with token merging (`vitkit.inference.merging`): each block
-    attends over its tokens, then its MLP runs on r fewer.
-    """
+def _size_and_stem(config: ViTConfig, img_size: int | tuple[int, int] | None,
+                   stem: Stem | None) -> tuple[tuple[int, int], Stem]:
     size = config.img_size if img_size is None else \
         (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     if stem is None:
         with torch.device("meta"):
             stem = build_stem(config)
+    return size, stem
+
+
+def token_count(config: ViTConfig, img_size: int | tuple[int, int] | None = None,
+                stem: Stem | None = None) -> int:
+    """Tokens entering the encoder at `img_size` (default: the config's): the stem's token
+    grid plus the prefix (class) tokens."""
+    size, stem = _size_and_stem(config, img_size, stem)
     grid_h, grid_w = stem.token_grid(size)
-    tokens, width, mlp = grid_h * grid_w + config.num_prefix_tokens, config.width, config.mlp_dim
+    return grid_h * grid_w + config.num_prefix_tokens
+
+
+def forward_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = None,
+                  stem: Stem | None = None, tokens_per_layer: Sequence[int] | None = None
+                  ) -> int:
+    """FLOPs of one image's forward pass at `img_size` (default: the config's), counted as
+    torch.utils.flop_counter does: 2 per multiply-add of the stem's convolutions and of the
+    encoder's and head's matmuls; norms, activations and softmax left out.
+
+    `stem` is the model's stem if at hand; otherwise one is built on the meta device.
+    `tokens_per_layer` is a token schedule: the tokens each layer keeps for its MLP (and hands
+    to the next layer), e.g. `vitkit.inference.merging.merge_schedule` for token merging;
+    default: every token through every layer. A layer that keeps fewer tokens than it attends
+    over also pays token merging's bipartite matching (key similarities of sets A and B).
+    """
+    size, stem = _size_and_stem(config, img_size, stem)
+    tokens, width, mlp = token_count(config, size, stem), config.width, config.mlp_dim
+    if tokens_per_layer is None:
+        tokens_per_layer = [tokens] * config.depth
+    if len(tokens_per_layer) != config.depth:
+        raise ConfigError(f"the token schedule has {len(tokens_per_layer)} layers, the model "
+                         f"{config.depth}")
     blocks = 0
-    for _ in range(config.depth):
-        merged = tokens - clip_merge_count(merge_tokens, tokens, config.num_prefix_tokens)
+    for merged in tokens_per_layer:
         patches = tokens - config.num_prefix_tokens
         matching = 2 * ((patches + 1) // 2) * (patches // 2) * (width // config.num_heads) \
             if merged < tokens else 0  # token merging: key similarities of sets A and B

@@ -37,6 +37,7 @@ from vitkit.analysis.images import as_uint8_batch
 from vitkit.analysis.posembed import position_similarity, similarity_by_distance
 from vitkit.errors import ConfigError, InputError
 from vitkit.preprocess import preprocess_for
+from vitkit.report import Report
 
 log = logging.getLogger(__name__)
 
@@ -233,3 +234,20 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     options.setdefault("title", f"{path.resolve().parent.name}/{path.name}" if path.exists()
                        else str(source))
     return explain(model, images, out_dir, names=names, image_source=origin, **options)
+
+
+def explain_report(source: str | Path, image_paths: Sequence[str | Path], out_dir: str | Path,
+                   data: str | None = None, data_dir: str | None = None,
+                   num_images: int | None = None, weights_dir: str | Path | None = None,
+                   seed: int = 0, **options: Any) -> Report:
+    """`vitkit explain`: `explain_weights`, with a two-line summary; the data is
+    explain.json's."""
+    report = explain_weights(source, image_paths, out_dir, data, data_dir, num_images,
+                             weights_dir, seed, **options)
+    distance = report["mean_attention_distance_px"]
+    layers = ", ".join(f"{d:.1f}" for d in distance["per_layer"])
+    text = (f"{len(report['images'])} image(s), {report['rollout']['images_shown']} drawn; "
+            f"rollout from the {report['rollout']['map_source'].replace('_', ' ')}; mean "
+            f"attention distance per layer over {distance['images']} image(s) (px): {layers}\n"
+            f"wrote {len(report['files'])} figures and explain.json to {out_dir}")
+    return Report(text, report)

@@ -1,7 +1,13 @@
-"""The paper's evaluation protocol on frozen features: few-shot linear evaluation (big_vision's
-closed-form ridge regression), a logistic-regression linear probe and weighted kNN.
+"""Evaluation in one package.
 
-`vitkit.evaluate` (top-1/5 and the confusion matrix of a model's own head) stays beside it.
+    classify.py       the batch loop: loss, top-1/5, per-class accuracy, confusion matrix
+                      (training's evaluation and `vitkit eval`'s)
+    splits.py         which data and split weights are evaluated on (a run's own by default)
+    report.py         `vitkit eval`: evaluate_checkpoint -> eval.json, confusion PNG, report
+    features.py       frozen features of a data set, cached
+    fewshot.py        few-shot linear evaluation (big_vision's closed-form ridge regression)
+    probe.py, knn.py  logistic-regression linear probe, weighted kNN
+    frozen_report.py  `vitkit fewshot` and `vitkit probe`: their reports and figure
 """
 
 from vitkit.evaluation.features import FrozenFeatures, extract_features, frozen_features
@@ -13,12 +19,14 @@ from vitkit.evaluation.fewshot import (
     ridge_solver,
     sample_shots,
 )
+from vitkit.evaluation.frozen_report import fewshot_report, probe_report
 from vitkit.evaluation.knn import knn_accuracy, knn_predictions
 from vitkit.evaluation.probe import ProbeResult, fit_logistic, linear_probe
-from vitkit.evaluation.reports import fewshot_report, probe_report
+from vitkit.evaluation.report import evaluate_checkpoint
 
 __all__ = [
-    "FewShotResult", "FrozenFeatures", "ProbeResult", "extract_features", "fewshot_curve",
+    "FewShotResult", "FrozenFeatures", "ProbeResult", "evaluate_checkpoint", "extract_features",
+    "fewshot_curve",
     "fewshot_lsr_accuracy", "fewshot_lsr_predictions", "fewshot_report", "fit_logistic",
     "frozen_features", "knn_accuracy", "knn_predictions", "linear_probe", "probe_report",
     "ridge_solver", "sample_shots",

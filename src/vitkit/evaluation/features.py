@@ -26,7 +26,7 @@ from vitkit.catalog import read_weights
 from vitkit.data.augment import resize_batch
 from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
-from vitkit.evaluate import data_for, split_to_evaluate
+from vitkit.evaluation.splits import data_for, split_to_evaluate
 from vitkit.files import cache_root, write_atomic
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess

@@ -19,18 +19,30 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
 from vitkit.model.layers import Attention, Block
 from vitkit.model.vit import VisionTransformer
 
 __all__ = ["MergingBlock", "MergingVisionTransformer", "apply_token_merging",
-           "attend_with_sizes", "clip_merge_count", "merge_tokens"]
+           "attend_with_sizes", "clip_merge_count", "merge_schedule", "merge_tokens"]
 
 
 def clip_merge_count(r: int, tokens: int, num_prefix: int) -> int:
     """The number of tokens one layer can merge: at most half the patch tokens (the size of
     set A when B must keep a match), so at least the prefix tokens + 1 remain."""
     return max(0, min(r, (tokens - num_prefix) // 2))
+
+
+def merge_schedule(config: ViTConfig, r: int, tokens: int) -> list[int]:
+    """The token schedule of a model that merges `r` tokens in every layer from `tokens`
+    (prefix included) at its input: the tokens each layer keeps (for
+    `vitkit.summary.forward_flops`)."""
+    schedule = []
+    for _ in range(config.depth):
+        tokens -= clip_merge_count(r, tokens, config.num_prefix_tokens)
+        schedule.append(tokens)
+    return schedule
 
 
 def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int,

@@ -8,9 +8,9 @@ eager, same run, interleaved):
   "torchao"  torchao's `Int8DynamicActivationInt8WeightConfig` (`pip install 'vitkit[int8]'`):
              slower than fp32 in eager mode here (0.7x) but about half the logit error of
              "torch" (max |diff| 0.06 vs 0.14); kept for that.
-For ONNX files, `quantize_onnx_int8` runs ONNX Runtime's `quantize_dynamic` on an exported graph
-(`vitkit export --int8`): the fastest of all here, 3.1x (batch 8) and 4.7x (batch 1) vs fp32
-eager torch.
+For ONNX files, `vitkit.export.quantize_onnx_int8` runs ONNX Runtime's `quantize_dynamic` on an
+exported graph (`vitkit export --int8`): the fastest of all here, 3.1x (batch 8) and 4.7x
+(batch 1) vs fp32 eager torch.
 """
 
 from __future__ import annotations
@@ -18,19 +18,18 @@ from __future__ import annotations
 import copy
 import importlib
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitkit.errors import ConfigError, ExportError
+from vitkit.errors import ConfigError
 
 ENGINES = ("torch", "torchao")
 DEFAULT = "torch"
 TORCHAO_HINT = "pip install 'vitkit[int8]' (or pip install torchao)"
 
-__all__ = ["DEFAULT", "ENGINES", "quantize_int8", "quantize_onnx_int8"]
+__all__ = ["DEFAULT", "ENGINES", "int8_engine", "quantize_int8"]
 
 
 def _require_torchao() -> Any:
@@ -67,27 +66,6 @@ def quantize_int8(model: nn.Module, engine: str = DEFAULT) -> nn.Module:
                                                       {nn.Linear}, dtype=torch.qint8)
 
 
-def quantize_onnx_int8(source: str | Path, target: str | Path) -> Path:
-    """Write `source` (an fp32 ONNX file) to `target` with ONNX Runtime's dynamic int8
-    quantisation (int8 weights of MatMul/Gemm, per-tensor), metadata_props kept."""
-    try:
-        quantization = importlib.import_module("onnxruntime.quantization")
-        onnx = importlib.import_module("onnx")
-    except ImportError as exc:
-        raise ExportError("int8 ONNX export needs onnx and onnxruntime, which are not "
-                          "installed: pip install 'vitkit[export]'") from exc
-    target = Path(target)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "please run pre-processing" advice
-        quantization.quantize_dynamic(str(source), str(target),
-                                      weight_type=quantization.QuantType.QInt8)
-    original = onnx.load(str(source), load_external_data=False)
-    proto = onnx.load(str(target), load_external_data=False)
-    present = {entry.key for entry in proto.metadata_props}
-    for entry in original.metadata_props:
-        if entry.key not in present:
-            proto.metadata_props.add(key=entry.key, value=entry.value)
-    proto.metadata_props.add(key="quantization",
-                             value='"dynamic int8 (onnxruntime.quantization.quantize_dynamic)"')
-    onnx.save(proto, str(target))
-    return target
+def int8_engine(int8: bool, engine: str | None = None) -> str | None:
+    """The engine `--int8 [--int8-engine E]` asks for (E implies int8), or None for float."""
+    return engine or (DEFAULT if int8 else None)

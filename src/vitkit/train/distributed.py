@@ -38,13 +38,6 @@ def init_distributed(device: torch.device) -> DistInfo:
     return DistInfo(rank, world_size, local_rank)
 
 
-def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """Sum a tensor over ranks (in place); a no-op in a single process."""
-    if info.enabled:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
 def broadcast_flag(flag: bool, info: DistInfo) -> bool:
     """True on every rank when any rank says True (used to stop together)."""
     if not info.enabled:

@@ -31,6 +31,7 @@ from vitkit.data.skipped import write_skipped_files
 from vitkit.data.sources import Records, open_source
 from vitkit.data.transforms import InceptionCrop, evaluation_preprocess
 from vitkit.errors import CheckpointError, ConfigError
+from vitkit.evaluation.classify import evaluate
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
@@ -52,7 +53,6 @@ from vitkit.train.finetune import (
     target_config,
 )
 from vitkit.train.memory import check_fits_in_memory
-from vitkit.train.metrics import evaluate
 from vitkit.train.nonfinite import NonFiniteGuard, StepOutcome
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import RunPlan

@@ -9,6 +9,7 @@ variants x resolutions sweep of the paper's Figure 12.
     run.py      one benchmark -> BenchmarkResult
     sweep.py    variants x resolutions -> SweepRow table
     figure.py   the sweep's two-panel PNG
+    report.py   `vitkit benchmark`: one benchmark or the sweep (table and figure), as a report
 """
 
 from vitkit.inference.benchmark.engines import ENGINES, EngineOptions

@@ -25,6 +25,7 @@ class EngineOptions:
     int8: bool = False
     merge_tokens: int = 0
     threads: int | None = None
+    int8_engine: str | None = None  # the eager int8 implementation (default: quantize's)
 
     def check(self) -> None:
         if self.engine not in ENGINES:
@@ -37,6 +38,10 @@ class EngineOptions:
             raise ConfigError("token merging runs in the torch engine only (the exported graph "
                               "has a fixed token count): drop --merge-tokens, or use --engine "
                               "torch")
+        if self.int8_engine is not None and self.engine != "torch":
+            raise ConfigError("--int8-engine applies to the torch engine only (onnxruntime "
+                              "quantises the graph itself): drop --int8-engine, or use "
+                              "--engine torch")
         if self.merge_tokens < 0:
             raise ConfigError(f"--merge-tokens must be >= 0 (tokens merged per block), got "
                               f"{self.merge_tokens}")
@@ -44,8 +49,9 @@ class EngineOptions:
     def describe(self) -> str:
         parts = [self.engine + (" (torch.compile)" if self.compile else "")]
         if self.int8:
+            engine = f", {self.int8_engine}" if self.int8_engine else ""
             parts.append("int8 (onnxruntime quantize_dynamic)" if self.engine == "onnxruntime"
-                         else "int8 (vitkit.inference.quantize.quantize_int8)")
+                         else f"int8 (vitkit.inference.quantize.quantize_int8{engine})")
         if self.merge_tokens:
             parts.append(f"token merging r={self.merge_tokens}")
         return ", ".join(parts) if len(parts) > 1 else parts[0] + ", fp32"
@@ -72,9 +78,9 @@ class Engine:
         if options.engine == "onnxruntime":
             self.session = _onnx_session(model, options.threads, options.int8)
         elif options.int8:
-            from vitkit.inference.quantize import quantize_int8
+            from vitkit.inference.quantize import DEFAULT, quantize_int8
 
-            module = quantize_int8(model)
+            module = quantize_int8(model, options.int8_engine or DEFAULT)
         if options.compile:
             module = torch.compile(module)
         self.module = module

@@ -3,6 +3,7 @@ timm's benchmark.py reports inference (median over timed calls after warm-up).""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 
 import torch
@@ -13,7 +14,8 @@ from vitkit.inference.benchmark.memory import PeakMemory, peak_rss_growth
 from vitkit.inference.benchmark.peak import MatmulPeak, mfu
 from vitkit.inference.benchmark.source import Size, load_benchmark_model
 from vitkit.inference.benchmark.timing import Timing, time_calls
-from vitkit.summary import forward_flops
+from vitkit.inference.merging import merge_schedule
+from vitkit.summary import forward_flops, token_count
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,10 @@ class BenchmarkResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def json_lines(self) -> str:
+        """The result as one line of JSON (`vitkit benchmark --json`)."""
+        return json.dumps(self.to_dict())
 
     def format(self) -> str:
         size = f"{self.img_size[0]}x{self.img_size[1]}"
@@ -101,7 +107,9 @@ def benchmark(source: str, img_size: Size | None = None, batch_size: int = 8,
     options.check()
     model, origin = load_benchmark_model(source, img_size, weights_dir)
     config = model.config
-    flops = forward_flops(config, stem=model.patch_embed, merge_tokens=options.merge_tokens)
+    schedule = merge_schedule(config, options.merge_tokens,
+                              token_count(config, stem=model.patch_embed))
+    flops = forward_flops(config, stem=model.patch_embed, tokens_per_layer=schedule)
     weights = weights_mib(model)
     peak = peak or MatmulPeak(options.threads, warmup=1)
     peak.sample(3)

@@ -1,17 +1,48 @@
-"""Evaluation: loss, top-1, top-5, per-class accuracy and the confusion matrix."""
+"""The classification evaluation loop: loss, top-1, top-5, per-class accuracy and the
+confusion matrix, summed over ranks (training evaluates with it; so does `vitkit eval`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from vitkit.data.augment import resize_batch
 from vitkit.data.feeds import EvaluationFeed, eval_batches
 from vitkit.preprocess import Preprocess
-from vitkit.train.distributed import DistInfo, all_reduce_sum
+
+
+class Ranks(Protocol):
+    """This process's place among the ranks (`vitkit.train.distributed.DistInfo` is one)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def enabled(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class SingleProcess:
+    """One process: nothing to combine."""
+
+    rank: int = 0
+    world_size: int = 1
+    enabled: bool = False
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: Ranks) -> torch.Tensor:
+    """Sum a tensor over ranks (in place); a no-op in a single process."""
+    if info.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
 
 
 @dataclass
@@ -36,7 +67,7 @@ class EvalResult:
 def evaluate(model: torch.nn.Module, dataset: EvaluationFeed,
              num_classes: int,
              preprocess: Preprocess, batch_size: int = 500, device: torch.device | None = None,
-             info: DistInfo | None = None, autocast_dtype: torch.dtype | None = None,
+             info: Ranks | None = None, autocast_dtype: torch.dtype | None = None,
              image_size: tuple[int, int] | None = None,
              should_stop: Callable[[], bool] | None = None) -> EvalResult:
     """Evaluate on this rank's share of `dataset` and combine the counts over ranks.
@@ -45,7 +76,7 @@ def evaluate(model: torch.nn.Module, dataset: EvaluationFeed,
     when it differs from the dataset's (bilinear, antialiased when shrinking). In a single
     process, `should_stop` is asked before each batch (a signal need not wait for the end).
     """
-    info = info or DistInfo()
+    info = info or SingleProcess()
     device = device or torch.device("cpu")
     was_training = model.training
     model.eval()

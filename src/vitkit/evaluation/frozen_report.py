@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.errors import InputError
-from vitkit.evaluate import default_out_dir
 from vitkit.evaluation.features import FrozenFeatures, frozen_features
 from vitkit.evaluation.fewshot import PAPER_L2, PAPER_SHOTS, FewShotResult, fewshot_curve
 from vitkit.evaluation.knn import KNN_K, KNN_TEMPERATURE, knn_accuracy
 from vitkit.evaluation.probe import linear_probe
+from vitkit.evaluation.report import default_out_dir
+from vitkit.report import Report
 
 
 def _header(features: FrozenFeatures) -> str:
@@ -60,8 +61,8 @@ def fewshot_report(weights: str | Path | Sequence[str | Path], data: str | None 
                    data_dir: str | None = None, shots: tuple[int, ...] = PAPER_SHOTS,
                    seeds: int = 3, l2_reg: float = PAPER_L2,
                    json_path: str | Path | None = None, out: str | Path | None = None,
-                   weights_dir: str | Path | None = None) -> tuple[str, dict[str, Any]]:
-    """Few-shot linear accuracy (mean ± std over seeds) per shot count: (text, report).
+                   weights_dir: str | Path | None = None) -> Report:
+    """Few-shot linear accuracy (mean ± std over seeds) per shot count.
 
     Several weights are compared on the same data, shots and seeds: one table each, a
     side-by-side table, and one curve per model in fewshot.png. The figure goes to `out`
@@ -105,14 +106,14 @@ def fewshot_report(weights: str | Path | Sequence[str | Path], data: str | None 
     written = _write_json(json_path, combined)
     if written:
         lines.append(f"wrote {written}")
-    return "\n".join(lines), combined
+    return Report("\n".join(lines), combined)
 
 
 def probe_report(weights: str | Path, data: str | None = None, data_dir: str | None = None,
                  k: int = KNN_K, temperature: float = KNN_TEMPERATURE,
                  json_path: str | Path | None = None, weights_dir: str | Path | None = None
-                 ) -> tuple[str, dict[str, Any]]:
-    """Linear-probe and weighted-kNN accuracy on the frozen features: (text, report)."""
+                 ) -> Report:
+    """Linear-probe and weighted-kNN accuracy on the frozen features."""
     features = frozen_features(weights, data, data_dir, weights_dir)
     args = (features.train_x, features.train_y, features.test_x, features.test_y,
             features.num_classes)
@@ -132,5 +133,5 @@ def probe_report(weights: str | Path, data: str | None = None, data_dir: str | N
     written = _write_json(json_path, report)
     if written:
         lines.append(f"wrote {written}")
-    return "\n".join(lines), report
+    return Report("\n".join(lines), report)
 

@@ -1,41 +1,22 @@
-"""Evaluate any weights vitkit reads on a data set: top-1, top-5, loss, per-class accuracy,
-and a confusion-matrix PNG."""
+"""`vitkit eval`: any weights vitkit reads, evaluated on a data set: top-1, top-5, loss,
+per-class accuracy, eval.json and a confusion-matrix PNG."""
 
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
-from vitkit.catalog import read_weights
-from vitkit.data.feeds import EvaluationFeed, evaluation_feed
-from vitkit.data.sources import SOURCES, open_source
+from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
+from vitkit.evaluation.classify import evaluate
+from vitkit.evaluation.splits import data_for, split_to_evaluate
 from vitkit.inference.speedup import speed_up
-from vitkit.train.metrics import evaluate
-from vitkit.weights import WeightsRecord, build_model
+from vitkit.report import Report
+from vitkit.catalog import read_weights
+from vitkit.weights import build_model
 
-log = logging.getLogger("vitkit.evaluate")
-
-
-def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, split: str,
-             limit: int | None) -> tuple[str, str | None, int | None]:
-    """(data, data_dir, limit) to evaluate on: as given, else as the training run recorded
-    (its data, folder and image limit, so a run's own score is reproduced)."""
-    recipe: dict[str, Any] = weights.train_config or {}
-    if data is None:
-        data = recipe.get("data")
-        if data is None:
-            raise DataError(
-                f"{weights.path} does not record the data it was trained on (only vitkit "
-                f"training checkpoints do): pass the data to evaluate on, e.g. --data digits, "
-                f"or --data cifar10 --data-dir DIR (one of {', '.join(SOURCES)})")
-        if limit is None:
-            limit = recipe.get("test_limit" if split == "test" else "train_limit")
-    if data_dir is None and data == recipe.get("data"):
-        data_dir = recipe.get("data_dir")
-    return data, data_dir, limit
+log = logging.getLogger("vitkit.evaluation")
 
 
 def _check_fits(dataset: EvaluationFeed, num_classes: int,
@@ -60,9 +41,9 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                         split: str = "test", out: str | Path | None = None,
                         limit: int | None = None, batch_size: int = 500,
                         weights_dir: str | Path | None = None, merge_tokens: int = 0,
-                        int8: str | None = None) -> str:
+                        int8: str | None = None) -> Report:
     """Evaluate weights (any format `load_pretrained` reads) and write eval.json +
-    confusion_matrix.png; returns a printable report.
+    confusion_matrix.png; returns the report (its data is eval.json's).
 
     `merge_tokens` (ToMe, per layer) and `int8` (an engine of `vitkit.inference.quantize`)
     evaluate the model through those speed paths (`vitkit.inference.speedup.speed_up`);
@@ -107,37 +88,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
              f"top-5 {100 * result.top5:.2f}%, loss {result.loss:.4f}", "per-class accuracy:"]
     lines += [f"  {name:<12} {100 * acc:6.2f}%" for name, acc in per_class.items()]
     lines.append(f"wrote {out_dir / 'eval.json'} and {png}")
-    return "\n".join(lines)
-
-
-def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
-                       limit: int | None, size: tuple[int, int], channels: int
-                       ) -> EvaluationFeed:
-    """The split to evaluate: in memory, or streamed through the weights' own preprocessing.
-
-    Folders and Hugging Face datasets are streamed (each image resized and cropped as the
-    weights expect), except that a vitkit run's own data is read as the run read it (its
-    `data_mode`), so its score is reproduced. `split`: "train", "test" (the held-out split:
-    val/ or test/ of a folder, the run's `split` or validation/test of a Hugging Face
-    dataset) or, for a Hugging Face dataset, any split name it has.
-    """
-    recipe = weights.train_config or {}
-    own = data == recipe.get("data")
-    streamable = data == "folder" or data.startswith("hf:")
-    mode = recipe.get("data_mode", "auto") if own else ("stream" if streamable else "auto")
-    train_split = recipe.get("train_split") if own else None
-    eval_split = recipe.get("split") if own else None
-    if split not in ("train", "test"):
-        if not data.startswith("hf:"):
-            raise DataError(f"--split {split}: {data} has the splits train and test; other "
-                            "split names are for Hugging Face datasets (--data hf:NAME)")
-        eval_split, split = split, "test"
-    train_set, test_set = open_source(
-        data, data_dir, size, channels, limit if split == "train" else None,
-        limit if split == "test" else None, mode, train_split, eval_split,
-        bool(recipe.get("streaming")) if own else False)
-    chosen = train_set if split == "train" else test_set
-    return evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)
+    return Report("\n".join(lines), report)
 
 
 def default_out_dir(source: str | Path, weights_file: Path | None) -> Path:

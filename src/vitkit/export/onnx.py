@@ -1,5 +1,5 @@
 """Export a ViT to ONNX (dynamic batch, optionally dynamic resolution) and check it with
-onnxruntime against PyTorch.
+onnxruntime against PyTorch (`vitkit.export.int8` quantises the graph).
 
 Exporter: torch's TorchScript-based exporter (`torch.onnx.export(..., dynamo=False)`). Both it
 and the dynamo exporter give the same outputs here (max abs diff ~2e-7 on Ti/16 and R50+Ti/16),
@@ -136,7 +136,7 @@ def default_check_sizes(model: VisionTransformer) -> list[tuple[int, int]]:
     return [(height + 2 * patch, width + 2 * patch), (max(height - patch, patch), width)]
 
 
-def _onnx_and_torch_outputs(model: VisionTransformer, path: str | Path,
+def onnx_and_torch_outputs(model: VisionTransformer, path: str | Path,
                             batch_sizes: Sequence[int], sizes: Sequence[int | tuple[int, int]]
                             ) -> Iterator[tuple[torch.Tensor, torch.Tensor, str]]:
     """(PyTorch logits, onnxruntime logits, "batch B at HxW") on seeded random inputs, for
@@ -181,7 +181,7 @@ def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence
     Returns the max abs difference; raises ExportError above `atol`. Puts `model` in eval mode.
     """
     worst, where = 0.0, ""
-    for expected, got, place in _onnx_and_torch_outputs(model, path, batch_sizes, sizes or ()):
+    for expected, got, place in onnx_and_torch_outputs(model, path, batch_sizes, sizes or ()):
         diff = (got - expected).abs().max().item()
         if not math.isfinite(diff) or diff > worst:
             worst, where = diff, place
@@ -191,54 +191,3 @@ def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence
         raise ExportError(f"the ONNX outputs differ from PyTorch by {worst:.3g} ({where}), "
                           f"above the tolerance {atol:g}; the export is not faithful.")
     return worst
-
-
-# -- int8 ---------------------------------------------------------------------------------------
-INT8_RTOL = 0.1  # int8 logits may differ from fp32 by up to this fraction of the logits' range
-
-
-def export_onnx_int8(model: VisionTransformer, path: str | Path, **kwargs: Any) -> Path:
-    """`export_onnx`, then ONNX Runtime's dynamic int8 quantisation of the graph, written to
-    `path` (the float graph is a temporary file beside it)."""
-    from vitkit.inference.quantize import quantize_onnx_int8
-
-    path = Path(path)
-    float_path = path.with_name(path.name + ".fp32.tmp")
-    try:
-        export_onnx(model, float_path, **kwargs)
-        return quantize_onnx_int8(float_path, path)
-    finally:
-        float_path.unlink(missing_ok=True)
-
-
-def check_onnx_int8(model: VisionTransformer, path: str | Path,
-                    batch_sizes: Sequence[int] = (1, 3),
-                    sizes: Sequence[int | tuple[int, int]] | None = None,
-                    rtol: float = INT8_RTOL) -> tuple[float, float]:
-    """Compare an int8 ONNX file with the float `model` on random inputs.
-
-    Passes when the max abs logit difference is at most `rtol` times the range (max - min)
-    of the float logits, and every image whose float top-1 margin over the runner-up exceeds
-    twice that difference keeps its top-1 class (those cannot flip within the error).
-    Returns (max abs difference, top-1 agreement over all images); raises ExportError.
-    """
-    expected_all, got_all = [], []
-    for expected, got, _ in _onnx_and_torch_outputs(model, path, batch_sizes, sizes or ()):
-        expected_all.append(expected)
-        got_all.append(got)
-    expected, got = torch.cat(expected_all), torch.cat(got_all)
-    diff = (got - expected).abs().max().item()
-    spread = (expected.max() - expected.min()).item()
-    if not diff <= rtol * spread:
-        raise ExportError(f"the int8 ONNX logits differ from the float model by {diff:.3g}, "
-                          f"above {rtol:g} x the logits' range {spread:.3g}; the quantised "
-                          "graph is not faithful: export without --int8.")
-    agree = got.argmax(-1) == expected.argmax(-1)
-    if expected.shape[-1] > 1:
-        top2 = expected.topk(2, dim=-1).values
-        clear = (top2[:, 0] - top2[:, 1]) > 2 * diff
-        if not agree[clear].all():
-            raise ExportError("the int8 ONNX graph changes the top-1 class of an input whose "
-                              "float margin exceeds the quantisation error; export without "
-                              "--int8.")
-    return diff, agree.float().mean().item()

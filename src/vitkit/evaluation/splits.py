@@ -1,0 +1,61 @@
+"""Which data and split weights are evaluated on: as given, else as the training run that
+made them recorded it (its data, folder, image limit and reading mode), so a run's own score is
+reproduced. `vitkit eval` and the frozen-feature protocols read their images through here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitkit.data.feeds import EvaluationFeed, evaluation_feed
+from vitkit.data.sources import SOURCES, open_source
+from vitkit.errors import DataError
+from vitkit.weights import WeightsRecord
+
+
+def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, split: str,
+             limit: int | None) -> tuple[str, str | None, int | None]:
+    """(data, data_dir, limit) to evaluate on: as given, else as the training run recorded
+    (its data, folder and image limit, so a run's own score is reproduced)."""
+    recipe: dict[str, Any] = weights.train_config or {}
+    if data is None:
+        data = recipe.get("data")
+        if data is None:
+            raise DataError(
+                f"{weights.path} does not record the data it was trained on (only vitkit "
+                f"training checkpoints do): pass the data to evaluate on, e.g. --data digits, "
+                f"or --data cifar10 --data-dir DIR (one of {', '.join(SOURCES)})")
+        if limit is None:
+            limit = recipe.get("test_limit" if split == "test" else "train_limit")
+    if data_dir is None and data == recipe.get("data"):
+        data_dir = recipe.get("data_dir")
+    return data, data_dir, limit
+
+
+def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
+                       limit: int | None, size: tuple[int, int], channels: int
+                       ) -> EvaluationFeed:
+    """The split to evaluate: in memory, or streamed through the weights' own preprocessing.
+
+    Folders and Hugging Face datasets are streamed (each image resized and cropped as the
+    weights expect), except that a vitkit run's own data is read as the run read it (its
+    `data_mode`), so its score is reproduced. `split`: "train", "test" (the held-out split:
+    val/ or test/ of a folder, the run's `split` or validation/test of a Hugging Face
+    dataset) or, for a Hugging Face dataset, any split name it has.
+    """
+    recipe = weights.train_config or {}
+    own = data == recipe.get("data")
+    streamable = data == "folder" or data.startswith("hf:")
+    mode = recipe.get("data_mode", "auto") if own else ("stream" if streamable else "auto")
+    train_split = recipe.get("train_split") if own else None
+    eval_split = recipe.get("split") if own else None
+    if split not in ("train", "test"):
+        if not data.startswith("hf:"):
+            raise DataError(f"--split {split}: {data} has the splits train and test; other "
+                            "split names are for Hugging Face datasets (--data hf:NAME)")
+        eval_split, split = split, "test"
+    train_set, test_set = open_source(
+        data, data_dir, size, channels, limit if split == "train" else None,
+        limit if split == "test" else None, mode, train_split, eval_split,
+        bool(recipe.get("streaming")) if own else False)
+    chosen = train_set if split == "train" else test_set
+    return evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)

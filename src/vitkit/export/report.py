@@ -1,0 +1,66 @@
+"""`vitkit export`: weights in, an ONNX file (float or int8) out, checked with onnxruntime
+against the model it came from; the report says where it went and how close it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vitkit.errors import ExportError
+from vitkit.export.int8 import INT8_RTOL, check_onnx_int8, export_onnx_int8
+from vitkit.export.onnx import FORMATS, check_onnx, default_check_sizes, export_onnx
+from vitkit.report import Report
+
+CHECK_BATCHES = (1, 3)
+CHECK_ATOL = 1e-4
+
+
+def default_output_path(weights: str, int8: bool = False) -> Path:
+    """Beside the weights: FILE.onnx for a file, FOLDER/model.onnx for a folder (.int8.onnx
+    with int8); for a checkpoint name, NAME.onnx here ("/" becomes "-")."""
+    suffix = ".int8.onnx" if int8 else ".onnx"
+    source = Path(weights)
+    if source.is_dir():
+        return source / f"model{suffix}"
+    if source.exists():
+        return source.with_suffix(suffix)
+    return Path(weights.replace("/", "-") + suffix)
+
+
+def export_weights(weights: str, out: str | Path | None = None, *, format: str = "onnx",
+                   int8: bool = False, dynamic_size: bool = False, opset: int | None = None,
+                   merge_tokens: int = 0, weights_dir: str | Path | None = None) -> Report:
+    """Export weights (any source `load_pretrained` reads) to `out` (default:
+    `default_output_path`) and check the file with onnxruntime: within 1e-4 of PyTorch, or
+    for `int8`, within INT8_RTOL x the logits' range with the clear top-1 classes kept.
+    Token merging is refused: it runs in PyTorch, and the graph has a fixed token count."""
+    from vitkit.catalog import load_pretrained
+
+    if format not in FORMATS:
+        raise ExportError(f"unknown format {format!r}: use --format " + " or ".join(FORMATS))
+    if merge_tokens:
+        raise ExportError("--merge-tokens does not export: token merging runs in PyTorch "
+                          "(vitkit eval/predict --merge-tokens R); export without it (--int8 "
+                          "makes the ONNX file faster)")
+    out = default_output_path(weights, int8) if out is None else out
+    model = load_pretrained(weights, weights_dir=weights_dir)
+    write = export_onnx_int8 if int8 else export_onnx
+    path = write(model, out, dynamic_size=dynamic_size, opset=opset)
+    axes = "batch, height, width" if dynamic_size else "batch"
+    size_mib = path.stat().st_size / 2**20
+    lines = [f"wrote {path} ({size_mib:.1f} MiB{', int8' if int8 else ''}, dynamic {axes})"]
+    sizes = default_check_sizes(model) if dynamic_size else []
+    where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
+    data = {"path": str(path), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
+            "checked_at": where}
+    if int8:
+        diff, agree = check_onnx_int8(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes)
+        lines.append(f"onnxruntime check (int8 vs fp32): max abs diff {diff:.2g} over batch 1, "
+                     f"3 at {where} (tolerance {INT8_RTOL:g} x the logits' range), top-1 "
+                     f"agreement {100 * agree:.0f}%: OK")
+        data.update(max_abs_diff=diff, top1_agreement=agree)
+    else:
+        diff = check_onnx(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes, atol=CHECK_ATOL)
+        lines.append(f"onnxruntime check: max abs diff {diff:.2g} over batch 1, 3 at {where} "
+                     "(tolerance 1e-4): OK")
+        data.update(max_abs_diff=diff)
+    return Report("\n".join(lines), data)
