@@ -123,9 +123,9 @@ def speed(args: argparse.Namespace) -> None:
 
 
 def accuracy(args: argparse.Namespace) -> None:
+    from vitkit.catalog import read_weights
     from vitkit.evaluation.classify import evaluate
     from vitkit.evaluation.splits import data_for, split_to_evaluate
-    from vitkit.catalog import read_weights
     from vitkit.weights import build_model
 
     configure_cpu(args.threads)

@@ -146,7 +146,7 @@ def test_named_checkpoint_used_to_be_unknown_to_create_model():
     assert (model.config.num_classes, model.config.pre_logits_dim) == (21843, 768)
 
 
-# -- unknown names ----------------------------------------------------------------------------------
+# -- unknown names -------------------------------------------------------------------------------
 def test_an_unknown_name_gets_did_you_mean_from_every_door(capsys):
     for door in (config_of, create_model, count_parameters):
         with pytest.raises(ConfigError, match=r"unknown model 'B/16-i21x'.*Did you mean "

@@ -188,8 +188,8 @@ def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int =
     """`predict` with weights any source `load_pretrained` reads, through the speed paths
     (`merge_tokens` per layer, `int8` an engine of `vitkit.inference.quantize`). A wrong path
     fails before the model loads."""
-    from vitkit.inference.speedup import speed_up
     from vitkit.catalog import load_pretrained
+    from vitkit.inference.speedup import speed_up
 
     files = expand_inputs(inputs)
     model = load_pretrained(weights, weights_dir=weights_dir)

@@ -7,13 +7,13 @@ import json
 import logging
 from pathlib import Path
 
+from vitkit.catalog import read_weights
 from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
 from vitkit.evaluation.classify import evaluate
 from vitkit.evaluation.splits import data_for, split_to_evaluate
 from vitkit.inference.speedup import speed_up
 from vitkit.report import Report
-from vitkit.catalog import read_weights
 from vitkit.weights import build_model
 
 log = logging.getLogger("vitkit.evaluation")
