@@ -92,12 +92,12 @@ def _total(out: str) -> int:
 
 
 def test_summary_of_a_training_checkpoint(tmp_path, capsys):
+    from vitkit.train.checkpoint import load_state as load_checkpoint
     from vitkit.train.config import load_train_config
-    from vitkit.train.loop import Trainer
-    from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
+    from vitkit.train.setup import build_run
 
     cfg = load_train_config("digits", ["model.depth=3", f"out_dir={tmp_path}", "progress=false"])
-    Trainer(cfg).save("best")  # a checkpoint as training writes it (no steps needed)
+    build_run(cfg).save("best")  # a checkpoint as training writes it (no steps needed)
     code, out, err = run(capsys, "summary", str(tmp_path / "best.pt"))
     assert code == 0, err
     assert "image 8x8x1, patch 2, 17 tokens, width 64, depth 3" in out and "blocks.2" in out
