@@ -148,7 +148,7 @@ def test_streamed_training_resumes_exactly_mid_epoch(tmp_path: Path) -> None:
     assert [Path(p).name for p, _ in skipped] == ["broken.jpg"]
     assert skipped[0][1].startswith("corrupt")
     # Evaluation: shorter side to 16 / 0.875, centre crop, saved with the weights.
-    pre = straight.checkpoint().preprocess
+    pre = straight.checkpoint().trained.preprocess
     assert (pre.resize_mode, pre.crop_pct) == ("shorter_side", 0.875)
 
 
