@@ -176,7 +176,7 @@ def test_overrides_can_come_first_without_a_recipe(tmp_path):
                                                    "usable CUDA GPU")])
 def test_train_on_a_device_this_machine_lacks_says_so_once(tmp_path, capsys, device, said):
     from vitkit.errors import ConfigError
-    from vitkit.train.loop import pick_device
+    from vitkit.train.setup import pick_device
 
     args = ["train", "digits", "total_steps=1", "progress=false", "--out", str(tmp_path)]
     assert main([*args, f"device={device}"]) == 2
