@@ -92,12 +92,12 @@ def _total(out: str) -> int:
 
 
 def test_summary_of_a_training_checkpoint(tmp_path, capsys):
+    from vitkit.train.checkpoint import load_state as load_checkpoint
     from vitkit.train.config import load_train_config
-    from vitkit.train.loop import Trainer
-    from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
+    from vitkit.train.setup import build_run
 
     cfg = load_train_config("digits", ["model.depth=3", f"out_dir={tmp_path}", "progress=false"])
-    Trainer(cfg).save("best")  # a checkpoint as training writes it (no steps needed)
+    build_run(cfg).save("best")  # a checkpoint as training writes it (no steps needed)
     code, out, err = run(capsys, "summary", str(tmp_path / "best.pt"))
     assert code == 0, err
     assert "image 8x8x1, patch 2, 17 tokens, width 64, depth 3" in out and "blocks.2" in out
@@ -176,7 +176,7 @@ def test_overrides_can_come_first_without_a_recipe(tmp_path):
                                                    "usable CUDA GPU")])
 def test_train_on_a_device_this_machine_lacks_says_so_once(tmp_path, capsys, device, said):
     from vitkit.errors import ConfigError
-    from vitkit.train.loop import pick_device
+    from vitkit.train.setup import pick_device
 
     args = ["train", "digits", "total_steps=1", "progress=false", "--out", str(tmp_path)]
     assert main([*args, f"device={device}"]) == 2

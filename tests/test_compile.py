@@ -18,9 +18,10 @@ from vitkit.cli import main
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
 from vitkit.model.vit import VisionTransformer
+from vitkit.train.checkpoint import load_state as load_checkpoint
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
-from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 
 TINY = ["model.width=16", "model.depth=1", "model.num_heads=2", "model.mlp_dim=32",
         "progress=false"]
@@ -84,10 +85,10 @@ def test_the_time_budget_counts_compilation(tmp_path, monkeypatch):
             return model(images)
         return forward
 
-    monkeypatch.setattr("vitkit.train.loop.compile_for_training", slow_first_call)
+    monkeypatch.setattr("vitkit.train.step.compile_for_training", slow_first_call)
     cfg = load_train_config("digits", [*TINY, "compile=true", "time_budget=1", "epochs=50",
                                        f"out_dir={tmp_path}"])
-    result = Trainer(cfg).run()
+    result = run_loop(build_run(cfg))
     assert result.stopped_early == "time budget"
     assert result.position.step == 1
     assert result.final["compile_s"] >= 1.5 > cfg.time_budget
@@ -102,7 +103,7 @@ def test_compile_without_a_c_compiler_says_what_to_install(tmp_path, monkeypatch
     # following the advice: compile=false trains here without a C compiler
     cfg = load_train_config("digits", [*TINY, "compile=false", "total_steps=1",
                                        f"out_dir={tmp_path}"])
-    assert Trainer(cfg).run().position.step == 1
+    assert run_loop(build_run(cfg)).position.step == 1
 
 
 def test_resizing_keeps_adamw_second_moments_non_negative(tmp_path):
@@ -111,8 +112,8 @@ def test_resizing_keeps_adamw_second_moments_non_negative(tmp_path):
     cfg = load_train_config("digits", [*TINY, "total_steps=6", "batch_size=32",
                                        "resolution_schedule=[[0, 4], [0.5, 8]]",
                                        f"out_dir={tmp_path}"])
-    trainer = Trainer(cfg)
-    result = trainer.run()
+    trainer = build_run(cfg)
+    result = run_loop(trainer)
     assert result.position.step == 6 and trainer.model.config.img_size == (8, 8)
     assert min(trainer.optimizer.state[trainer.model.pos_embed]["exp_avg_sq"].flatten()) >= 0
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())

@@ -26,10 +26,11 @@ from vitkit.catalog import load_pretrained, read_weights
 from vitkit.cli import main
 from vitkit.data.sources import open_source
 from vitkit.evaluation import evaluate_checkpoint
+from vitkit.train.checkpoint import load_state
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 from vitkit.weights import ORIGINS, save_npz, save_pretrained
-from vitkit.weights.formats.train_checkpoint import load_state
 
 # Two epochs on the digits; with this EMA the average scores better than the raw weights at
 # both evaluations (0.86 vs 0.78, 0.93 vs 0.89 here), so best.pt must hold the EMA weights.
@@ -42,7 +43,7 @@ TOL = 1e-6
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    Trainer(load_train_config("digits", [*RUN, f"out_dir={out}"])).run()
+    run_loop(build_run(load_train_config("digits", [*RUN, f"out_dir={out}"])))
     return out
 
 

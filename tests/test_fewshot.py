@@ -23,7 +23,8 @@ from vitkit.errors import InputError
 from vitkit.evaluation import fewshot_lsr_accuracy, fewshot_lsr_predictions, ridge_solver
 from vitkit.evaluation.fewshot import sample_shots
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 from vitkit.weights import save_pretrained
 
 REL_TOL = 1e-8
@@ -118,7 +119,7 @@ def test_too_many_shots_name_the_class_and_the_largest_possible_count():
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    Trainer(load_train_config("digits", [*RUN, f"out_dir={out}"])).run()
+    run_loop(build_run(load_train_config("digits", [*RUN, f"out_dir={out}"])))
     return out
 
 

@@ -20,11 +20,12 @@ from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
+from vitkit.train.checkpoint import load_state as load_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.finetune import default_img_size, resize_random_crop, target_config
-from vitkit.train.loop import Trainer
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 from vitkit.weights import save_npz, save_pretrained
-from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 from vitkit.weights.record import check_tensors
 
 # Fine-tuning at 16 px what was pretrained at 8 px: the 4x4 position grid becomes 8x8.
@@ -41,7 +42,7 @@ def pretrained(tmp_path_factory) -> dict[str, Path]:
     cfg = load_train_config("digits", ["epochs=12", "warmup_epochs=1", "progress=false",
                                        "model.depth=2", "model.num_classes=12",
                                        "model.pre_logits_dim=32", f"out_dir={root / 'run'}"])
-    Trainer(cfg).run()
+    run_loop(build_run(cfg))
     model = load_pretrained(root / "run" / "last.pt")
     custom = save_pretrained(model, root / "custom",
                              preprocess=Preprocess(img_size=8, mean=(0.3,), std=(0.2,)))
@@ -71,11 +72,11 @@ def test_recipe_holds_the_official_numbers():
 
 
 def test_training_from_scratch_keeps_adamw_and_takes_warmup_in_steps():
-    trainer = Trainer(load_train_config("digits", ["progress=false"]))
+    trainer = build_run(load_train_config("digits", ["progress=false"]))
     assert isinstance(trainer.optimizer, torch.optim.AdamW)
-    assert trainer.warmup_steps == 2 * trainer.order.batches_per_epoch()
+    assert trainer.warmup_steps == 2 * trainer.data.order.batches_per_epoch()
     assert trainer.preprocess.mean == (0.5,)
-    sgd = Trainer(load_train_config("digits", ["optimizer=sgd", "momentum=0.8",
+    sgd = build_run(load_train_config("digits", ["optimizer=sgd", "momentum=0.8",
                                                "warmup_steps=7", "progress=false"]))
     assert isinstance(sgd.optimizer, torch.optim.SGD) and sgd.warmup_steps == 7
     assert [g["momentum"] for g in sgd.optimizer.param_groups] == [0.8, 0.8]
@@ -86,7 +87,7 @@ def test_training_from_scratch_keeps_adamw_and_takes_warmup_in_steps():
 def test_finetune_from_a_vitkit_folder(tmp_path, pretrained):
     cfg = load_train_config("finetune", [f"init_from={pretrained['folder']}", *SMALL,
                                          f"out_dir={tmp_path}"])
-    trainer = Trainer(cfg)
+    trainer = build_run(cfg)
     model = trainer.model
     # new zero head sized by the data, pre-logits dropped, positions resampled to 8x8
     assert model.config.num_classes == 10 and model.config.img_size == (16, 16)
@@ -102,7 +103,7 @@ def test_finetune_from_a_vitkit_folder(tmp_path, pretrained):
     assert {(g["momentum"], g["weight_decay"]) for g in trainer.optimizer.param_groups} == \
         {(0.9, 0.0)}
 
-    trainer.run()
+    run_loop(trainer)
     history = _history(tmp_path)
     assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.2, history
     assert history[-1]["top1"] > 0.25, history  # chance is 0.1; 40 steps from a new head
@@ -118,7 +119,7 @@ def test_finetune_from_an_npz_resamples_positions_as_vit_jax(pretrained):
     """The recipe's pos_interpolation "auto" follows the official code for official files:
     vit_jax's scipy.ndimage.zoom(order=1) on the grid, the class token's row kept."""
     cfg = load_train_config("finetune", [f"init_from={pretrained['npz']}", *SMALL])
-    tuned = Trainer(cfg).model.pos_embed.detach()[0]
+    tuned = build_run(cfg).model.pos_embed.detach()[0]
     source = pretrained["model"].pos_embed.detach()[0]
     zoomed = scipy.ndimage.zoom(source[1:].numpy().reshape(4, 4, -1), (2, 2, 1), order=1)
     assert torch.equal(tuned[0], source[0])
@@ -127,9 +128,9 @@ def test_finetune_from_an_npz_resamples_positions_as_vit_jax(pretrained):
 
 def test_normalisation_comes_from_the_checkpoint_unless_set(tmp_path, pretrained):
     base = [f"init_from={pretrained['custom']}", *SMALL, f"out_dir={tmp_path}"]
-    trainer = Trainer(load_train_config("finetune", base))
+    trainer = build_run(load_train_config("finetune", base))
     assert (trainer.preprocess.mean, trainer.preprocess.std) == ((0.3,), (0.2,))
-    trainer = Trainer(load_train_config("finetune", [*base, "mean=[0.4]", "std=[0.25]"]))
+    trainer = build_run(load_train_config("finetune", [*base, "mean=[0.4]", "std=[0.25]"]))
     assert (trainer.preprocess.mean, trainer.preprocess.std) == ((0.4,), (0.25,))
 
 
@@ -154,24 +155,24 @@ def test_finetune_resumes_exactly_without_reading_init_from_again(tmp_path, pret
     shutil.copytree(pretrained["custom"], weights)
     overrides = [f"init_from={weights}", *SMALL, "total_steps=30", "model.dropout=0.1",
                  "resize_crop=1.3333"]  # the recipe's random crop draws from the saved RNG
-    Trainer(load_train_config("finetune", [*overrides, f"out_dir={tmp_path / 'a'}"])).run()
+    run_loop(build_run(load_train_config("finetune", [*overrides, f"out_dir={tmp_path / 'a'}"])))
 
     split = load_train_config("finetune", [*overrides, f"out_dir={tmp_path / 'b'}"])
-    first = Trainer(split)
-    step = first._train_step
+    first = build_run(split)
+    step = first.step
 
-    def stop_halfway(images, labels, lr):
+    def stop_halfway(images, labels, lr, position):
         if first.position.step == 14:  # mid-epoch (22 batches an epoch), mid-cosine
-            first._stop_reason = "SIGTERM"
-        return step(images, labels, lr)
+            first.stop.reason = "SIGTERM"
+        return step(images, labels, lr, position)
 
-    first._train_step = stop_halfway
-    first.run()
+    first.step = stop_halfway
+    run_loop(first)
     assert load_checkpoint(tmp_path / "b" / "last.pt")["position"]["step"] == 15
     shutil.rmtree(weights)  # resuming reads the run's checkpoint, not init_from
-    resumed = Trainer(split, resume=tmp_path / "b" / "last.pt")
+    resumed = build_run(split, resume=tmp_path / "b" / "last.pt")
     assert resumed.preprocess.mean == (0.3,)
-    resumed.run()
+    run_loop(resumed)
     a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" / "last.pt")
     assert a["position"]["step"] == b["position"]["step"] == 30
     for name in a["model"]:
@@ -185,16 +186,16 @@ def test_resume_with_another_optimizer_is_refused(tmp_path):
     main(["train", "digits", "total_steps=2", "progress=false", "--out", str(tmp_path)])
     cfg = load_train_config("digits", ["optimizer=sgd", "progress=false"])
     with pytest.raises(CheckpointError, match="optimizer=adamw"):
-        Trainer(cfg, resume=tmp_path / "last.pt")
+        build_run(cfg, resume=tmp_path / "last.pt")
 
 
 def test_init_from_takes_overrides_not_a_variant(tmp_path, pretrained):
     cfg = load_train_config("digits", [f"init_from={pretrained['folder']}", "progress=false"])
     with pytest.raises(ConfigError, match=r"remove model\.variant"):
-        Trainer(cfg)
+        build_run(cfg)
     cfg = load_train_config("finetune", [f"init_from={pretrained['folder']}", "model=B/16"])
     with pytest.raises(ConfigError, match=r"model\.img_size=384"):
-        Trainer(cfg)
+        build_run(cfg)
 
 
 def test_resize_random_crop_takes_a_window_of_the_resized_batch():
@@ -235,7 +236,7 @@ def test_the_default_resolution_is_384_only_for_weights_pretrained_at_224(tmp_pa
 
     # weights pretrained at 8 px (not 224) keep their own size: 16 tokens, not 36,864
     small = [o for o in SMALL if not o.startswith("model.img_size=")]
-    trainer = Trainer(load_train_config("finetune", [f"init_from={pretrained['folder']}",
+    trainer = build_run(load_train_config("finetune", [f"init_from={pretrained['folder']}",
                                                      *small, f"out_dir={tmp_path / 'ft'}"]))
     assert trainer.model.config.img_size == (8, 8) == trainer.preprocess.img_size
 
@@ -262,14 +263,14 @@ def test_a_hybrid_checkpoint_with_batchnorm_step_counters_is_a_valid_init(tmp_pa
     stem = ["model.stem=conv", "model.stem_channels=[8,16]", "model.depth=1"]
     cfg = load_train_config("digits", [*stem, "total_steps=3", "warmup_steps=1", "batch_size=32",
                                        "progress=false", f"out_dir={tmp_path / 'hybrid'}"])
-    Trainer(cfg).run()
+    run_loop(build_run(cfg))
     saved = load_checkpoint(tmp_path / "hybrid" / "last.pt")["model"]
     counters = [name for name in saved if name.endswith("num_batches_tracked")]
     assert counters and all(saved[name].dtype == torch.int64 for name in counters)
 
     cfg = load_train_config("finetune", [f"init_from={tmp_path / 'hybrid' / 'last.pt'}", *SMALL,
                                          f"out_dir={tmp_path / 'tuned'}"])
-    state = Trainer(cfg).model.state_dict()
+    state = build_run(cfg).model.state_dict()
     for name in counters:
         running_mean = name.replace("num_batches_tracked", "running_mean")
         assert torch.equal(state[running_mean], saved[running_mean])

@@ -25,9 +25,9 @@ from safetensors.torch import save_file
 from vitkit.catalog import load_pretrained, read_weights
 from vitkit.cli import main
 from vitkit.errors import CheckpointError, VitkitError
+from vitkit.train.checkpoint import read_checkpoint
 from vitkit.weights import save_npz, save_pretrained
 from vitkit.weights.checksum import tensors_checksum
-from vitkit.weights.formats import train_checkpoint
 
 ORIGINAL_QUERY = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
 
@@ -383,11 +383,11 @@ def test_training_checkpoint_checksum_catches_a_changed_tensor(weights_fuzzer, t
     with pytest.raises(CheckpointError, match=r"last.pt is damaged \(the model and EMA tensors"):
         read_weights(path)
     with pytest.raises(CheckpointError, match="is damaged"):
-        train_checkpoint.read_checkpoint(path)  # what resuming reads
+        read_checkpoint(path)  # what resuming reads
     torch.save(state, path)
     assert torch.equal(read_weights(path).state_dict["head.bias"], state["model"]["head.bias"])
     torch.save({k: v for k, v in state.items() if k != "checksum"}, path)  # older files
-    assert train_checkpoint.read_checkpoint(path).model.keys() == state["model"].keys()
+    assert read_checkpoint(path).trained.model.keys() == state["model"].keys()
 
 
 def test_training_checkpoint_with_wrong_forms_is_damaged_not_a_raw_error(weights_fuzzer,
@@ -397,7 +397,7 @@ def test_training_checkpoint_with_wrong_forms_is_damaged_not_a_raw_error(weights
                        ("model_config", {**state["model_config"], "width": "wide"})):
         torch.save({**state, key: value}, tmp_path / "last.pt")
         with pytest.raises(CheckpointError, match=r"last\.pt"):
-            train_checkpoint.read_checkpoint(tmp_path / "last.pt")
+            read_checkpoint(tmp_path / "last.pt")
 
 
 def test_only_vitkit_errors_escape_read_weights_on_random_files(tmp_path):

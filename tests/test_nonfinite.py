@@ -8,9 +8,10 @@ import torch
 
 from vitkit.cli import main
 from vitkit.errors import ConfigError, TrainingError
+from vitkit.train.checkpoint import load_state as load_checkpoint
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
-from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import Run, build_run
 
 QUICK = ["progress=false", "total_steps=12", "warmup_steps=2", "model.dropout=0.1",
          "augment.crop_padding=1", "ema_decay=0.9"]
@@ -24,9 +25,9 @@ def _all_finite(path) -> bool:
     return all(torch.isfinite(t.float()).all() for t in tensors)
 
 
-def _poison(trainer: Trainer, bad_steps: set[int]) -> None:
+def _poison(trainer: Run, bad_steps: set[int]) -> None:
     """Make the loss NaN at the given steps (counted from 1), as a diverging model would."""
-    model = trainer.train_model
+    model = trainer.step.train_model
 
     class Poisoned(torch.nn.Module):
         def __init__(self) -> None:
@@ -37,19 +38,19 @@ def _poison(trainer: Trainer, bad_steps: set[int]) -> None:
             out = self.inner(x)
             return out * float("nan") if trainer.position.step + 1 in bad_steps else out
 
-    trainer.train_model = Poisoned()
+    trainer.step.train_model = Poisoned()
 
 
-def _stop_after(trainer: Trainer, step: int) -> None:
-    original = trainer._train_step
+def _stop_after(trainer: Run, step: int) -> None:
+    original = trainer.step
 
-    def step_then_stop(images, labels, lr):
-        outcome = original(images, labels, lr)
+    def step_then_stop(images, labels, lr, position):
+        outcome = original(images, labels, lr, position)
         if trainer.position.step + 1 == step:
-            trainer._stop_reason = "SIGTERM"
+            trainer.stop.reason = "SIGTERM"
         return outcome
 
-    trainer._train_step = step_then_stop
+    trainer.step = step_then_stop
 
 
 def test_a_diverging_cli_run_stops_with_advice_that_works(tmp_path, capsys):
@@ -79,14 +80,14 @@ def test_clip_grad_and_amp_are_advised_only_when_they_would_change_something(tmp
 
 
 def test_stop_keeps_the_weights_of_the_last_finite_step(tmp_path):
-    reference = Trainer(load_train_config("digits", [*QUICK, f"out_dir={tmp_path / 'ref'}"]))
+    reference = build_run(load_train_config("digits", [*QUICK, f"out_dir={tmp_path / 'ref'}"]))
     _stop_after(reference, 4)
-    reference.run()
+    run_loop(reference)
 
-    diverging = Trainer(load_train_config("digits", [*QUICK, f"out_dir={tmp_path / 'div'}"]))
+    diverging = build_run(load_train_config("digits", [*QUICK, f"out_dir={tmp_path / 'div'}"]))
     _poison(diverging, {5})
     with pytest.raises(TrainingError, match="at step 5"):
-        diverging.run()
+        run_loop(diverging)
     a, b = load_checkpoint(tmp_path / "ref" / "last.pt"), load_checkpoint(tmp_path / "div" /
                                                                          "last.pt")
     for key in ("model", "ema"):
@@ -96,20 +97,20 @@ def test_stop_keeps_the_weights_of_the_last_finite_step(tmp_path):
 
 def test_skip_drops_the_step_and_resumes_exactly(tmp_path, caplog):
     skip = [*QUICK, "nonfinite=skip"]
-    straight = Trainer(load_train_config("digits", [*skip, f"out_dir={tmp_path / 'a'}"]))
+    straight = build_run(load_train_config("digits", [*skip, f"out_dir={tmp_path / 'a'}"]))
     _poison(straight, {3, 4})
     with caplog.at_level("WARNING"):
-        straight.run()
+        run_loop(straight)
     assert "step 3 skipped" in caplog.text and "step 4 skipped" in caplog.text
     adam_steps = {int(s["step"]) for s in straight.optimizer.state_dict()["state"].values()}
     assert adam_steps == {12 - 2}  # two steps made no update; the counter still reached 12
 
     split_cfg = load_train_config("digits", [*skip, f"out_dir={tmp_path / 'b'}"])
-    first = Trainer(split_cfg)
+    first = build_run(split_cfg)
     _poison(first, {3, 4})
     _stop_after(first, 7)
-    first.run()
-    Trainer(split_cfg, resume=tmp_path / "b" / "last.pt").run()
+    run_loop(first)
+    run_loop(build_run(split_cfg, resume=tmp_path / "b" / "last.pt"))
     a, b = load_checkpoint(tmp_path / "a" / "last.pt"), load_checkpoint(tmp_path / "b" /
                                                                        "last.pt")
     for key in ("model", "ema"):
@@ -119,10 +120,10 @@ def test_skip_drops_the_step_and_resumes_exactly(tmp_path, caplog):
 def test_skip_stops_after_max_skipped_steps_in_a_row(tmp_path):
     cfg = load_train_config("digits", [*QUICK, "nonfinite=skip", "max_skipped_steps=3",
                                        f"out_dir={tmp_path}"])
-    trainer = Trainer(cfg)
+    trainer = build_run(cfg)
     _poison(trainer, {2, 4, 5, 6, 7})  # 2 alone is skipped; 4, 5, 6 in a row stop the run
     with pytest.raises(TrainingError, match="3 steps in a row"):
-        trainer.run()
+        run_loop(trainer)
     assert load_checkpoint(tmp_path / "last.pt")["position"]["step"] == 6
     assert _all_finite(tmp_path / "last.pt")
 

@@ -8,8 +8,9 @@ import pytest
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
+from vitkit.train.loop import run_loop
 from vitkit.train.plan import RunPlan
+from vitkit.train.setup import build_run
 
 MODEL = ViTConfig(img_size=32, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=32,
                   num_classes=10)
@@ -69,8 +70,8 @@ def test_warmup_keeps_its_share_when_a_budget_shortens_the_run():
 def test_a_short_budget_does_not_leave_the_run_in_warmup(tmp_path, caplog):
     cfg = load_train_config("digits", ["epochs=50", "warmup_epochs=10", "time_budget=4",
                                        "progress=false", f"out_dir={tmp_path}"])
-    trainer = Trainer(cfg)
-    result = trainer.run()
+    trainer = build_run(cfg)
+    result = run_loop(trainer)
     assert result.position.total_steps < trainer.plan.planned_steps
     assert trainer.warmup_steps < result.position.total_steps / 2
     assert "time budget fits" in caplog.text

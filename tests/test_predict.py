@@ -235,11 +235,11 @@ def test_a_training_checkpoint_shows_its_stored_class_names(tmp_path: Path,
     from vitkit.data.dataset import ImageDataset
     from vitkit.predict import class_names_for
     from vitkit.train.config import load_train_config
-    from vitkit.train.loop import Trainer
+    from vitkit.train.setup import build_run
 
     images = torch.randint(0, 255, (8, 1, 8, 8), dtype=torch.uint8)
     data = ImageDataset(images, torch.arange(8) % 3, ["cat", "horse", "ship"])
-    trainer = Trainer(load_train_config("digits", [f"out_dir={tmp_path}", "batch_size=8",
+    trainer = build_run(load_train_config("digits", [f"out_dir={tmp_path}", "batch_size=8",
                                                    "progress=false"]),
                       train_data=data, test_data=data)
     with torch.no_grad():  # make "ship" the clear winner for every image

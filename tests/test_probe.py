@@ -28,7 +28,8 @@ from vitkit.evaluation.arrays import standardize
 from vitkit.evaluation.probe import stratified_holdout
 from vitkit.preprocess import Preprocess
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 from vitkit.weights import save_pretrained
 
 RUN = ["epochs=2", "progress=false", "model.width=64", "model.num_heads=2", "model.mlp_dim=128",
@@ -103,7 +104,7 @@ def test_held_out_split_is_a_seeded_tenth_of_every_class():
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    Trainer(load_train_config("digits", [*RUN, f"out_dir={out}"])).run()
+    run_loop(build_run(load_train_config("digits", [*RUN, f"out_dir={out}"])))
     return out
 
 

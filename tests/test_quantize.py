@@ -15,7 +15,8 @@ from vitkit.data.sources import open_source
 from vitkit.export import check_onnx_int8, export_onnx_int8, read_metadata
 from vitkit.inference.quantize import DEFAULT, quantize_int8
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 
 # Four epochs of the README's digits model (~80-90% test top-1), enough for agreement to mean
 # something. int8 must keep the float top-1 on >= 97% of the test images.
@@ -26,7 +27,7 @@ MIN_AGREEMENT = 0.97
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("digits")
-    Trainer(load_train_config("digits", [*RUN, f"out_dir={out}"])).run()
+    run_loop(build_run(load_train_config("digits", [*RUN, f"out_dir={out}"])))
     return out
 
 

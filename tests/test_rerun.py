@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from vitkit.cli import main
+from vitkit.train.checkpoint import load_state as load_checkpoint
 from vitkit.train.rundir import prepare_run_dir
-from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
 
 # Not the digits recipe's settings, so that a resume that fell back to it would be refused.
 FIRST_RUN = ["digits", "total_steps=2", "model.depth=2", "lr=0.002", "progress=false"]

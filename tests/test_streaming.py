@@ -22,7 +22,8 @@ from vitkit.data.sources.folder import FolderRecords
 from vitkit.data.transforms import InceptionCrop
 from vitkit.errors import ConfigError, DataError
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 
 
 def _jpeg_folder(root: Path, per_class: int = 12, classes: int = 3, seed: int = 0) -> Path:
@@ -124,22 +125,22 @@ def _stream_config(root: Path, out: Path, *extra: str):
 def test_streamed_training_resumes_exactly_mid_epoch(tmp_path: Path) -> None:
     root = _jpeg_folder(tmp_path / "data")
     (root / "train/class2/broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
-    straight = Trainer(_stream_config(root, tmp_path / "a"))
-    assert straight.streamed
-    straight.run()
-    first = Trainer(_stream_config(root, tmp_path / "b"))
-    step = first._train_step
+    straight = build_run(_stream_config(root, tmp_path / "a"))
+    assert straight.data.streamed
+    run_loop(straight)
+    first = build_run(_stream_config(root, tmp_path / "b"))
+    step = first.step
 
-    def stop_mid_epoch(images, labels, lr):
+    def stop_mid_epoch(images, labels, lr, position):
         if first.position.step == 6:  # epoch 2 of 4 steps each: stop after its second step
-            first._stop_reason = "SIGTERM"
-        return step(images, labels, lr)
+            first.stop.reason = "SIGTERM"
+        return step(images, labels, lr, position)
 
-    first._train_step = stop_mid_epoch
-    first.run()
+    first.step = stop_mid_epoch
+    run_loop(first)
     assert (first.position.epoch, first.position.batch) == (1, 3)
-    resumed = Trainer(_stream_config(root, tmp_path / "b"), resume=tmp_path / "b/last.pt")
-    resumed.run()
+    resumed = build_run(_stream_config(root, tmp_path / "b"), resume=tmp_path / "b/last.pt")
+    run_loop(resumed)
     for key, value in straight.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key
     # The unreadable file was skipped and named, and training went on.
@@ -147,7 +148,7 @@ def test_streamed_training_resumes_exactly_mid_epoch(tmp_path: Path) -> None:
     assert [Path(p).name for p, _ in skipped] == ["broken.jpg"]
     assert skipped[0][1].startswith("corrupt")
     # Evaluation: shorter side to 16 / 0.875, centre crop, saved with the weights.
-    pre = straight.checkpoint().preprocess
+    pre = straight.checkpoint().trained.preprocess
     assert (pre.resize_mode, pre.crop_pct) == ("shorter_side", 0.875)
 
 

@@ -16,9 +16,11 @@ from vitkit.catalog import read_weights
 from vitkit.cli import main
 from vitkit.data.dataset import DataError, ImageDataset
 from vitkit.errors import CheckpointError, ConfigError
+from vitkit.train import loop
+from vitkit.train.checkpoint import load_state as load_checkpoint
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
-from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 
 # Every source of randomness in one run: dropout, drop path, crop, TrivialAugment, erasing,
 # mixup/cutmix, EMA and gradient accumulation.
@@ -46,23 +48,23 @@ def test_digits_recipe_from_the_cli_learns_the_embedded_data(tmp_path, capsys):
 def test_resume_continues_exactly(tmp_path):
     straight = load_train_config("digits", [*RANDOM_EVERYTHING, "epochs=2",
                                             f"out_dir={tmp_path / 'a'}"])
-    Trainer(straight).run()
+    run_loop(build_run(straight))
 
     split = load_train_config("digits", [*RANDOM_EVERYTHING, "epochs=2",
                                          f"out_dir={tmp_path / 'b'}"])
-    first = Trainer(split)
+    first = build_run(split)
     halfway = first.position.total_steps // 2 + 3  # mid-epoch, mid-schedule
-    step = first._train_step
+    step = first.step
 
-    def stop_halfway(images, labels, lr):
+    def stop_halfway(images, labels, lr, position):
         if first.position.step == halfway - 1:
-            first._stop_reason = "SIGTERM"
-        return step(images, labels, lr)
+            first.stop.reason = "SIGTERM"
+        return step(images, labels, lr, position)
 
-    first._train_step = stop_halfway
-    first.run()
+    first.step = stop_halfway
+    run_loop(first)
     assert load_checkpoint(tmp_path / "b" / "last.pt")["position"]["step"] == halfway
-    Trainer(split, resume=tmp_path / "b" / "last.pt").run()
+    run_loop(build_run(split, resume=tmp_path / "b" / "last.pt"))
 
     for key in ("model", "ema"):
         a, b = _weights(tmp_path / "a" / "last.pt", key), _weights(tmp_path / "b" / "last.pt", key)
@@ -82,24 +84,24 @@ def _as_version_1(state: dict) -> dict:
 
 def test_version_1_checkpoints_still_read_and_resume_exactly(tmp_path):
     overrides = [*RANDOM_EVERYTHING, "total_steps=12"]
-    Trainer(load_train_config("digits", [*overrides, f"out_dir={tmp_path / 'a'}"])).run()
+    run_loop(build_run(load_train_config("digits", [*overrides, f"out_dir={tmp_path / 'a'}"])))
     split = load_train_config("digits", [*overrides, f"out_dir={tmp_path / 'b'}"])
-    first = Trainer(split)
-    step = first._train_step
+    first = build_run(split)
+    step = first.step
 
-    def stop_halfway(images, labels, lr):
+    def stop_halfway(images, labels, lr, position):
         if first.position.step == 5:
-            first._stop_reason = "SIGTERM"
-        return step(images, labels, lr)
+            first.stop.reason = "SIGTERM"
+        return step(images, labels, lr, position)
 
-    first._train_step = stop_halfway
-    first.run()
+    first.step = stop_halfway
+    run_loop(first)
     old = tmp_path / "b" / "v1.pt"
     torch.save(_as_version_1(load_checkpoint(tmp_path / "b" / "last.pt")), old)
     record = read_weights(old)
     assert (record.origin, record.weights, record.preprocess.mean) == ("vitkit-train", "raw",
                                                                        (0.5,))
-    Trainer(split, resume=old).run()
+    run_loop(build_run(split, resume=old))
     for key in ("model", "ema"):
         a, b = _weights(tmp_path / "a" / "last.pt", key), _weights(tmp_path / "b" / "last.pt", key)
         assert all(torch.equal(a[name], b[name]) for name in a), key
@@ -108,18 +110,18 @@ def test_version_1_checkpoints_still_read_and_resume_exactly(tmp_path):
 def test_resume_with_more_epochs_extends_a_finished_run(tmp_path, caplog):
     constant = [*RANDOM_EVERYTHING, "schedule=constant", "warmup_epochs=0"]
     straight = load_train_config("digits", [*constant, "epochs=3", f"out_dir={tmp_path / 'a'}"])
-    Trainer(straight).run()
+    run_loop(build_run(straight))
     short = load_train_config("digits", [*constant, "epochs=2", f"out_dir={tmp_path / 'b'}"])
-    Trainer(short).run()
+    run_loop(build_run(short))
     last = tmp_path / "b" / "last.pt"
 
-    again = Trainer(short, resume=last)  # the same command: nothing left to do
+    again = build_run(short, resume=last)  # the same command: nothing left to do
     assert again.position.step == again.position.total_steps == 2 * 22
     longer = load_train_config("digits", [*constant, "epochs=3", f"out_dir={tmp_path / 'b'}"])
     with caplog.at_level("WARNING"):
-        extended = Trainer(longer, resume=last)
+        extended = build_run(longer, resume=last)
     assert "re-planned from 44 to 66 steps" in caplog.text
-    extended.run()
+    run_loop(extended)
     assert len(load_checkpoint(last)["history"]) == 3
     # With a constant rate the extended run is the 3-epoch run, exactly.
     a, b = _weights(tmp_path / "a" / "last.pt", "model"), _weights(last, "model")
@@ -144,7 +146,7 @@ def test_two_processes_under_torchrun_equal_one_process(tmp_path):
 def test_time_budget_sizes_the_schedule_and_stops_cleanly(tmp_path):
     cfg = load_train_config("digits", ["epochs=1000", "progress=false", "time_budget=6",
                                        f"out_dir={tmp_path}"])
-    result = Trainer(cfg).run()
+    result = run_loop(build_run(cfg))
     # The trainer's own clock (start-up excluded), so a busy machine cannot fail this.
     assert load_checkpoint(tmp_path / "last.pt")["position"]["elapsed"] < 2 * 6
     planned_without_budget = 1000 * 22
@@ -170,7 +172,7 @@ def test_a_signal_saves_a_checkpoint_that_resumes_and_exits_128_plus_it(tmp_path
     assert f"{name}: saved" in err and "--resume" in err and "Traceback" not in err
     state = load_checkpoint(out / "last.pt")
     assert 0 < state["position"]["step"] < 500 * 22
-    resumed = Trainer(load_train_config("digits", ["epochs=500", "progress=false",
+    resumed = build_run(load_train_config("digits", ["epochs=500", "progress=false",
                                                    f"out_dir={out}"]), resume=out / "last.pt")
     assert resumed.position.step == state["position"]["step"]
 
@@ -191,7 +193,7 @@ def test_a_signal_stops_an_evaluation_midway(tmp_path, monkeypatch):
     cfg = load_train_config("digits", ["epochs=50", "progress=false", "eval_batch_size=50",
                                        f"out_dir={tmp_path}"])
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest runs as a background job
-    result = Trainer(cfg).run()
+    result = run_loop(build_run(cfg))
     assert (result.stopped_early, result.signal_number) == ("SIGINT", signal.SIGINT.value)
     assert (tmp_path / "metrics.jsonl").read_text() == ""  # the cut evaluation logged no row
     assert load_checkpoint(tmp_path / "last.pt")["position"]["step"] == 22
@@ -200,17 +202,17 @@ def test_a_signal_stops_an_evaluation_midway(tmp_path, monkeypatch):
 
 def test_a_signal_during_evaluation_still_saves_and_reports(tmp_path, monkeypatch, caplog):
     """The race the subprocess test can hit: SIGTERM lands after the in-loop check."""
-    original = Trainer._evaluate_and_log
+    original = loop.evaluate_and_log
 
-    def evaluate_then_signal(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
+    def evaluate_then_signal(*args, **kwargs):
+        result = original(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
         return result
 
-    monkeypatch.setattr(Trainer, "_evaluate_and_log", evaluate_then_signal)
+    monkeypatch.setattr(loop, "evaluate_and_log", evaluate_then_signal)
     cfg = load_train_config("digits", ["epochs=50", "progress=false", f"out_dir={tmp_path}"])
     with caplog.at_level("WARNING"):
-        result = Trainer(cfg).run()
+        result = run_loop(build_run(cfg))
     assert result.stopped_early == "SIGTERM"
     assert "SIGTERM: saved" in caplog.text
     state = load_checkpoint(tmp_path / "last.pt")
@@ -241,13 +243,13 @@ def _tiny_data(labels: list[int], size: int = 8) -> ImageDataset:
 def test_labels_outside_the_head_are_refused():
     cfg = load_train_config("digits", ["progress=false"])
     with pytest.raises(DataError, match=r"labels run from 0 to 12.*model.num_classes=13"):
-        Trainer(cfg, train_data=_tiny_data([0, 12]), test_data=_tiny_data([0, 1]))
+        build_run(cfg, train_data=_tiny_data([0, 12]), test_data=_tiny_data([0, 1]))
 
 
 def test_images_of_another_size_than_the_model_are_refused():
     cfg = load_train_config("digits", ["progress=false"])
     with pytest.raises(DataError, match=r"16x16.*model.img_size=\[16, 16\]"):
-        Trainer(cfg, train_data=_tiny_data([0, 1], 16), test_data=_tiny_data([0, 1], 16))
+        build_run(cfg, train_data=_tiny_data([0, 1], 16), test_data=_tiny_data([0, 1], 16))
 
 
 def test_resume_from_another_model_config_is_refused(tmp_path):
@@ -255,7 +257,7 @@ def test_resume_from_another_model_config_is_refused(tmp_path):
                  "--out", str(tmp_path)]) == 0
     cfg = load_train_config("digits", ["model.depth=2", "progress=false"])
     with pytest.raises(CheckpointError, match=r"another model config \(depth: checkpoint 4"):
-        Trainer(cfg, resume=tmp_path / "last.pt")
+        build_run(cfg, resume=tmp_path / "last.pt")
 
 
 def test_unknown_recipe_keys_and_missing_data_have_clear_errors(tmp_path, capsys):
@@ -271,24 +273,24 @@ def test_unknown_recipe_keys_and_missing_data_have_clear_errors(tmp_path, capsys
 def test_progressive_resizing_trains_and_resumes_exactly(tmp_path):
     schedule = ["resolution_schedule=[[0, 4], [0.5, 8]]", "epochs=2", "progress=false",
                 "ema_decay=0.9", "augment.mixup_alpha=0.8"]
-    straight = Trainer(load_train_config("digits", [*schedule, f"out_dir={tmp_path / 'a'}"]))
-    result = straight.run()
+    straight = build_run(load_train_config("digits", [*schedule, f"out_dir={tmp_path / 'a'}"]))
+    result = run_loop(straight)
     assert [row["resolution"] for row in result.position.history] == [4, 8]
     assert straight.model.config.img_size == (8, 8)
 
     split_cfg = load_train_config("digits", [*schedule, f"out_dir={tmp_path / 'b'}"])
-    first = Trainer(split_cfg)
-    step = first._train_step
+    first = build_run(split_cfg)
+    step = first.step
 
-    def stop_early(images, labels, lr):
+    def stop_early(images, labels, lr, position):
         if first.position.step == 8:  # still at 4x4: the checkpoint holds a 2x2 grid
-            first._stop_reason = "SIGTERM"
-        return step(images, labels, lr)
+            first.stop.reason = "SIGTERM"
+        return step(images, labels, lr, position)
 
-    first._train_step = stop_early
-    first.run()
+    first.step = stop_early
+    run_loop(first)
     assert load_checkpoint(tmp_path / "b" / "last.pt")["model"]["pos_embed"].shape[1] == 1 + 4
-    Trainer(split_cfg, resume=tmp_path / "b" / "last.pt").run()
+    run_loop(build_run(split_cfg, resume=tmp_path / "b" / "last.pt"))
     a, b = _weights(tmp_path / "a" / "last.pt"), _weights(tmp_path / "b" / "last.pt")
     for name in a:
         assert torch.equal(a[name], b[name]), name

@@ -12,9 +12,10 @@ from vitkit.cli import main
 from vitkit.data.skipped import read_skipped_files
 from vitkit.data.sources import open_source
 from vitkit.errors import ConfigError
+from vitkit.train.checkpoint import load_state as load_checkpoint
 from vitkit.train.config import load_train_config
-from vitkit.train.loop import Trainer
-from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import build_run
 
 CLASSES = 3
 QUICK = ["data=folder", "total_steps=4", "warmup_steps=1", "batch_size=16", "progress=false"]
@@ -40,7 +41,7 @@ def test_a_folder_run_names_the_files_it_skipped(tmp_path, digit_folder):
     out = tmp_path / "run"
     cfg = load_train_config("digits", [*QUICK, f"data_dir={digit_folder}",
                                        f"model.num_classes={CLASSES}", f"out_dir={out}"])
-    Trainer(cfg).run()
+    run_loop(build_run(cfg))
     skipped = read_skipped_files(out / "skipped_files.txt")
     assert [Path(path).name for path, _ in skipped] == ["broken.png"]
     assert skipped[0][1].startswith("corrupt: starts like a PNG")
@@ -62,11 +63,11 @@ def test_a_model_without_num_classes_is_sized_from_the_folder(tmp_path, digit_fo
     cfg = load_train_config("digits", [*QUICK, f"data_dir={digit_folder}",
                                        f"out_dir={tmp_path}"])
     cfg.model = model
-    trainer = Trainer(cfg)
+    trainer = build_run(cfg)
     assert trainer.model.config.num_classes == CLASSES
     with pytest.raises(ConfigError, match=r"model\.num_classes=5 but"):
         cfg.model = {**model, "num_classes": 5}
-        Trainer(cfg)
+        build_run(cfg)
 
 
 def test_eval_of_a_finetuned_folder_run_finds_the_folder_by_itself(tmp_path, digit_folder,

@@ -45,8 +45,9 @@ from vitkit.config import ViTConfig
 from vitkit.errors import VitkitError
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import official_preprocess
+from vitkit.train.checkpoint import Position, TrainCheckpoint
 from vitkit.weights import save_pretrained, to_official_arrays
-from vitkit.weights.formats import train_checkpoint
+from vitkit.weights.formats.train_checkpoint import TrainedWeights
 
 TINY = dict(img_size=32, patch_size=16, width=16, depth=1, num_heads=2, mlp_dim=32,
             num_classes=3)
@@ -129,10 +130,11 @@ def _vitkit_seed() -> Seed:
 
 def _train_seed() -> Seed:
     model = tiny_model()
-    checkpoint = train_checkpoint.TrainCheckpoint(
+    trained = TrainedWeights(
         model.config, official_preprocess(model.config.img_size, 3), ["a", "b", "c"],
-        {k: v.detach().clone() for k, v in model.state_dict().items()}, None,
-        {"state": {}, "param_groups": []}, train_checkpoint.Position(total_steps=10),
+        {k: v.detach().clone() for k, v in model.state_dict().items()}, None)
+    checkpoint = TrainCheckpoint(
+        trained, {"state": {}, "param_groups": []}, Position(total_steps=10),
         torch.get_rng_state(), torch.zeros(4, dtype=torch.int64), {"epochs": 1})
     state = checkpoint.to_state()
     tensors = state.pop("model")

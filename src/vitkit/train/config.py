@@ -386,7 +386,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 
 def checkpoint_train_config(path: str | Path) -> dict[str, Any]:
     """The recipe a training checkpoint (last.pt, best.pt) was trained with, as a dict."""
-    from vitkit.weights.formats.train_checkpoint import load_state as load_checkpoint
+    from vitkit.train.checkpoint import load_state as load_checkpoint
 
     state = load_checkpoint(path)
     recipe = state.get("train_config") if isinstance(state, dict) else None

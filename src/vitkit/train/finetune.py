@@ -12,9 +12,9 @@ from vitkit.config import ViTConfig
 from vitkit.data.augment import resize_batch
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
+from vitkit.train.checkpoint import TrainCheckpoint
 from vitkit.train.config import TrainConfig
 from vitkit.weights import WeightsRecord, build_model
-from vitkit.weights.formats.train_checkpoint import TrainCheckpoint
 
 
 def read_init(cfg: TrainConfig) -> WeightsRecord:
@@ -65,7 +65,8 @@ def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int
 def config_from_run(state: TrainCheckpoint) -> tuple[ViTConfig, Preprocess]:
     """The model config (at the run's final resolution) and preprocessing of a fine-tuning
     run's checkpoint: what resuming builds, without reading `init_from` again."""
-    return state.config.replace(img_size=state.preprocess.img_size), state.preprocess
+    trained = state.trained
+    return trained.config.replace(img_size=trained.preprocess.img_size), trained.preprocess
 
 
 def resize_random_crop(images: torch.Tensor, size: tuple[int, int], ratio: float,

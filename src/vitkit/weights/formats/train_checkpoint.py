@@ -1,25 +1,29 @@
-"""vitkit's training checkpoint (last.pt, best.pt): a weights record plus the run's state.
+"""The model part of vitkit's training checkpoints (last.pt, best.pt): what
+`load_pretrained("runs/x/best.pt")` reads.
 
-On disk one flat dict written with `torch.save` (atomically) and read with
-`torch.load(weights_only=True)`:
+A training checkpoint is one flat dict written with `torch.save` (atomically) and read with
+`torch.load(weights_only=True)`. Its model part, read and written here:
 
     format        "vitkit-train-2" ("vitkit-train-1" files still read and resume)
     model_config  the model config at the resolution the tensors have
     preprocess    `Preprocess.to_dict()`, at the run's final resolution (v1: img_size/mean/std)
     classes       class names of the training data
     weights       "raw" or "ema": which weights scored at the last evaluation; the record
-                  (`TrainCheckpoint.record`) holds those
+                  (`TrainedWeights.record`) holds those
     model, ema    the raw weights and the `AveragedModel` state (EMA off: None)
-    optimizer, position, history, rng, train_config: what resuming needs
     checksum      sha256 of the model and EMA tensors (`vitkit.weights.checksum`), checked on
                   reading; files written before it existed read unchecked
 
-Both the raw model and the EMA are kept whatever `weights` says, so a resume is exact.
+Both the raw model and the EMA are kept whatever `weights` says, so a resume is exact. The
+rest of the file (optimizer, position, history, rng, train_config: what resuming needs) is
+training's: `vitkit.train.checkpoint`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,6 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError, VitkitError
-from vitkit.files import write_atomic
 from vitkit.preprocess import Preprocess
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
@@ -40,32 +43,14 @@ _EMA_PREFIX = "module."  # AveragedModel keeps the averaged model as `module`
 
 
 @dataclass
-class Position:
-    """Where training stands: the next batch to run is (epoch, batch); `step` counts updates."""
-
-    epoch: int = 0
-    batch: int = 0
-    step: int = 0
-    total_steps: int = 0
-    best_top1: float = -1.0
-    elapsed: float = 0.0  # training wall time before this process started
-    history: list[dict[str, float]] = field(default_factory=list)
-
-
-@dataclass
-class TrainCheckpoint:
-    """One training checkpoint: the record's parts and the run state, typed."""
+class TrainedWeights:
+    """The model part of a training checkpoint, typed."""
 
     config: ViTConfig
     preprocess: Preprocess
     class_names: list[str]
     model: dict[str, torch.Tensor]
     ema: dict[str, Any] | None
-    optimizer: dict[str, Any]
-    position: Position
-    torch_rng: torch.Tensor
-    augment_rng: torch.Tensor
-    train_config: dict[str, Any]
     weights: str = "raw"
     format: str = FORMAT
 
@@ -79,7 +64,9 @@ class TrainCheckpoint:
         return {k[len(_EMA_PREFIX):]: v for k, v in self.ema.items()
                 if k.startswith(_EMA_PREFIX)}
 
-    def record(self, path: Path | None = None) -> WeightsRecord:
+    def record(self, path: Path | None = None, train_config: dict[str, Any] | None = None
+               ) -> WeightsRecord:
+        """The weights that scored, as a record (`train_config`: the run's recipe)."""
         try:
             weights = self.scored_state_dict()
         except CheckpointError as exc:
@@ -87,27 +74,21 @@ class TrainCheckpoint:
         return WeightsRecord(self.config, weights,
                              self.preprocess.replace(img_size=list(self.config.img_size)),
                              "vitkit-train", list(self.class_names) or None,
-                             extra={"train_config": self.train_config}, weights=self.weights,
+                             extra={"train_config": train_config or {}}, weights=self.weights,
                              path=path)
 
     def to_state(self) -> dict[str, Any]:
-        pos = self.position
-        return {
-            "format": FORMAT, "model_config": self.config.to_dict(),
-            "preprocess": self.preprocess.to_dict(), "classes": list(self.class_names),
-            "weights": self.weights, "model": self.model, "ema": self.ema,
-            "optimizer": self.optimizer,
-            "position": {"epoch": pos.epoch, "batch": pos.batch, "step": pos.step,
-                         "total_steps": pos.total_steps, "best_top1": pos.best_top1,
-                         "elapsed": pos.elapsed},
-            "history": pos.history,
-            "rng": {"torch": self.torch_rng, "augment": self.augment_rng},
-            "train_config": self.train_config,
-            "checksum": tensors_checksum(_checked_tensors(self.model, self.ema)),
-        }
+        """The model part's entries of the file, in the file's order (the checksum, which
+        comes last, is `checksum()`)."""
+        return {"format": FORMAT, "model_config": self.config.to_dict(),
+                "preprocess": self.preprocess.to_dict(), "classes": list(self.class_names),
+                "weights": self.weights, "model": self.model, "ema": self.ema}
+
+    def checksum(self) -> str:
+        return tensors_checksum(_checked_tensors(self.model, self.ema))
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], path: str | Path) -> TrainCheckpoint:
+    def from_state(cls, state: dict[str, Any], path: str | Path) -> TrainedWeights:
         version = state.get("format")
         if version not in READABLE_FORMATS:
             raise CheckpointError(f"{path} is not a vitkit training checkpoint (format "
@@ -122,28 +103,30 @@ class TrainCheckpoint:
             except (TypeError, AttributeError):
                 tensors = {}
             verify_checksum(tensors, state["checksum"], path, "model and EMA tensors")
-        try:
+        with damaged_unless_readable(path):
             config = ViTConfig.from_dict(state["model_config"])
             check_config_fits(config, state["model"], path)
-            pos = state["position"]
-            return cls(
-                config, _preprocess(state.get("preprocess") or {}, config),
-                list(state.get("classes") or []), state["model"], state.get("ema"),
-                state["optimizer"],
-                Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
-                         pos["best_top1"], pos["elapsed"], list(state["history"])),
-                state["rng"]["torch"], state["rng"]["augment"], state.get("train_config") or {},
-                state.get("weights", "raw"), version)
-        except KeyError as exc:
-            raise CheckpointError(f"{path} is a vitkit training checkpoint without "
-                                  f"{exc.args[0]!r}: it is damaged; use the run's other "
-                                  "checkpoint or train again") from exc
-        except (ConfigError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            if isinstance(exc, VitkitError) and not isinstance(exc, ConfigError):
-                raise
-            raise CheckpointError(f"{path} is a vitkit training checkpoint whose contents have "
-                                  f"the wrong form ({type(exc).__name__}: {exc}): it is damaged; "
-                                  "use the run's other checkpoint or train again") from None
+            return cls(config, _preprocess(state.get("preprocess") or {}, config),
+                       list(state.get("classes") or []), state["model"], state.get("ema"),
+                       state.get("weights", "raw"), version)
+
+
+@contextmanager
+def damaged_unless_readable(path: str | Path) -> Iterator[None]:
+    """Reading a training checkpoint's entries: a missing entry or one of the wrong form is
+    a `CheckpointError` that says the file is damaged and what to do."""
+    try:
+        yield
+    except KeyError as exc:
+        raise CheckpointError(f"{path} is a vitkit training checkpoint without "
+                              f"{exc.args[0]!r}: it is damaged; use the run's other "
+                              "checkpoint or train again") from exc
+    except (ConfigError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        if isinstance(exc, VitkitError) and not isinstance(exc, ConfigError):
+            raise
+        raise CheckpointError(f"{path} is a vitkit training checkpoint whose contents have "
+                              f"the wrong form ({type(exc).__name__}: {exc}): it is damaged; "
+                              "use the run's other checkpoint or train again") from None
 
 
 def _checked_tensors(model: Any, ema: Any) -> dict[str, torch.Tensor]:
@@ -165,40 +148,6 @@ def _preprocess(saved: dict[str, Any], config: ViTConfig) -> Preprocess:
                       mean=saved.get("mean") or channels, std=saved.get("std") or channels)
 
 
-# -- files ----------------------------------------------------------------------------------------
-def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
-    """Write `state` to `path` so that a crash leaves either the old file or the new one
-    (temporary file beside it, fsync, rename)."""
-    return write_atomic(path, lambda stream: torch.save(state, stream), fsync=True)
-
-
-def write(checkpoint: TrainCheckpoint, path: str | Path) -> Path:
-    """Save `checkpoint` atomically."""
-    return save_atomic(checkpoint.to_state(), path)
-
-
-def load_state(path: str | Path) -> dict[str, Any]:
-    """The raw dict of a checkpoint file, read safely (tensors and containers only)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    found = Found.at(path)
-    if found.kind != "torch":
-        what = {"folder": "a folder", "npz": "an .npz file", "safetensors": "a safetensors "
-                "file"}.get(found.kind, "not a PyTorch file")
-        raise CheckpointError(f"{path} is not a vitkit training checkpoint ({what}): pass the "
-                              "last.pt or best.pt that `vitkit train` wrote")
-    state = found.contents()
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} is not a vitkit training checkpoint")
-    return state
-
-
-def read_checkpoint(path: str | Path) -> TrainCheckpoint:
-    """A training checkpoint with everything resuming needs."""
-    return TrainCheckpoint.from_state(load_state(path), path)
-
-
 # -- the adapter ----------------------------------------------------------------------------------
 def detect(found: Found) -> bool:
     if found.kind != "torch":
@@ -208,4 +157,6 @@ def detect(found: Found) -> bool:
 
 
 def read(found: Found, options: ReadOptions) -> WeightsRecord:
-    return TrainCheckpoint.from_state(found.contents(), found.path).record(found.path)
+    state = found.contents()
+    return TrainedWeights.from_state(state, found.path).record(found.path,
+                                                              state.get("train_config"))

@@ -1,0 +1,106 @@
+"""The run's clock against its time budget (`time_budget` seconds, the time its checkpoint
+already used included).
+
+The budget sizes the run: once the first steps are timed (from the second step after the
+start, for up to 20 steps; a recompile is no rate, so compile seconds are left out), the
+schedule is fitted to the time left, and again after every epoch with that epoch's rate and
+the last evaluation's seconds (`RunPlan.fit_to_budget`: the plan decides, the clock measures).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from vitkit.train.checkpoint import Position
+from vitkit.train.compiling import CompileClock
+from vitkit.train.plan import RunPlan
+
+log = logging.getLogger("vitkit.train")
+
+
+class BudgetClock:
+    """This process's training time, and the schedule re-fitted to the budget it leaves."""
+
+    def __init__(self, budget: float, eval_every: int, plan: RunPlan,
+                 compile_clock: CompileClock) -> None:
+        self.budget = budget  # seconds; 0: no budget
+        self.eval_every = eval_every
+        self.plan = plan
+        self.compile_clock = compile_clock
+        self.eval_seconds = 0.0  # the last evaluation's
+        self._started: float | None = None
+
+    # -- wall time ---------------------------------------------------------------------------------
+    def start(self, pos: Position) -> None:
+        """The loop starts at `pos`: the clock runs, and the first steps will be timed."""
+        self._started = time.perf_counter()
+        per_epoch = self.plan.batches_per_epoch
+        self._calibrate_at = pos.step + min(20, max(per_epoch // 4, 3))
+        self._calibrate_from = (pos.step + 2, time.perf_counter(), 0.0)
+
+    def elapsed(self) -> float:
+        """Seconds since `start` (0 before it)."""
+        return time.perf_counter() - self._started if self._started is not None else 0.0
+
+    def used(self, pos: Position) -> float:
+        """The run's training time: what its checkpoint used and this process's."""
+        return pos.elapsed + self.elapsed()
+
+    def out_of_time(self, pos: Position) -> bool:
+        return bool(self.budget) and self.used(pos) >= self.budget
+
+    # -- measuring ---------------------------------------------------------------------------------
+    def start_epoch(self) -> None:
+        self._epoch_start = time.perf_counter()
+        self._epoch_compile = self.compile_clock.seconds
+        self._epoch_tokens = 0
+
+    def after_step(self, pos: Position, step_tokens: int) -> None:
+        """Count a step of `step_tokens` tokens per image; time the first steps, and at the
+        last of them fit the schedule to the budget."""
+        clock = self.compile_clock
+        self._epoch_tokens += step_tokens
+        if pos.step == self._calibrate_from[0]:
+            self._calibrate_from = (pos.step, time.perf_counter(), clock.seconds)
+        if self.budget and pos.step == self._calibrate_at:
+            steps = max(pos.step - self._calibrate_from[0], 1)
+            seconds = time.perf_counter() - self._calibrate_from[1]
+            seconds -= clock.seconds - self._calibrate_from[2]  # a recompile is no rate
+            self.fit(pos, seconds, steps * step_tokens)
+
+    def end_epoch(self) -> float:
+        """The epoch's training seconds (its steps' rate, compile seconds left out, is kept
+        for `refit_after_epoch`)."""
+        train_seconds = time.perf_counter() - self._epoch_start
+        self._step_seconds = train_seconds - (self.compile_clock.seconds - self._epoch_compile)
+        return train_seconds
+
+    @contextmanager
+    def timing_evaluation(self) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.eval_seconds = time.perf_counter() - start
+
+    # -- fitting -----------------------------------------------------------------------------------
+    def refit_after_epoch(self, pos: Position) -> None:
+        """Fit the rest of the run with the epoch's rate and the last evaluation's seconds."""
+        if self.budget:
+            self.fit(pos, self._step_seconds, self._epoch_tokens)
+
+    def fit(self, pos: Position, seconds: float, tokens: int) -> None:
+        """Re-plan the run's length so the rest ends within the budget (`seconds` of training
+        ran `tokens` tokens per image, summed over its steps)."""
+        plan = self.plan
+        remaining = self.budget - self.used(pos) - self.eval_seconds
+        before = pos.total_steps
+        pos.total_steps = plan.fit_to_budget(pos.step, seconds / max(tokens, 1), remaining,
+                                             self.eval_seconds, self.eval_every)
+        if pos.total_steps < plan.planned_steps <= before:
+            log.warning("the %.0f s time budget fits %d of the %d planned steps (%.2f epochs); "
+                        "the schedule and its %d warmup steps are scaled to fit (warmup %d)",
+                        self.budget, pos.total_steps, plan.planned_steps,
+                        pos.total_steps / plan.batches_per_epoch, plan.warmup,
+                        plan.warmup_for(pos.total_steps))

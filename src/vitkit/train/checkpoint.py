@@ -1,0 +1,110 @@
+"""A training run's checkpoints (last.pt, best.pt): what they hold, writing them atomically,
+and reading them back to resume.
+
+One flat dict (`torch.save`, read with `weights_only=True`): the model part that
+`vitkit.weights.formats.train_checkpoint` reads for `load_pretrained` (format, model_config,
+preprocess, classes, weights, model, ema, checksum), and what resuming needs:
+
+    optimizer     the optimizer's state dict
+    position      epoch, batch, step, total_steps, best_top1, elapsed (`Position`)
+    history       one row per evaluation (what metrics.jsonl holds)
+    rng           {"torch": the global RNG state, "augment": the augmentation generator's}
+    train_config  the run's recipe (`TrainConfig.to_dict()`)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitkit.errors import CheckpointError
+from vitkit.files import write_atomic
+from vitkit.weights.formats.sniff import Found
+from vitkit.weights.formats.train_checkpoint import TrainedWeights, damaged_unless_readable
+
+
+@dataclass
+class Position:
+    """Where training stands: the next batch to run is (epoch, batch); `step` counts updates."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    total_steps: int = 0
+    best_top1: float = -1.0
+    elapsed: float = 0.0  # training wall time before this process started
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class TrainCheckpoint:
+    """One training checkpoint: the model part (`trained`) and the run state, typed."""
+
+    trained: TrainedWeights
+    optimizer: dict[str, Any]
+    position: Position
+    torch_rng: torch.Tensor
+    augment_rng: torch.Tensor
+    train_config: dict[str, Any]
+
+    def to_state(self) -> dict[str, Any]:
+        pos = self.position
+        return {
+            **self.trained.to_state(),
+            "optimizer": self.optimizer,
+            "position": {"epoch": pos.epoch, "batch": pos.batch, "step": pos.step,
+                         "total_steps": pos.total_steps, "best_top1": pos.best_top1,
+                         "elapsed": pos.elapsed},
+            "history": pos.history,
+            "rng": {"torch": self.torch_rng, "augment": self.augment_rng},
+            "train_config": self.train_config,
+            "checksum": self.trained.checksum(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], path: str | Path) -> TrainCheckpoint:
+        trained = TrainedWeights.from_state(state, path)
+        with damaged_unless_readable(path):
+            pos = state["position"]
+            return cls(trained, state["optimizer"],
+                       Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
+                                pos["best_top1"], pos["elapsed"], list(state["history"])),
+                       state["rng"]["torch"], state["rng"]["augment"],
+                       state.get("train_config") or {})
+
+
+# -- files ----------------------------------------------------------------------------------------
+def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
+    """Write `state` to `path` so that a crash leaves either the old file or the new one
+    (temporary file beside it, fsync, rename)."""
+    return write_atomic(path, lambda stream: torch.save(state, stream), fsync=True)
+
+
+def write(checkpoint: TrainCheckpoint, path: str | Path) -> Path:
+    """Save `checkpoint` atomically."""
+    return save_atomic(checkpoint.to_state(), path)
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    """The raw dict of a checkpoint file, read safely (tensors and containers only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    found = Found.at(path)
+    if found.kind != "torch":
+        what = {"folder": "a folder", "npz": "an .npz file", "safetensors": "a safetensors "
+                "file"}.get(found.kind, "not a PyTorch file")
+        raise CheckpointError(f"{path} is not a vitkit training checkpoint ({what}): pass the "
+                              "last.pt or best.pt that `vitkit train` wrote")
+    state = found.contents()
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a vitkit training checkpoint")
+    return state
+
+
+def read_checkpoint(path: str | Path) -> TrainCheckpoint:
+    """A training checkpoint with everything resuming needs."""
+    return TrainCheckpoint.from_state(load_state(path), path)

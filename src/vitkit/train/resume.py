@@ -1,0 +1,89 @@
+"""Resuming a run from its checkpoint: refused when the recipe trains another model or with
+another optimizer; else the weights, EMA, optimizer, random states and position come back
+exactly, and a new length (`epochs`, `total_steps`, `time_budget`) re-plans the run."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.swa_utils import AveragedModel
+
+from vitkit.config import ViTConfig
+from vitkit.errors import CheckpointError
+from vitkit.model.vit import VisionTransformer
+from vitkit.train.checkpoint import Position, TrainCheckpoint
+from vitkit.train.config import TrainConfig
+from vitkit.train.plan import RunPlan
+
+log = logging.getLogger("vitkit.train")
+
+
+def check_resumable(state: TrainCheckpoint, path: str | Path, cfg: TrainConfig,
+                    config: ViTConfig) -> None:
+    """Refuse a checkpoint trained with another optimizer or model config than `cfg`'s."""
+    used = state.train_config.get("optimizer", "adamw")
+    if used != cfg.optimizer:
+        raise CheckpointError(f"cannot resume from {path}: it was trained with optimizer="
+                              f"{used} but the config says {cfg.optimizer}. Resume with "
+                              f"optimizer={used}.")
+    saved = state.trained.config
+    if saved.replace(img_size=config.img_size) != config:
+        diffs = [f"{k}: checkpoint {v!r} vs config {getattr(config, k)!r}"
+                 for k, v in saved.to_dict().items()
+                 if k != "name" and v != config.to_dict()[k]]
+        raise CheckpointError(f"cannot resume from {path}: it was trained with another model "
+                              f"config ({'; '.join(diffs)}). Resume with the same recipe.")
+
+
+def restore(state: TrainCheckpoint, path: str | Path, model: VisionTransformer,
+            ema: AveragedModel | None, optimizer: torch.optim.Optimizer,
+            generator: torch.Generator) -> Position:
+    """Load the checkpoint's weights (at its resolution), EMA, optimizer and random states;
+    the position it was saved at."""
+    size = state.trained.config.img_size
+    model.set_image_size(size)
+    if ema is not None:
+        ema.module.set_image_size(size)
+    model.load_state_dict(state.trained.model)
+    optimizer.load_state_dict(state.optimizer)
+    if ema is not None and state.trained.ema is not None:
+        ema.load_state_dict(state.trained.ema)
+    torch.set_rng_state(state.torch_rng)
+    generator.set_state(state.augment_rng)
+    position = replace(state.position, history=list(state.position.history))
+    log.info("resumed from %s at epoch %d, batch %d", path, position.epoch, position.batch)
+    return position
+
+
+def replan_if_length_changed(cfg: TrainConfig, saved: dict[str, Any], plan: RunPlan,
+                             pos: Position) -> None:
+    """Resuming with another `epochs`, `total_steps` or `time_budget` re-plans the run.
+
+    The same command resumes exactly; a longer one extends the run (also a finished one),
+    as in timm and Hugging Face: the schedule is stretched to the new length from the
+    current step on. A new time budget is fitted after the first steps are timed.
+    """
+    new = cfg.to_dict()
+    changed = ", ".join(f"{key} {saved[key]} -> {new[key]}"
+                        for key in ("epochs", "total_steps", "time_budget")
+                        if key in saved and saved[key] != new[key])
+    if not changed:
+        return
+    before = pos.total_steps
+    pos.total_steps = plan.planned_steps
+    if cfg.time_budget and pos.elapsed >= cfg.time_budget:
+        log.warning("resume: %s, but the checkpoint already used %.0f s of the %.0f s "
+                    "budget; raise time_budget to train on", changed, pos.elapsed,
+                    cfg.time_budget)
+        pos.total_steps = pos.step
+    elif pos.total_steps <= pos.step:
+        log.warning("resume: %s, but the checkpoint is already at step %d of the %d now "
+                    "planned; nothing to train", changed, pos.step, pos.total_steps)
+    else:
+        log.warning("resume: %s; the run is re-planned from %d to %d steps (the learning "
+                    "rate schedule is stretched from step %d on)", changed, before,
+                    pos.total_steps, pos.step)

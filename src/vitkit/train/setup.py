@@ -1,0 +1,191 @@
+"""Setting up a training run: `build_run(cfg, resume)` assembles what the loop needs.
+
+In order: the device (and the process group under torchrun); the model's config, from the
+recipe, from pretrained weights (`init_from`), or from the run's checkpoint when a
+fine-tuning run resumes; a check that the run fits in memory, before anything is allocated;
+the data, with the head sized to it; the model; the preprocessing; optimizer, EMA and
+augmentation; the feeds and the plan; the checkpoint's state on resume (re-planned when the
+length changed); the training step (DDP, compile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from vitkit.config import ViTConfig
+from vitkit.data.augment import BatchAugment
+from vitkit.model.vit import VisionTransformer
+from vitkit.preprocess import Preprocess
+from vitkit.runtime import check_device, configure_cpu
+from vitkit.train.budget import BudgetClock
+from vitkit.train.checkpoint import Position, TrainCheckpoint, read_checkpoint, write
+from vitkit.train.compiling import CompileClock
+from vitkit.train.config import TrainConfig
+from vitkit.train.data import (
+    Source,
+    TrainingData,
+    augment_config,
+    check_data_fits,
+    class_count,
+    feed_data,
+    open_data,
+)
+from vitkit.train.distributed import DistInfo, init_distributed
+from vitkit.train.finetune import config_from_run, pretrained_model, read_init, target_config
+from vitkit.train.memory import check_fits_in_memory
+from vitkit.train.optim import build_optimizer
+from vitkit.train.plan import RunPlan
+from vitkit.train.preprocessing import run_preprocess
+from vitkit.train.resume import check_resumable, replan_if_length_changed, restore
+from vitkit.train.step import TrainStep
+from vitkit.train.stopping import StopRequest
+from vitkit.weights import WeightsRecord
+from vitkit.weights.formats.train_checkpoint import TrainedWeights
+
+
+@dataclass
+class Run:
+    """What the loop needs: the model and what updates it (`step`), the data, the plan, where
+    the run stands (`position`), its clocks and why it should stop."""
+
+    cfg: TrainConfig
+    info: DistInfo
+    device: torch.device
+    model: VisionTransformer  # the plain module: checkpoints and evaluation use it
+    ema: AveragedModel | None
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator  # the augmentation's random state
+    preprocess: Preprocess
+    data: TrainingData
+    plan: RunPlan
+    position: Position
+    step: TrainStep
+    amp_dtype: torch.dtype | None
+    compile_clock: CompileClock
+    clock: BudgetClock
+    stop: StopRequest = field(default_factory=StopRequest)
+    scored_weights: str = "raw"  # "ema" while the EMA scored better at the last evaluation
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.cfg.out_dir)
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warmup steps of the run as now planned (scaled into a shorter budget-fitted run)."""
+        return self.plan.warmup_for(self.position.total_steps)
+
+    def checkpoint(self) -> TrainCheckpoint:
+        """The run as a training checkpoint: the weights that scored, and the run state."""
+        pos = self.position
+        trained = TrainedWeights(
+            config=self.model.config,  # at the current resolution
+            preprocess=self.preprocess, class_names=list(self.data.class_names),
+            model=self.model.state_dict(),
+            ema=self.ema.state_dict() if self.ema is not None else None,
+            weights=self.scored_weights)
+        return TrainCheckpoint(
+            trained, optimizer=self.optimizer.state_dict(),
+            position=replace(pos, elapsed=self.clock.used(pos)),
+            torch_rng=torch.get_rng_state(), augment_rng=self.generator.get_state(),
+            train_config=self.cfg.to_dict())
+
+    def save(self, name: str) -> Path | None:
+        """Write `name`.pt atomically (main rank only)."""
+        if not self.info.is_main:
+            return None
+        return write(self.checkpoint(), self.out_dir / f"{name}.pt")
+
+
+def build_run(cfg: TrainConfig, resume: str | Path | None = None,
+              train_data: Source | None = None, test_data: Source | None = None) -> Run:
+    """Everything a run of `cfg` needs, from its checkpoint when `resume` names one
+    (`train_data`/`test_data`: data to use instead of the config's source)."""
+    device, info = join_devices(cfg)
+    state = read_checkpoint(resume) if resume else None
+    config, init, saved_pre = model_source(cfg, state)
+    check_fits_in_memory(config, cfg.batch_size, cfg.accum_steps, device,
+                         info.world_size)  # before the data and model are made
+    train, test, config = open_data(cfg, config, Path(cfg.out_dir), info, train_data, test_data)
+    torch.manual_seed(cfg.seed)
+    if init is not None:
+        model = pretrained_model(init, cfg, class_count(train)).to(device)
+        config = model.config
+    else:
+        model = VisionTransformer(config).to(device)
+    check_data_fits(config, train, resize=bool(cfg.init_from))
+    streamed = train.streamed
+    preprocess = run_preprocess(cfg, config, init.preprocess if init is not None else saved_pre,
+                                streamed)
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.betas,
+                                cfg.momentum)
+    ema = make_ema(model, cfg.ema_decay)
+    augment = BatchAugment(augment_config(cfg, streamed), config.num_classes)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    data = feed_data(cfg, train, test, config, preprocess, info, device)
+    plan = RunPlan.create(config, data.order.batches_per_epoch(), cfg.epochs, cfg.total_steps,
+                          cfg.warmup_steps, cfg.warmup_epochs, cfg.resolution_schedule)
+    position, scored_weights = Position(total_steps=plan.planned_steps), "raw"
+    if state is not None:
+        check_resumable(state, resume, cfg, config)
+        position = restore(state, resume, model, ema, optimizer, generator)
+        scored_weights = state.trained.weights
+        replan_if_length_changed(cfg, state.train_config, plan, position)
+    compile_clock = CompileClock(cfg.compile)
+    amp = amp_dtype(cfg.amp, device)
+    step = TrainStep(cfg, model, ema, optimizer, augment, generator, preprocess, plan, info,
+                     device, amp, compile_clock, global_batches=data.feed.global_batches,
+                     trained_size=tuple(model.config.img_size) if position.step else None)
+    clock = BudgetClock(cfg.time_budget, cfg.eval_every, plan, compile_clock)
+    return Run(cfg, info, device, model, ema, optimizer, generator, preprocess, data, plan,
+               position, step, amp, compile_clock, clock, scored_weights=scored_weights)
+
+
+def pick_device(name: str) -> torch.device:
+    """The torch device for a `device=` setting, refused clearly when this machine lacks it."""
+    check_device(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def join_devices(cfg: TrainConfig) -> tuple[torch.device, DistInfo]:
+    """This process's device and its place in the process group `torchrun` describes (one
+    GPU per rank); CPU threads set."""
+    device = pick_device(cfg.device)
+    info = init_distributed(device)
+    if device.type == "cuda" and info.enabled:
+        device = torch.device("cuda", info.local_rank)
+    configure_cpu(cfg.threads)
+    return device, info
+
+
+def model_source(cfg: TrainConfig, state: TrainCheckpoint | None
+                 ) -> tuple[ViTConfig, WeightsRecord | None, Preprocess | None]:
+    """The model config to train, the pretrained weights to start from (`init_from`; None
+    for a fresh model) and the preprocessing a resumed fine-tuning run trained with."""
+    if cfg.init_from and state:  # the run's checkpoint has the model: skip init_from
+        config, saved_pre = config_from_run(state)
+        return config, None, saved_pre
+    if cfg.init_from:
+        init = read_init(cfg)
+        return target_config(init, cfg.finetune_overrides()), init, None
+    return cfg.model_config(), None, None
+
+
+def make_ema(model: VisionTransformer, decay: float) -> AveragedModel | None:
+    """The exponential moving average of the weights (`ema_decay`; 0: none)."""
+    if not decay:
+        return None
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast with amp=bf16, or amp=auto on a GPU; else None (fp32)."""
+    if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
