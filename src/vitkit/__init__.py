@@ -13,9 +13,8 @@ from vitkit.errors import (
 )
 from vitkit.inference.merging import apply_token_merging
 from vitkit.model import VisionTransformer
+from vitkit.version import __version__
 from vitkit.weights import save_pretrained
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",
@@ -27,6 +26,7 @@ __all__ = [
     "ViTConfig",
     "VisionTransformer",
     "VitkitError",
+    "__version__",
     "apply_token_merging",
     "count_parameters",
     "create_model",

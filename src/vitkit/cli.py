@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from vitkit.config import SIZES, ViTConfig
 from vitkit.errors import VitkitError
 from vitkit.fieldtypes import parse_size, parse_text
+from vitkit.version import __version__
 
 if TYPE_CHECKING:
     from vitkit.report import Formats
@@ -362,6 +364,7 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     models = verbs.add_parser("models", help="list model names with their sizes")
@@ -521,6 +524,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VitkitError as exc:  # bad input: the message says what to change
         print(f"vitkit {args.verb}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:  # the reader went away (`vitkit models | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 0
     except Exception:  # anything else is a bug in vitkit: keep the traceback for the report
         traceback.print_exc()
         print(BUG_REPORT.format(verb=args.verb), file=sys.stderr)

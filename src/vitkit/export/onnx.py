@@ -47,8 +47,8 @@ def require(module: str) -> Any:
 def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
                   dynamic_size: bool) -> dict[str, str]:
     """What a consumer needs beside the graph: preprocessing, class names, config (JSON)."""
-    from vitkit import __version__
     from vitkit.preprocess import preprocess_for
+    from vitkit.version import __version__
 
     config = model.config
     preprocess = preprocess_for(model)
