@@ -10,6 +10,7 @@ must equal the reference library's on the same input within 1e-5 (fp32).
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import httpx2
@@ -251,3 +252,50 @@ def test_cli_finetunes_from_a_hub_repository(hf_cache, tmp_path):
     tuned = load_pretrained(out / "last.pt")
     assert tuned.config.img_size == (16, 16) and tuned.config.width == 32
     assert tuned.pos_embed.shape[1] == 1 + 16
+
+
+# -- docs/weights.md, "hf-hub: on a machine without internet", followed step by step -------------
+def random_image(path: Path) -> Path:
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (40, 40, 3), np.uint8)).save(path)
+    return path
+
+
+def test_a_cache_filled_online_and_copied_over_loads_with_hf_hub_offline(hf_cache, tmp_path,
+                                                                         capsys):
+    # online: `hf download acme/tiny-vit config.json model.safetensors preprocessor_config.json`
+    # fills ~/.cache/huggingface/hub there (write_hf_repo leaves what it leaves)
+    online_cache = tmp_path / "online" / "huggingface" / "hub"
+    reference = hf_model()
+    write_hf_repo(online_cache, reference)
+    # copy the cache folder to the same place on the offline machine; HF_HUB_OFFLINE=1 (fixture)
+    shutil.copytree(online_cache, hf_cache, symlinks=True)
+    image = random_image(tmp_path / "cat.png")
+    assert main(["predict", f"hf-hub:{HF_REPO}", str(image)]) in (0, None)
+    assert any(label in capsys.readouterr().out for label in LABELS)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = reference(pixel_values=images).logits
+        assert (load_pretrained(f"hf-hub:{HF_REPO}")(images) - expected).abs().max() <= TOL
+
+
+def test_a_folder_downloaded_with_local_dir_loads_without_the_hub(hf_cache, tmp_path, capsys):
+    # online: `hf download acme/tiny-vit config.json model.safetensors preprocessor_config.json
+    # --local-dir tiny-vit`, then the folder is copied to the offline machine
+    folder = tmp_path / "tiny-vit"
+    reference = hf_model()
+    reference.save_pretrained(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.4, 0.5, 0.6],
+                      image_std=[0.2, 0.25, 0.3], resample=3).save_pretrained(folder)
+    metadata = folder / ".cache" / "huggingface" / "download"  # what --local-dir leaves beside
+    metadata.mkdir(parents=True)
+    (metadata / "config.json.metadata").write_text(f"{COMMIT}\netag\n0\n")
+    image = random_image(tmp_path / "cat.png")
+    assert main(["predict", str(folder), str(image)]) in (0, None)
+    assert any(label in capsys.readouterr().out for label in LABELS)
+    model = load_pretrained(folder)
+    assert model.preprocess.mean == pytest.approx([0.4, 0.5, 0.6])
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = reference(pixel_values=images).logits
+        assert (model(images) - expected).abs().max() <= TOL
+    assert not any(hf_cache.glob("models--*"))  # the Hub cache was never needed

@@ -193,10 +193,11 @@ def cmd_models(args: argparse.Namespace) -> None:
 
 def print_checkpoint_table(rows: list[NamedCheckpoint]) -> None:
     """`vitkit models --checkpoints`: name, expected ImageNet top-1, URL."""
-    print(f"{'name':<30}{'top-1 %':>8}  {'source':<11}url")
+    width = max(len(row.name) for row in rows) + 2
+    print(f"{'name':<{width}}{'top-1 %':>8}  {'source':<11}url")
     for row in rows:
         top1 = f"{row.top1:.2f}" if row.top1 is not None else "-"
-        print(f"{row.name:<30}{top1:>8}  {row.top1_source or '-':<11}{row.url}")
+        print(f"{row.name:<{width}}{top1:>8}  {row.top1_source or '-':<11}{row.url}")
     print("\ntop-1: ImageNet-2012 validation; 'timm' = timm's results-imagenet.csv (its own "
           "evaluation of the same weights), 'vit README' = the official README's expected "
           "figure; '-' = no published figure. i21k checkpoints have a 21,843-way ImageNet-21k "

@@ -1,6 +1,6 @@
-"""Named official checkpoints (the 2020 release and the recommended AugReg ones): their
-download URLs, expected ImageNet top-1, the architecture each name implies, a local cache,
-and an offline folder.
+"""Named official checkpoints (the 2020 release and the AugReg ones the official README
+recommends, with timm's picks beside them): their download URLs, expected ImageNet top-1, the
+architecture each name implies, a local cache, and an offline folder.
 
 A source, not a format: `vitkit.catalog` asks it whether a string names a checkpoint and
 where its file is; the npz adapter then reads the file. `resolve_named("B/16-i21k")` returns
@@ -44,87 +44,132 @@ _OFFICIAL = {
     "L/32-i21k-i1k-384": "imagenet21k+imagenet2012/ViT-L_32.npz",
     "R50+B/16-i21k-i1k-384": "imagenet21k+imagenet2012/R50+ViT-B_16.npz",
 }
-# The recommended AugReg checkpoints of "How to train your ViT?" (Steiner et al., 2021;
-# gs://vit_models/augreg, described by its index.csv): per variant, the ImageNet-21k
-# pre-training ("-augreg-i21k": 21,843-way head, no pre-logits layer) and its ImageNet-2012
-# fine-tunes at 224 and 384 ("-augreg-i21k-i1k-224/-384": 1000 classes, no pre-logits).
-# File names: timm's vision_transformer.py and vision_transformer_hybrid.py default_cfgs (the
-# "augreg_in21k" and "augreg_in21k_ft_in1k" tags' url fields), which name exactly these files;
-# the "Ti_16"/"R26_S_32" stems follow vit_jax/configs/models.py (AUGREG_CONFIGS).
-# Note the 384 px fine-tunes of B/32 and R26+S/32 start from another pre-training run than
-# the 224 px ones (as in timm); "-augreg-i21k" is the one timm tags augreg_in21k.
+# The AugReg checkpoints of "How to train your ViT?" (Steiner et al., 2021; gs://vit_models/augreg,
+# described by its index.csv): per variant, an ImageNet-21k pre-training ("-augreg-i21k":
+# 21,843-way head, no pre-logits layer) and its ImageNet-2012 fine-tunes at 224 and 384
+# ("-augreg-i21k-i1k-224/-384": 1000 classes, no pre-logits). Files are named by stem:
+# "<pre-training>" and "<pre-training>--imagenet2012-steps_20k-lr_<lr>-res_<px>".
 _AUGREG_ROOT = "augreg/"
-_AUGREG = {
-    "Ti/16": ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
-              {224: "", 384: ""}),
-    "S/32": ("S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0",
-             {224: "", 384: ""}),
-    "S/16": ("S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0",
-             {224: "", 384: ""}),
-    "B/32": ("B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0",
-             {224: "", 384: "B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"}),
-    "B/16": ("B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
-             {224: "", 384: ""}),
-    "B/8": ("B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0", {224: ""}),
-    "L/16": ("L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1",
-             {224: "", 384: ""}),
-    "R+Ti/16": ("R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
-                {224: "", 384: ""}),
-    "R26+S/32": ("R26_S_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.03-do_0.0-sd_0.0",
-                 {224: "R26_S_32-i21k-300ep-lr_0.001-aug_light0-wd_0.03-do_0.1-sd_0.1",
-                  384: ""}),
-    "R50+L/32": ("R50_L_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0",
-                 {224: "R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1",
-                  384: ""}),
+
+
+def _finetuned(start: str, lr: str, res: int) -> str:
+    """The stem of the 20k-step ImageNet-2012 fine-tune of pre-training `start`."""
+    return f"{start}--imagenet2012-steps_20k-lr_{lr}-res_{res}"
+
+
+# The defaults: the official picks. google-research/vision_transformer, README.md, section
+# "Available ViT models": "We recommend using the following checkpoints, trained with [AugReg]
+# that have the best pre-training metrics". Its columns: Model | Pre-trained checkpoint | Size |
+# Fine-tuned checkpoint | Resolution | Img/sec | Imagenet accuracy. Every fine-tuned checkpoint
+# there is `<pre-trained>--imagenet2012-steps_20k-lr_<lr>-res_384.npz`, so each row is
+# variant: (pre-trained stem, fine-tune lr, Imagenet accuracy %), quoted after it as
+# "| Model | Size | fine-tune suffix | Resolution | Img/sec | Imagenet accuracy |".
+_README_AUGREG: dict[str, tuple[str, str, float]] = {
+    "L/16": ("L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0", "0.01", 85.59),
+    # | L/16     | 1243 MiB | --imagenet2012-steps_20k-lr_0.01-res_384 | 384 |   50 | 85.59% |
+    "B/16": ("B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0", "0.03", 85.49),
+    # | B/16     |  391 MiB | --imagenet2012-steps_20k-lr_0.03-res_384 | 384 |  138 | 85.49% |
+    "S/16": ("S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0", "0.03", 83.73),
+    # | S/16     |  115 MiB | --imagenet2012-steps_20k-lr_0.03-res_384 | 384 |  300 | 83.73% |
+    "R50+L/32": ("R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1", "0.01", 85.99),
+    # | R50+L/32 | 1337 MiB | --imagenet2012-steps_20k-lr_0.01-res_384 | 384 |  327 | 85.99% |
+    "R26+S/32": ("R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0", "0.01", 83.85),
+    # | R26+S/32 |  170 MiB | --imagenet2012-steps_20k-lr_0.01-res_384 | 384 |  560 | 83.85% |
+    "Ti/16": ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0", "0.03", 78.22),
+    # | Ti/16    |   37 MiB | --imagenet2012-steps_20k-lr_0.03-res_384 | 384 |  610 | 78.22% |
+    "B/32": ("B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0", "0.01", 83.59),
+    # | B/32     |  398 MiB | --imagenet2012-steps_20k-lr_0.01-res_384 | 384 |  955 | 83.59% |
+    "S/32": ("S_32-i21k-300ep-lr_0.001-aug_none-wd_0.1-do_0.0-sd_0.0", "0.01", 79.58),
+    # | S/32     |  118 MiB | --imagenet2012-steps_20k-lr_0.01-res_384 | 384 | 2154 | 79.58% |
+    "R+Ti/16": ("R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0", "0.03", 75.40),
+    # | R+Ti/16  |   40 MiB | --imagenet2012-steps_20k-lr_0.03-res_384 | 384 | 2426 | 75.40% |
 }
-# Fine-tuning steps and learning rate of each fine-tune, as in its file name (timm's urls).
-_AUGREG_FINETUNE_LR = {"Ti/16": "0.03", "S/32": "0.03", "S/16": "0.03", "B/32": "0.03",
-                       "B/16": "0.01", "B/8": "0.01", "L/16": "0.01", "R+Ti/16": "0.03",
-                       "R26+S/32": "0.03", "R50+L/32": "0.01"}
+# timm's picks: the url of the "augreg_in21k" and "augreg_in21k_ft_in1k" tags in timm's
+# default_cfgs (timm 1.0, timm/models/vision_transformer.py, e.g.
+# 'vit_large_patch16_224.augreg_in21k', 'vit_large_patch16_384.augreg_in21k_ft_in1k'; the
+# hybrids in vision_transformer_hybrid.py, e.g. 'vit_small_r26_s32_384.augreg_in21k_ft_in1k').
+# variant: (augreg_in21k stem, {res: (start of the fine-tune, "" = that stem; fine-tune lr)}).
+# Where they differ from the README's they keep a name ending in "-timm"; the 224 px fine-tunes
+# (the README names none) and B/8 (not in its table) are timm's under the plain names.
+_TIMM_AUGREG: dict[str, tuple[str, dict[int, tuple[str, str]]]] = {
+    "Ti/16": ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+              {224: ("", "0.03"), 384: ("", "0.03")}),
+    "S/32": ("S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0",
+             {224: ("", "0.03"), 384: ("", "0.03")}),
+    "S/16": ("S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0",
+             {224: ("", "0.03"), 384: ("", "0.03")}),
+    "B/32": ("B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0",
+             {224: ("", "0.03"),
+              384: ("B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0", "0.03")}),
+    "B/16": ("B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
+             {224: ("", "0.01"), 384: ("", "0.01")}),
+    "B/8": ("B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0", {224: ("", "0.01")}),
+    "L/16": ("L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1",
+             {224: ("", "0.01"), 384: ("", "0.01")}),
+    "R+Ti/16": ("R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+                {224: ("", "0.03"), 384: ("", "0.03")}),
+    "R26+S/32": ("R26_S_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.03-do_0.0-sd_0.0",
+                 {224: ("R26_S_32-i21k-300ep-lr_0.001-aug_light0-wd_0.03-do_0.1-sd_0.1", "0.03"),
+                  384: ("", "0.03")}),
+    "R50+L/32": ("R50_L_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0",
+                 {224: ("R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1", "0.01"),
+                  384: ("", "0.01")}),
+}
+TIMM_SUFFIX = "-timm"
 
 
-def _augreg_files() -> dict[str, str]:
-    files = {}
-    for variant, (pretrain, finetunes) in _AUGREG.items():
-        files[f"{variant}-augreg-i21k"] = f"{_AUGREG_ROOT}{pretrain}.npz"
-        for size, start in finetunes.items():
-            files[f"{variant}-augreg-i21k-i1k-{size}"] = (
-                f"{_AUGREG_ROOT}{start or pretrain}--imagenet2012-steps_20k-"
-                f"lr_{_AUGREG_FINETUNE_LR[variant]}-res_{size}.npz")
-    return files
+def _augreg_stems() -> dict[str, str]:
+    """Name -> file stem: the README's picks under the plain names, timm's where they differ
+    under the same name + "-timm" (listed right after it)."""
+    stems = {}
+    for variant, (pretrain, finetunes) in _TIMM_AUGREG.items():
+        timm = {"i21k": pretrain} | {f"i21k-i1k-{res}": _finetuned(start or pretrain, lr, res)
+                                     for res, (start, lr) in finetunes.items()}
+        official = {}
+        if variant in _README_AUGREG:
+            start, lr, _ = _README_AUGREG[variant]
+            official = {"i21k": start, "i21k-i1k-384": _finetuned(start, lr, 384)}
+        for tag, timm_stem in timm.items():
+            name = f"{variant}-augreg-{tag}"
+            stems[name] = official.get(tag, timm_stem)
+            if stems[name] != timm_stem:
+                stems[name + TIMM_SUFFIX] = timm_stem
+    return stems
 
 
-_OFFICIAL.update(_augreg_files())
+_AUGREG_STEMS = _augreg_stems()
+_OFFICIAL.update({name: f"{_AUGREG_ROOT}{stem}.npz" for name, stem in _AUGREG_STEMS.items()})
 
 # ImageNet-2012 validation top-1 (%) where a source gives one; names not here have none.
-# timm: results/results-imagenet.csv of huggingface/pytorch-image-models (timm's own
-# evaluation of the same files, its crop_pct 0.9 at 224 and 1.0 at 384); vit README: the
-# vision_transformer README's expected figure for the -224 fine-tunes.
+# vit README: the vision_transformer README's figures: "They are expected to achieve 81.2% and
+# 82.7% top-1" for the -224 fine-tunes of the 2020 release, and the "Imagenet accuracy" column
+# of the AugReg table above. timm: results/results-imagenet.csv of
+# huggingface/pytorch-image-models (timm's own evaluation of the same files, its crop_pct 0.9
+# at 224 and 1.0 at 384).
 TOP1 = {
     "B/16-i21k-i1k-224": (81.2, "vit README"),
     "L/16-i21k-i1k-224": (82.7, "vit README"),
     "B/16-i21k-i1k-384": (84.200, "timm"),
     "L/32-i21k-i1k-384": (81.510, "timm"),
     "R50+B/16-i21k-i1k-384": (84.976, "timm"),
+    **{f"{variant}-augreg-i21k-i1k-384": (top1, "vit README")
+       for variant, (_, _, top1) in _README_AUGREG.items()},
     "Ti/16-augreg-i21k-i1k-224": (75.454, "timm"),
-    "Ti/16-augreg-i21k-i1k-384": (78.424, "timm"),
     "S/32-augreg-i21k-i1k-224": (75.994, "timm"),
-    "S/32-augreg-i21k-i1k-384": (80.486, "timm"),
+    "S/32-augreg-i21k-i1k-384-timm": (80.486, "timm"),
     "S/16-augreg-i21k-i1k-224": (81.384, "timm"),
-    "S/16-augreg-i21k-i1k-384": (83.802, "timm"),
     "B/32-augreg-i21k-i1k-224": (80.716, "timm"),
-    "B/32-augreg-i21k-i1k-384": (83.350, "timm"),
+    "B/32-augreg-i21k-i1k-384-timm": (83.350, "timm"),
     "B/16-augreg-i21k-i1k-224": (84.532, "timm"),
-    "B/16-augreg-i21k-i1k-384": (85.996, "timm"),
+    "B/16-augreg-i21k-i1k-384-timm": (85.996, "timm"),
     "B/8-augreg-i21k-i1k-224": (85.798, "timm"),
     "L/16-augreg-i21k-i1k-224": (85.834, "timm"),
-    "L/16-augreg-i21k-i1k-384": (87.084, "timm"),
+    "L/16-augreg-i21k-i1k-384-timm": (87.084, "timm"),
     "R+Ti/16-augreg-i21k-i1k-224": (71.798, "timm"),
-    "R+Ti/16-augreg-i21k-i1k-384": (75.962, "timm"),
     "R26+S/32-augreg-i21k-i1k-224": (81.864, "timm"),
-    "R26+S/32-augreg-i21k-i1k-384": (84.048, "timm"),
+    "R26+S/32-augreg-i21k-i1k-384-timm": (84.048, "timm"),
     "R50+L/32-augreg-i21k-i1k-224": (84.422, "timm"),
-    "R50+L/32-augreg-i21k-i1k-384": (86.182, "timm"),
+    "R50+L/32-augreg-i21k-i1k-384-timm": (86.182, "timm"),
 }
 _ALIASES = {"R50+ViT-B/16-i21k": "R50+B/16-i21k"}
 
@@ -159,8 +204,31 @@ def _url(path: str) -> str:
     return f"{BASE_URL}/{urllib.parse.quote(path)}"  # "+" -> "%2B", as the bucket expects
 
 
+def _names_by_file() -> dict[str, str]:
+    """Each listed file, as it may be written, -> its name: its path in the bucket
+    ("augreg/<stem>.npz", "imagenet21k/ViT-B_16.npz", with or without ".npz") and, for AugReg,
+    the bare file stem or file name (unique there, unlike the 2020 release's "ViT-B_16.npz")."""
+    names = {}
+    for name, path in _OFFICIAL.items():
+        names[path] = names[path.removesuffix(".npz")] = name
+    for name, stem in _AUGREG_STEMS.items():
+        names[stem] = names[f"{stem}.npz"] = name
+    return names
+
+
+_NAMES_BY_FILE = _names_by_file()
+
+
 def normalize_name(name: str) -> str | None:
-    """The registry key for `name` ("ViT-B_16-i21k", "b16-i21k" and "B/16-i21k" agree)."""
+    """The registry key for `name` ("ViT-B_16-i21k", "b16-i21k" and "B/16-i21k" agree), or
+    for one of its files: the release file stem or name, its path in the bucket, its
+    gs://vit_models/... address (as the official README writes it) or its URL."""
+    path = urllib.parse.unquote(name)
+    for prefix in ("gs://vit_models/", f"{BASE_URL}/"):
+        path = path.removeprefix(prefix)
+    if path in _NAMES_BY_FILE:
+        return _NAMES_BY_FILE[path]
+
     def canon(text: str) -> str:
         return re.sub(r"[^a-z0-9+]", "", text.lower().replace("vit", ""))
 
@@ -171,9 +239,10 @@ def normalize_name(name: str) -> str | None:
 # What the tag of a checkpoint name says about its model: "-i21k" is ImageNet-21k pre-training
 # at 224 px, with a pre-logits layer of width D and a 21,843-way head; "-i21k-i1k-N" is
 # fine-tuned on ImageNet-2012 at N px (1000 classes, pre-logits dropped). The weights are the
-# official JAX port: tanh GELU, LayerNorm eps 1e-6.
+# official JAX port: tanh GELU, LayerNorm eps 1e-6. A "-timm" suffix (timm's AugReg pick)
+# changes the file, not the model.
 _CHECKPOINT_TAG_RE = re.compile(
-    r"^(?P<variant>.+?)(?P<augreg>-augreg)?-i21k(?:-i1k-(?P<size>\d+))?$")
+    rf"^(?P<variant>.+?)(?P<augreg>-augreg)?-i21k(?:-i1k-(?P<size>\d+))?(?:{TIMM_SUFFIX})?$")
 # AugReg ("-augreg-i21k...", "How to train your ViT?") has no pre-logits layer at all. Its
 # "R+Ti/16" is the released R+ViT-Ti_16: 8x8 patches on the root block (vitkit's "R+Ti/32").
 _AUGREG_VARIANTS = {"R+Ti/16": "R+ViT-Ti_16"}
@@ -237,7 +306,8 @@ def unknown_checkpoint_error(name: str) -> WeightsNotFoundError:
     """The error for weights asked for by a name that is neither a file nor a checkpoint."""
     return WeightsNotFoundError(
         f"{name!r} is neither a file nor a known checkpoint name."
-        + did_you_mean(name, _OFFICIAL) + f" Known names: {', '.join(_OFFICIAL)}.")
+        + did_you_mean(name, [*_OFFICIAL, *_AUGREG_STEMS.values()])
+        + f" Known names: {', '.join(_OFFICIAL)}.")
 
 
 def download_file(url: str, target: Path) -> Path:
