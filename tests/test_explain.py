@@ -597,3 +597,48 @@ def test_cli_samples_a_class_sorted_folder_across_classes_and_says_how_many(
     assert "128 asked" in report["images_source"]
     assert any("averaged over 20 images" in text for text in drawn[FILES["distance"]]["texts"])
     assert "over 20 image(s)" in capsys.readouterr().out
+
+
+def test_sampled_test_images_of_a_streamed_folder_run_are_read_as_predict_reads_them(
+        tmp_path, capsys):
+    """A folder run with data_mode=stream records shorter side + centre crop: the test images
+    `vitkit explain RUN` samples are fed exactly as `vitkit predict` feeds the same files (not
+    squashed), and the labels explain reports equal predict's."""
+    from vitkit import load_pretrained
+    from vitkit.analysis.images import images_from_data
+    from vitkit.catalog import read_weights
+    from vitkit.data.images import open_image
+    from vitkit.data.sources import open_source
+
+    data = tmp_path / "data"
+    for split, count in (("train", 2), ("val", 3)):
+        for label in "abc":
+            (data / split / label).mkdir(parents=True)
+            for i in range(count):  # wide: the centre crop cuts off what a squash keeps
+                _png(data / split / label / f"{i}.png", (48, 16), ord(label) * 10 + i)
+    run = tmp_path / "run"
+    assert main(["train", "digits", "data=folder", f"data_dir={data}", "data_mode=stream",
+                 "model.num_classes=3", "batch_size=6", "warmup_epochs=0", "total_steps=3",
+                 "progress=false", "--out", str(run)]) == 0
+    preprocess = load_pretrained(run).preprocess
+    assert preprocess.resize_mode == "shorter_side"
+
+    images, names = images_from_data(None, None, 9, preprocess, read_weights(run).train_config)
+    test = open_source("folder", str(data), mode="stream")[1]
+    files = [Path(test.where(int(name.split("#")[1].split(":")[0]))) for name in names]
+    assert len(set(files)) == 9
+    fed_by_predict = torch.stack([preprocess.to_uint8(open_image(f, 1)) for f in files])
+    assert torch.equal(images, fed_by_predict)
+    squash = preprocess.replace(resize_mode="squash", crop_pct=1.0)
+    assert not torch.equal(images, torch.stack([squash.to_uint8(open_image(f, 1))
+                                                for f in files]))
+
+    out = tmp_path / "explain"
+    assert main(["explain", str(run), "--out", str(out), "--num-images", "9"]) == 0
+    capsys.readouterr()
+    titles = json.loads((out / "explain.json").read_text())["images"]
+    assert [title.split(" -> ")[0] for title in titles] == names
+    assert main(["predict", str(run), *map(str, files), "--json", "--topk", "1"]) == 0
+    predicted = [json.loads(line)["topk"][0] for line in capsys.readouterr().out.splitlines()]
+    assert [title.split(" -> ")[1] for title in titles] == [
+        f"{top['label']} ({100 * top['prob']:.0f}%)" for top in predicted]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -282,3 +283,87 @@ def test_cli_names_each_unreadable_file_and_exits_1(weights: Path, images: Path,
     assert f"2 of 4 files could not be read: {bad[0]}, {bad[1]}" in err
     # Following the advice (pass valid images) gives a clean exit.
     assert main(["predict", str(weights), *map(str, good)]) == 0
+
+
+# -- the digits model's input: light strokes on black, and a shipped sample -------------------
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short `vitkit train` on the embedded digits: the README's set-up run (which gives the
+    sample 3 about 99%) in 8 epochs of 4x4 patches, a 2x2 token grid (about 96%)."""
+    run = tmp_path_factory.mktemp("digits") / "runs" / "digits"
+    assert main(["train", "epochs=8", "lr=0.003", "warmup_epochs=1", "model.patch_size=4",
+                 "progress=false", "--out", str(run)]) == 0
+    return run
+
+
+def test_the_sample_digit_is_a_held_out_3_of_the_embedded_set_and_ships() -> None:
+    import ast
+    import fnmatch
+    import re
+
+    from vitkit.data.sources.digits import SAMPLE_INDEX, load_digits, sample_digit
+
+    test = load_digits("test")
+    assert int(test.labels[SAMPLE_INDEX]) == 3 and sample_digit().name == "digit_3.png"
+    with Image.open(sample_digit()) as image:
+        assert image.mode == "L" and image.size == (8, 8)
+        assert np.array_equal(np.asarray(image), test.images[SAMPLE_INDEX, 0].numpy())
+    package = Path(__file__).resolve().parents[1] / "src" / "vitkit"
+    pyproject = (package.parents[1] / "pyproject.toml").read_text()
+    data = re.search(r"^\[tool\.setuptools\.package-data\]\nvitkit = (\[.*\])$", pyproject, re.M)
+    shipped = ast.literal_eval(data.group(1))
+    relative = sample_digit().resolve().relative_to(package).as_posix()
+    assert any(fnmatch.fnmatch(relative, pattern) for pattern in shipped)
+
+
+def test_a_digits_run_predicts_the_shipped_sample_and_says_what_it_expects(
+        digits_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`vitkit predict runs/digits --sample` (the README's command): the sample is a 3; the
+    report says the model expects light strokes on black and how to get the sample."""
+    from vitkit.data.sources.digits import INPUT_NOTE, sample_digit
+
+    assert main(["predict", str(digits_run), "--sample", "--topk", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{sample_digit()}: 3 (")
+    assert lines[1] == f"note: {INPUT_NOTE} (a sample: vitkit predict {digits_run} --sample)"
+    assert main(["predict", str(digits_run), str(sample_digit()), "--json"]) == 0
+    [line] = capsys.readouterr().out.splitlines()  # --json: the JSON lines alone
+    assert json.loads(line)["topk"][0]["label"] == "3"
+    # With no input at all the error names --sample, and following it works (above).
+    assert main(["predict", str(digits_run)]) == 2
+    assert "--sample" in capsys.readouterr().err
+
+
+def test_a_dark_on_light_digit_is_warned_about_and_inverting_it_as_advised_predicts_it(
+        digits_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    from PIL import ImageOps
+
+    from vitkit.data.sources.digits import INVERTED_WARNING, sample_digit
+
+    drawn = tmp_path / "my_digit.png"  # drawn the usual way: dark strokes on white
+    with Image.open(sample_digit()) as image:
+        ImageOps.invert(image).resize((64, 64), Image.Resampling.NEAREST).save(drawn)
+    with caplog.at_level(logging.WARNING):
+        assert main(["predict", str(digits_run), str(drawn)]) == 0
+    assert INVERTED_WARNING in caplog.text and str(drawn) in caplog.text
+    capsys.readouterr()
+    caplog.clear()
+    inverted = tmp_path / "inverted.png"  # the advice: PIL.ImageOps.invert
+    with Image.open(drawn) as image:
+        ImageOps.invert(image).save(inverted)
+    with caplog.at_level(logging.WARNING):
+        assert main(["predict", str(digits_run), str(inverted), "--topk", "1"]) == 0
+    assert INVERTED_WARNING not in caplog.text
+    assert capsys.readouterr().out.startswith(f"{inverted}: 3 (")
+
+
+def test_weights_not_trained_on_digits_get_no_digits_note_or_warning(
+        weights: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    bright = tmp_path / "white.png"
+    Image.new("RGB", (32, 32), (250, 250, 250)).save(bright)
+    with caplog.at_level(logging.WARNING):
+        assert main(["predict", str(weights), str(bright)]) == 0
+    assert "note:" not in capsys.readouterr().out
+    assert "light strokes" not in caplog.text

@@ -262,10 +262,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     """Exit 0 when every input was predicted, 1 when some could not be read (named on
     stderr after the others' predictions), 2 when none could."""
+    from vitkit.data.sources.digits import sample_digit
     from vitkit.errors import InputError
     from vitkit.predict import predict_files
 
-    report = predict_files(args.weights, args.inputs, args.topk, args.batch_size,
+    inputs = [*args.inputs, *([sample_digit()] if args.sample else [])]
+    report = predict_files(args.weights, inputs, args.topk, args.batch_size,
                            args.weights_dir, args.merge_tokens, int8_engine(args))
     print_report(report, args.json)
     failed, total = report.failed, len(report.results)
@@ -419,8 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     predict = verbs.add_parser("predict", help="top-k classes of images with a checkpoint")
     add_weights_argument(predict)
-    predict.add_argument("inputs", nargs="+", metavar="INPUT",
+    predict.add_argument("inputs", nargs="*", metavar="INPUT",
                          help="image files or folders (searched recursively)")
+    predict.add_argument("--sample", action="store_true", help="also predict the shipped "
+                         "sample digit (a 3, light strokes on black, 8x8; its path is printed)")
     predict.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
     predict.add_argument("--json", action="store_true", help="one JSON object per line")
     predict.add_argument("--batch-size", type=int, default=32)

@@ -3,11 +3,15 @@
 Folders are searched recursively for images (sorted); a file reached twice (named twice, or
 through a folder and by name) is predicted once; files run in batches. A file Pillow cannot
 decode gets a `Prediction` with `error` set and does not stop the others.
+
+Weights trained on the embedded digits (a vitkit run with data=digits) expect light strokes on
+a black background: the report says so, and an image that looks dark on light is warned about.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +21,7 @@ import torch
 
 from vitkit.data.classnames import imagenet_class_names
 from vitkit.data.images import decode_image
+from vitkit.data.sources.digits import INPUT_NOTE, INVERTED_WARNING, looks_inverted
 from vitkit.data.sources.folder import IMAGE_EXTENSIONS
 from vitkit.errors import ConfigError, InputError
 from vitkit.model.vit import VisionTransformer
@@ -24,6 +29,8 @@ from vitkit.preprocess import Preprocess, preprocess_for
 
 __all__ = ["Prediction", "Predictions", "class_names_for", "expand_inputs", "predict",
            "predict_files"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,9 +66,11 @@ class Prediction:
 
 @dataclass
 class Predictions:
-    """`vitkit predict`'s report: one `Prediction` per file, in order."""
+    """`vitkit predict`'s report: one `Prediction` per file, in order, and notes on what the
+    model expects (printed after the predictions; not in the JSON lines)."""
 
     results: list[Prediction]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[str]:
@@ -69,10 +78,12 @@ class Predictions:
         return [result.path for result in self.results if not result.ok]
 
     def format(self) -> str:
-        return "\n".join(result.format() for result in self.results)
+        return "\n".join([*(result.format() for result in self.results),
+                          *(f"note: {note}" for note in self.notes)])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"predictions": [result.to_dict() for result in self.results]}
+        notes = {"notes": self.notes} if self.notes else {}
+        return {"predictions": [result.to_dict() for result in self.results], **notes}
 
     def json_lines(self) -> str:
         """One JSON object per file and line (`vitkit predict --json`)."""
@@ -100,7 +111,8 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
                              f"images or the image files themselves")
         files.extend(found)
     if not files:
-        raise InputError("no inputs: pass at least one image file or folder")
+        raise InputError("no inputs: pass at least one image file or folder (or, to vitkit "
+                         "predict, --sample: the shipped sample digit)")
     return _unique(files)
 
 
@@ -144,11 +156,13 @@ def _chunks(items: Sequence[Path], size: int) -> Iterable[Sequence[Path]]:
 
 
 def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 5,
-            batch_size: int = 32) -> list[Prediction]:
+            batch_size: int = 32, trained_on: str | None = None) -> list[Prediction]:
     """Top-k softmax predictions for image files and folders, one `Prediction` per file.
 
     Images go through `model.preprocess` (the official squash-resize to [-1, 1] when the
     model has none) on the model's device and dtype. `topk` is capped at the class count.
+    `trained_on`: the data the weights were trained on (a vitkit run's `data`); for
+    "digits", images that look dark on light get a warning (`INVERTED_WARNING`).
     """
     if topk < 1:
         raise InputError(f"topk must be >= 1, got {topk}")
@@ -160,6 +174,7 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
     param = next(model.parameters())
     k = min(topk, len(names))
     results: list[Prediction] = []
+    inverted: list[str] = []
     was_training = model.training
     model.eval()
     try:
@@ -168,6 +183,8 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
             rows = [Prediction(str(path), error=x if isinstance(x, str) else None)
                     for path, x in zip(chunk, decoded, strict=True)]
             good = [i for i, x in enumerate(decoded) if isinstance(x, torch.Tensor)]
+            if trained_on == "digits":
+                inverted += [str(chunk[i]) for i in good if looks_inverted(decoded[i])]
             if good:
                 batch = preprocess.normalize(torch.stack([decoded[i] for i in good]))
                 with torch.inference_mode():
@@ -179,6 +196,11 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
             results.extend(rows)
     finally:
         model.train(was_training)
+    if inverted:
+        listed = ", ".join(inverted[:3]) + (f" and {len(inverted) - 3} more"
+                                            if len(inverted) > 3 else "")
+        log.warning("warning: %d image(s) look like dark strokes on a light background (%s): "
+                    "%s", len(inverted), listed, INVERTED_WARNING)
     return results
 
 
@@ -187,11 +209,17 @@ def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int =
                   merge_tokens: int = 0, int8: str | None = None) -> Predictions:
     """`predict` with weights any source `load_pretrained` reads, through the speed paths
     (`merge_tokens` per layer, `int8` an engine of `vitkit.inference.quantize`). A wrong path
-    fails before the model loads."""
-    from vitkit.catalog import load_pretrained
+    fails before the model loads. Weights a vitkit run trained on the embedded digits get a
+    note on the input they expect (`INPUT_NOTE`)."""
+    from vitkit.catalog import read_weights
     from vitkit.inference.speedup import speed_up
+    from vitkit.weights import build_model
 
     files = expand_inputs(inputs)
-    model = load_pretrained(weights, weights_dir=weights_dir)
-    model = speed_up(model, merge_tokens, int8)
-    return Predictions(predict(model, files, topk=topk, batch_size=batch_size))
+    record = read_weights(weights, weights_dir)
+    model = speed_up(build_model(record), merge_tokens, int8)
+    trained_on = (record.train_config or {}).get("data")
+    notes = [f"{INPUT_NOTE} (a sample: vitkit predict {weights} --sample)"] \
+        if trained_on == "digits" else []
+    return Predictions(predict(model, files, topk=topk, batch_size=batch_size,
+                               trained_on=trained_on), notes)

@@ -1,19 +1,26 @@
 """The images an analysis runs on: files through the model's preprocessing, or test images
 of a data source (by default the one a training checkpoint was trained on), sampled across
-its classes."""
+its classes and read as `vitkit predict` would read their files."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
+from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import open_image
+from vitkit.data.sources.records import ImageRecords
+from vitkit.data.transforms import EvalResize
 from vitkit.errors import InputError
 from vitkit.preprocess import Preprocess
+
+log = logging.getLogger(__name__)
 
 
 def as_uint8_batch(images: torch.Tensor | Sequence[Image.Image], preprocess: Preprocess
@@ -68,12 +75,18 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
                      preprocess: Preprocess, train_config: dict[str, Any] | None = None,
                      seed: int = 0) -> tuple[torch.Tensor, list[str]]:
     """`count` test images of `data` (default: the checkpoint's training data), sampled
-    across classes by `stratified_indices` (all of them when the test split is smaller)."""
-    from vitkit.data.sources import open_source
+    across classes by `stratified_indices` (all of them when the test split is smaller).
+
+    Folders and Hugging Face datasets are read from their files, each image through
+    `preprocess` as `vitkit predict` and `vitkit eval` read it (`EvalResize`: the shorter
+    side and a centre crop, or a squash, as the weights say); the small embedded sets (digits,
+    CIFAR) as they are held, resized by `preprocess` when their size differs."""
+    from vitkit.data.sources import IN_MEMORY_ONLY, open_source
 
     trained = train_config or {}
     data = data or trained.get("data")
-    if data_dir is None and data is not None and data == trained.get("data"):
+    own = data is not None and data == trained.get("data")
+    if data_dir is None and own:
         data_dir = trained.get("data_dir")
     if data is None:
         raise InputError("no images given and the weights do not say what data they were "
@@ -82,8 +95,34 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
     if count < 1:
         raise InputError(f"--num-images must be at least 1, got {count}")
     _, test = open_source(data, data_dir, preprocess.img_size, preprocess.channels,
-                          train_limit=1, mode="memory")
-    chosen = stratified_indices(test.labels, count, seed)
+                          train_limit=1, mode="memory" if data in IN_MEMORY_ONLY else "stream",
+                          eval_split=trained.get("split") if own else None)
+    chosen = stratified_indices(torch.as_tensor(np.asarray(test.labels)), count, seed).tolist()
+    if isinstance(test, ImageDataset):
+        images = as_uint8_batch(test.images[chosen], preprocess)
+    else:
+        chosen, images = _read_through(test, chosen, preprocess)
     names = [f"{data} test #{index}: {test.classes[int(test.labels[index])]}"
-             for index in chosen.tolist()]
-    return as_uint8_batch(test.images[chosen], preprocess), names
+             for index in chosen]
+    return images, names
+
+
+def _read_through(records: ImageRecords, chosen: list[int], preprocess: Preprocess
+                  ) -> tuple[list[int], torch.Tensor]:
+    """Records `chosen` decoded and put through the evaluation transform of `preprocess`;
+    (the indices read, their uint8 batch). A record that cannot be decoded is left out with
+    a warning, as evaluation leaves it out."""
+    resize = EvalResize(preprocess)
+    kept, images = [], []
+    for index in chosen:
+        decoded = records.read(index, preprocess.channels)
+        if decoded.image is None:
+            log.warning("%s: skipped %s (%s)", records.name, records.where(index),
+                        decoded.reason)
+            continue
+        kept.append(index)
+        images.append(torch.from_numpy(resize(decoded.image)))
+    if not images:
+        raise InputError(f"none of the {len(chosen)} sampled test images of {records.name} "
+                         "could be decoded: pass image files instead")
+    return kept, torch.stack(images)

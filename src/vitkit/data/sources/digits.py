@@ -1,10 +1,17 @@
 """`data=digits`, the embedded default dataset: the 1,797 8x8 handwritten digits that ship
 with scikit-learn (UCI optical digits test set, E. Alpaydin and C. Kaynak), stored in the
-package as `vitkit/data/digits.npz` (45 KB) so the first training run needs no download."""
+package as `vitkit/data/digits.npz` (45 KB) so the first training run needs no download.
+
+The digits are light strokes on a black background, each filling its 8x8 frame; a model
+trained on them misreads a digit drawn the usual way (dark on light). `sample_digit()` is one
+of them as a file (`vitkit predict runs/digits --sample`), `looks_inverted` spots the other
+kind, and `INPUT_NOTE` / `INVERTED_WARNING` say what a digits model expects.
+"""
 
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -12,6 +19,23 @@ import torch
 from vitkit.data.dataset import ImageDataset
 
 DIGIT_CLASSES = [str(d) for d in range(10)]
+SAMPLE_INDEX = 36  # of the held-out split (`load_digits("test")`): a 3
+INPUT_NOTE = ("a digits model reads light strokes on a black background, the digit filling "
+              "the 8x8 frame, as in the embedded set it was trained on")
+INVERTED_WARNING = ("the digits model expects light strokes on a black background; invert the "
+                    "image (e.g. PIL.ImageOps.invert)")
+
+
+def sample_digit() -> Path:
+    """The shipped sample, `vitkit/data/samples/digit_3.png`: held-out digit SAMPLE_INDEX (a 3)
+    as an 8x8 gray PNG, light strokes on black, as a digits model expects its input."""
+    return Path(str(resources.files("vitkit.data").joinpath("samples").joinpath("digit_3.png")))
+
+
+def looks_inverted(image: torch.Tensor) -> bool:
+    """True when a uint8 image is brighter than mid-gray on average: dark strokes on a light
+    background. (Every embedded digit averages 46 to 108 of 255; inverted, 147 to 209.)"""
+    return image.float().mean().item() > 127.5
 
 
 def load_digits(split: str = "train", test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
