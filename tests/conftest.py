@@ -1,5 +1,5 @@
-"""Shared test settings: deterministic seeds, where the real CIFAR-10 copy lives, and the
-data fuzzer of tools/fuzz_data.py."""
+"""Shared test settings: deterministic seeds, each test in its own working directory with its
+own caches, where the real CIFAR-10 copy lives, and the fuzzers of tools/."""
 
 import importlib.util
 import os
@@ -22,15 +22,31 @@ def _seed() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _offline_caches(tmp_path_factory: pytest.TempPathFactory,
-                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test touches the network or the user's caches: vitkit's cache (file indexes, named
-    checkpoints) and Hugging Face's live in a temporary folder, and both hubs are offline."""
-    caches = tmp_path_factory.getbasetemp() / "caches"
-    monkeypatch.setenv("VITKIT_CACHE", str(caches / "vitkit"))
-    monkeypatch.setenv("HF_HOME", str(caches / "huggingface"))
+def _own_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test runs in its own empty folder, never in the clone: what a command writes to
+    ./runs or ./eval stays there, and a run the README's `vitkit train` left in the clone
+    cannot change a test's outcome."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _own_caches(tmp_path_factory: pytest.TempPathFactory,
+                monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test touches the network, the user's caches or another test's: vitkit's cache (file
+    indexes, named checkpoints, extracted features), its weights folder and Hugging Face's
+    caches live in a folder of this test's own, and both hubs are offline. A test that needs
+    something cached puts it there itself (or a fixture of its scope hands it over)."""
+    caches = tmp_path_factory.mktemp("caches")
+    for name, folder in {"VITKIT_CACHE": "vitkit", "VITKIT_WEIGHTS_DIR": "weights",
+                         "HF_HOME": "huggingface", "HF_DATASETS_CACHE": "huggingface/datasets",
+                         "XDG_CACHE_HOME": "xdg"}.items():
+        monkeypatch.setenv(name, str(caches / folder))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    if "datasets" in sys.modules:  # `datasets` reads its cache folder once, at import
+        monkeypatch.setattr(sys.modules["datasets"].config, "HF_DATASETS_CACHE",
+                            caches / "huggingface" / "datasets")
 
 
 def real_cifar10_dir() -> Path:

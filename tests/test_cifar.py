@@ -173,11 +173,12 @@ def test_meta_file_with_bom_and_crlf(tmp_path: Path) -> None:
 
 
 def test_fuzzed_cifar_folders_load_or_fail_clearly(fuzzer: ModuleType) -> None:
-    """Truncated, flipped-byte, resized and garbage batch and class-name files (seeded; at most
-    500 or ~3 s): each loads a valid dataset or raises a VitkitError that names the file."""
-    counts = fuzzer.fuzz_cifar(500, seed=2, seconds=3.0)
+    """Truncated, flipped-byte, resized and garbage batch and class-name files (seeded; 500
+    cases, by count, not by the clock): each loads a valid dataset or raises a VitkitError that
+    names the file."""
+    counts = fuzzer.fuzz_cifar(500, seed=2)
     assert counts.other == 0, counts.examples
-    assert counts.cases >= 100 and counts.clear_error > 0 and counts.loaded > 0
+    assert counts.cases == 500 and counts.clear_error > 0 and counts.loaded > 0
 
 
 def test_missing_folder_explains_fix(tmp_path: Path) -> None:

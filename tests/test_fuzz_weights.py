@@ -62,9 +62,9 @@ def test_fuzzed_weights_load_or_are_refused_clearly(weights_fuzzer: ModuleType,
     names the file; both outcomes occur, so the mutations reach past the first check."""
     if reader == "hf_folder":
         pytest.importorskip("transformers")  # writes the seed folder
-    counts = weights_fuzzer.fuzz_reader(reader, 400, seed=11, seconds=6.0)
+    counts = weights_fuzzer.fuzz_reader(reader, 400, seed=11)  # by count, not by the clock
     assert counts.other == 0, counts.examples
-    assert counts.cases >= 50
+    assert counts.cases == 400
     assert counts.clear_error > 0 and counts.loaded > 0, counts.line()
 
 

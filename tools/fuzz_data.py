@@ -9,7 +9,8 @@ folder whose batch file or class-name file was mutated) and `images`
 Prints, per reader, how many inputs gave a clear error, loaded, or did something else
 ("other": a raw exception, a warning that escaped, an error that does not name the file, or a
 result that breaks the reader's contract; it must be 0). The test suite runs the same fuzzers
-for a few seconds (tests/test_images.py, tests/test_cifar.py).
+on a fixed number of seeded cases, never bounded by the clock, so a busy machine only makes it
+slower (tests/test_images.py, tests/test_cifar.py). `--seconds` is for long runs by hand.
 """
 
 from __future__ import annotations
