@@ -134,7 +134,7 @@ class RunPlan:
         text = (f"estimate: {_duration(seconds)} for the {total_steps - step:,} steps left "
                 f"({per_step:.3g} s/step measured, evaluations not included)")
         if time_budget:
-            return text + f"; --time-budget {time_budget:g} s sized the run"
+            return text + f"; the run is sized to its --time-budget of {_duration(time_budget)}"
         text += ("; to shorten it: total_steps=N, epochs=N or --time-budget SECONDS")
         if seconds > SHORT_RUN_SECONDS:
             fits = self.fit_to_budget(step, seconds_per_token, SHORT_RUN_SECONDS, 0.0)

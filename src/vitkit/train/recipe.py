@@ -68,14 +68,15 @@ def build_config(recipe: str | None, overrides: list[str], base: dict[str, Any] 
     keys = recipe_with_overrides(recipe, overrides, base)
     if resume:
         check_recipe_resumable(keys, resume)
-    choose_data(keys, data_named=_names_data(overrides))
+    choose_data(keys, data_named=_names_data(overrides) or bool(base))
     return TrainConfig.from_dict(keys)
 
 
 def choose_data(keys: dict[str, Any], data_named: bool) -> None:
-    """A `data_dir` with no data named (`data=`, `--data`) that would land on the embedded
-    digits: an image folder becomes `data=folder` (logged); anything else is left for
-    TrainConfig to refuse, naming the sources that read a folder."""
+    """A `data_dir` with no data named (`data=`, `--data`, or the recipe a resumed checkpoint
+    records) that would land on the embedded digits: an image folder becomes `data=folder`
+    (logged); anything else is left for TrainConfig to refuse, naming the sources that read
+    a folder."""
     data_dir = keys.get("data_dir")
     if data_named or not data_dir or keys.get("data", TrainConfig.data) != "digits":
         return
