@@ -1,5 +1,6 @@
 """A diverging run: it stops (or skips steps) before a non-finite step updates the weights,
-keeps the last finite weights on disk, and says what to change."""
+saves the last finite weights as diverged.pt (last.pt keeps the checkpoint from before the
+divergence), and says what to change."""
 
 import re
 
@@ -61,10 +62,12 @@ def test_a_diverging_cli_run_stops_with_advice_that_works(tmp_path, capsys):
     assert "Traceback" not in err and "clip_grad" not in err  # clipping is on: not advised
     step = int(re.search(r"at step (\d+)", err).group(1))
     assert re.search(r"the loss was \S+", err)
-    state = load_checkpoint(out / "last.pt")
+    state = load_checkpoint(out / "diverged.pt")
     assert state["position"]["step"] == step  # saved at the failing step, without its update
-    assert _all_finite(out / "last.pt")
+    assert _all_finite(out / "diverged.pt")
     assert not (out / "best.pt").exists() or _all_finite(out / "best.pt")
+    if not (out / "last.pt").exists():  # diverged in the first epoch: nothing saved before
+        assert "No checkpoint was saved before the divergence" in err
 
     advised = re.search(r"lr=([0-9.e+-]+)\)", err).group(1)
     assert main([*args, f"lr={advised}", "--overwrite"]) == 0
@@ -89,10 +92,11 @@ def test_stop_keeps_the_weights_of_the_last_finite_step(tmp_path):
     with pytest.raises(TrainingError, match="at step 5"):
         run_loop(diverging)
     a, b = load_checkpoint(tmp_path / "ref" / "last.pt"), load_checkpoint(tmp_path / "div" /
-                                                                         "last.pt")
+                                                                         "diverged.pt")
     for key in ("model", "ema"):
         assert all(torch.equal(a[key][name], b[key][name]) for name in a[key]), key
-    assert _all_finite(tmp_path / "div" / "last.pt")
+    assert _all_finite(tmp_path / "div" / "diverged.pt")
+    assert not (tmp_path / "div" / "last.pt").exists()  # none was saved before step 5
 
 
 def test_skip_drops_the_step_and_resumes_exactly(tmp_path, caplog):
@@ -124,8 +128,8 @@ def test_skip_stops_after_max_skipped_steps_in_a_row(tmp_path):
     _poison(trainer, {2, 4, 5, 6, 7})  # 2 alone is skipped; 4, 5, 6 in a row stop the run
     with pytest.raises(TrainingError, match="3 steps in a row"):
         run_loop(trainer)
-    assert load_checkpoint(tmp_path / "last.pt")["position"]["step"] == 6
-    assert _all_finite(tmp_path / "last.pt")
+    assert load_checkpoint(tmp_path / "diverged.pt")["position"]["step"] == 6
+    assert _all_finite(tmp_path / "diverged.pt")
 
 
 @pytest.mark.parametrize("override, fix", [("nonfinite=ignore", "nonfinite=skip"),

@@ -80,3 +80,18 @@ def test_a_short_budget_does_not_leave_the_run_in_warmup(tmp_path, caplog):
 def test_a_run_needs_a_batch():
     with pytest.raises(ConfigError, match="at least one batch"):
         RunPlan.create(MODEL, batches_per_epoch=0, epochs=1)
+
+
+def test_the_plan_is_said_with_its_length_and_the_estimate_says_how_to_shorten_it():
+    plan = RunPlan.create(MODEL.replace(img_size=384, patch_size=16), batches_per_epoch=98,
+                          epochs=1, total_steps=10_000, warmup_steps=500)
+    said = plan.describe(0, 10_000, 512, 8, 500)
+    assert said.startswith("plan: 10,000 steps (102 epochs of 98 batches), image size 384 px, "
+                           "batch 512 (8 accumulated micro-batches of 64), warmup 500 steps")
+    seconds_per_token = 30.0 / plan.tokens((384, 384))  # 30 s a step
+    estimate = plan.estimate(5, 10_000, seconds_per_token)
+    assert "3.5 days for the 9,995 steps left (30 s/step" in estimate
+    fits = int(estimate.split("an hour fits about total_steps=")[1].split(",")[0])
+    assert fits == 5 + 120  # 120 steps of 30 s fit in the hour
+    shorter = RunPlan.create(MODEL.replace(img_size=384, patch_size=16), 98, 1, fits, 0)
+    assert shorter.tokens_between(5, fits) * seconds_per_token <= 3600  # the advice fits

@@ -149,7 +149,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str
     """The arguments `train` and `finetune` share: overrides, resume, budget, output, data."""
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help=f"{recipe} overrides, e.g. {example}")
-    parser.add_argument("--resume", help="continue from a last.pt checkpoint, in its folder "
+    parser.add_argument("--resume", help="continue from a run folder (its last.pt) or a "
+                        "checkpoint file, in its folder "
                         "unless --out says otherwise: exactly with the same settings (without a "
                         "recipe, the checkpoint's own); a new epochs=/total_steps=/--time-budget "
                         "re-plans the run (extends a finished one)")
@@ -393,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "recipe: SGD, new head, higher resolution)")
     add_weights_argument(finetune)
     add_run_arguments(finetune, "finetune recipe", "lr=0.01 total_steps=500")
-    finetune.add_argument("--data", help="cifar10 (default), cifar100, folder or digits")
+    finetune.add_argument("--data", help="digits, cifar10, cifar100, folder or hf:NAME_OR_PATH "
+                          "(default: the data a vitkit run recorded, else cifar10)")
     finetune.add_argument("--img-size", type=parse_img_size, help="fine-tuning resolution "
                                                                   "(default: 384 for weights "
                                                                   "pretrained at 224, else "

@@ -1,6 +1,8 @@
 """The run's clock against its time budget (`time_budget` seconds, the time its checkpoint
 already used included).
 
+Every run is timed from its second step on: after `ESTIMATE_STEPS` timed steps the measured
+rate is handed to the loop, which logs the run's estimated duration (`RunPlan.estimate`).
 The budget sizes the run: once the first steps are timed (from the second step after the
 start, for up to 20 steps; a recompile is no rate, so compile seconds are left out), the
 schedule is fitted to the time left, and again after every epoch with that epoch's rate and
@@ -19,6 +21,7 @@ from vitkit.train.compiling import CompileClock
 from vitkit.train.plan import RunPlan
 
 log = logging.getLogger("vitkit.train")
+ESTIMATE_STEPS = 3  # timed steps behind the duration estimate
 
 
 class BudgetClock:
@@ -40,6 +43,7 @@ class BudgetClock:
         per_epoch = self.plan.batches_per_epoch
         self._calibrate_at = pos.step + min(20, max(per_epoch // 4, 3))
         self._calibrate_from = (pos.step + 2, time.perf_counter(), 0.0)
+        self._estimate_at = pos.step + 2 + ESTIMATE_STEPS
 
     def elapsed(self) -> float:
         """Seconds since `start` (0 before it)."""
@@ -58,18 +62,27 @@ class BudgetClock:
         self._epoch_compile = self.compile_clock.seconds
         self._epoch_tokens = 0
 
-    def after_step(self, pos: Position, step_tokens: int) -> None:
+    def after_step(self, pos: Position, step_tokens: int) -> float | None:
         """Count a step of `step_tokens` tokens per image; time the first steps, and at the
-        last of them fit the schedule to the budget."""
-        clock = self.compile_clock
+        last of them fit the schedule to the budget. Returns the measured seconds per token
+        per image once, after `ESTIMATE_STEPS` timed steps (for the duration estimate)."""
         self._epoch_tokens += step_tokens
         if pos.step == self._calibrate_from[0]:
-            self._calibrate_from = (pos.step, time.perf_counter(), clock.seconds)
+            self._calibrate_from = (pos.step, time.perf_counter(), self.compile_clock.seconds)
         if self.budget and pos.step == self._calibrate_at:
-            steps = max(pos.step - self._calibrate_from[0], 1)
-            seconds = time.perf_counter() - self._calibrate_from[1]
-            seconds -= clock.seconds - self._calibrate_from[2]  # a recompile is no rate
+            seconds, steps = self._timed(pos)
             self.fit(pos, seconds, steps * step_tokens)
+        if pos.step == self._estimate_at:
+            seconds, steps = self._timed(pos)
+            return seconds / (steps * step_tokens)
+        return None
+
+    def _timed(self, pos: Position) -> tuple[float, int]:
+        """Seconds and steps timed since the second step (compile seconds left out)."""
+        steps = max(pos.step - self._calibrate_from[0], 1)
+        seconds = time.perf_counter() - self._calibrate_from[1]
+        seconds -= self.compile_clock.seconds - self._calibrate_from[2]  # a recompile is no rate
+        return max(seconds, 0.0), steps
 
     def end_epoch(self) -> float:
         """The epoch's training seconds (its steps' rate, compile seconds left out, is kept

@@ -88,9 +88,19 @@ def write(checkpoint: TrainCheckpoint, path: str | Path) -> Path:
     return save_atomic(checkpoint.to_state(), path)
 
 
-def load_state(path: str | Path) -> dict[str, Any]:
-    """The raw dict of a checkpoint file, read safely (tensors and containers only)."""
+def resume_path(path: str | Path) -> Path:
+    """The checkpoint a path names for resuming: a file, or a run folder's last.pt."""
     path = Path(path)
+    return path / "last.pt" if path.is_dir() and (path / "last.pt").is_file() else path
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    """The raw dict of a checkpoint file (or a run folder's last.pt), read safely (tensors
+    and containers only)."""
+    path = resume_path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} holds no last.pt: pass a run folder (one that `vitkit "
+                              "train` wrote) or a checkpoint file (its last.pt or best.pt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     found = Found.at(path)

@@ -68,7 +68,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.0
     clip_grad: float = 1.0  # global-norm clip; 0 = off
     # A step whose loss or gradients are not finite never updates the weights. "stop": the run
-    # ends there with a TrainingError (last.pt keeps the last finite weights); "skip": the step
+    # ends there with a TrainingError (last.pt keeps the checkpoint saved before the divergence,
+    # diverged.pt gets the state at the failing step); "skip": the step
     # is dropped with a warning (its batch, step count and schedule position are used up, as
     # GradScaler skips steps) and the run ends after max_skipped_steps such steps in a row.
     nonfinite: str = "stop"  # stop | skip
@@ -240,6 +241,13 @@ class TrainConfig:
         if not is_known_source(self.data):
             raise ConfigError(f"data={self.data!r} is not a data source: use one of "
                               f"{', '.join(SOURCES)}." + did_you_mean(self.data, SOURCES[:-1]))
+        if self.data == "digits" and self.data_dir:
+            raise ConfigError(
+                f"data_dir={self.data_dir} is not read by data=digits (the embedded 8x8 digits, "
+                "the default): name the data the folder holds: data=folder for an image folder "
+                f"({self.data_dir}/train/<class_name>/<image>.jpg and {self.data_dir}/val/"
+                "<class_name>/<image>.jpg), or data=cifar10 (or cifar100) for the CIFAR "
+                "binaries")
         _require(self.data_mode in DATA_MODES, "data_mode={!r} is not one of "
                  + ", ".join(DATA_MODES), self.data_mode)
         _require(self.workers is None or self.workers >= 0, "workers={} must be >= 0 (0 reads "
@@ -300,13 +308,7 @@ class TrainConfig:
 
     def model_config(self) -> ViTConfig:
         """The model's config: a variant name, or a dict with "variant" plus overrides."""
-        if isinstance(self.model, str):
-            return variant_config(self.model)
-        if isinstance(self.model, dict):
-            fields = dict(self.model)
-            variant = fields.pop("variant", None)
-            return variant_config(variant, **fields) if variant else ViTConfig.from_dict(fields)
-        raise ConfigError(f"model must be a variant name or a dict, got {self.model!r}")
+        return model_config_of(self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -315,6 +317,18 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         check_known_keys(cls, data, "training config")
         return cls(**data)
+
+
+def model_config_of(model: str | dict[str, Any] | None) -> ViTConfig:
+    """The ViTConfig a recipe's `model` value names: a variant name, or a dict with
+    "variant" plus overrides (or a whole config)."""
+    if isinstance(model, str):
+        return variant_config(model)
+    if isinstance(model, dict):
+        fields = dict(model)
+        variant = fields.pop("variant", None)
+        return variant_config(variant, **fields) if variant else ViTConfig.from_dict(fields)
+    raise ConfigError(f"model must be a variant name or a dict, got {model!r}")
 
 
 def recipe_names() -> list[str]:
@@ -329,12 +343,19 @@ def load_train_config(path_or_name: str | None, overrides: list[str] | None = No
     """A recipe file or shipped recipe name (or `base`, a recipe as a dict, such as the one a
     checkpoint stores), then `key=value` overrides (`model.depth=4`, `augment.flip=false`),
     each read by the type of the field it sets."""
+    return TrainConfig.from_dict(recipe_with_overrides(path_or_name, overrides, base))
+
+
+def recipe_with_overrides(path_or_name: str | None, overrides: list[str] | None = None,
+                          base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keys `load_train_config` builds its TrainConfig from, before any check of their
+    values as a whole (each override is typed by its field)."""
     data: dict[str, Any] = dict(base or {})
     if path_or_name:
         data = read_recipe(path_or_name)
     for item in overrides or []:
         apply_override(data, item)
-    return TrainConfig.from_dict(data)
+    return data
 
 
 def read_recipe(path_or_name: str) -> dict[str, Any]:

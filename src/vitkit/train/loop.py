@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitkit.evaluation.classify import evaluate
-from vitkit.train.checkpoint import Position
+from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import barrier, broadcast_flag, cleanup
-from vitkit.train.nonfinite import NonFiniteGuard
+from vitkit.train.nonfinite import DIVERGED_CHECKPOINT, NonFiniteGuard
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.rundir import prepare_run_dir
 from vitkit.train.schedule import SCHEDULES
@@ -55,6 +55,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None,
     """Train with `cfg` (resuming from a checkpoint when given) into `cfg.out_dir`, which must
     not hold another run unless this one continues it or `overwrite` clears it
     (`vitkit.train.rundir.prepare_run_dir`)."""
+    resume = resume_path(resume) if resume is not None else None  # a run folder: its last.pt
     prepare_run_dir(cfg.out_dir, resume, overwrite)
     return run_loop(build_run(cfg, resume))
 
@@ -68,10 +69,13 @@ def run_loop(run: Run) -> TrainResult:
     schedule = SCHEDULES[cfg.schedule]
     per_epoch = run.plan.batches_per_epoch
     final: dict[str, float] = {}
-    guard = NonFiniteGuard(cfg, run.amp_dtype is not None)
+    guard = NonFiniteGuard(cfg, run.amp_dtype is not None, run.out_dir)
     if pos.step >= pos.total_steps:
         log.warning("nothing to train: the run is at step %d of %d; a larger epochs= or "
                     "--time-budget with --resume extends it", pos.step, pos.total_steps)
+    elif info.is_main:
+        log.info("%s", run.plan.describe(pos.step, pos.total_steps, cfg.batch_size,
+                                         cfg.accum_steps, run.warmup_steps, cfg.time_budget))
     try:
         while pos.step < pos.total_steps and not stop.reason:
             bar = _progress_bar(run, per_epoch)
@@ -89,13 +93,17 @@ def run_loop(run: Run) -> TrainResult:
                     epoch_images += len(labels)
                 diverged = guard.observe(outcome, pos.step, pos.epoch + pos.batch / per_epoch,
                                          lr)
-                if diverged is not None:
-                    run.save("last")  # the weights in memory are the last finite ones
+                if diverged is not None:  # last.pt keeps the checkpoint from before it
+                    run.save(DIVERGED_CHECKPOINT.removesuffix(".pt"))
                     raise diverged
                 if bar is not None:
-                    bar.update(len(labels))
-                    bar.set_postfix(loss=f"{outcome.loss:.3f}", lr=f"{lr:.2e}", refresh=False)
-                clock.after_step(pos, step_tokens)
+                    bar.update(1)
+                    bar.set_postfix(step=f"{pos.step}/{pos.total_steps}",
+                                    loss=f"{outcome.loss:.3f}", lr=f"{lr:.2e}", refresh=False)
+                rate = clock.after_step(pos, step_tokens)
+                if rate is not None and info.is_main and pos.step < pos.total_steps:
+                    log.info("%s", run.plan.estimate(pos.step, pos.total_steps, rate,
+                                                     cfg.time_budget))
                 if clock.out_of_time(pos) and not stop.reason:
                     stop.reason = "time budget"
                 if broadcast_flag(bool(stop.reason), info):
@@ -118,6 +126,7 @@ def run_loop(run: Run) -> TrainResult:
                 if not stop.reason:
                     clock.refit_after_epoch(pos)
             run.save("last")
+            guard.checkpoint_saved(pos.step)
             run.data.write_skipped(run.out_dir, info)
         # Checked after the loop, not inside it: a signal can land during an evaluation or a
         # save, after the in-loop check, and must still be reported.
@@ -180,11 +189,12 @@ def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
 
 
 def _progress_bar(run: Run, per_epoch: int):
-    """A tqdm bar over the epoch's images (progress=true, main rank), from the next batch."""
+    """A tqdm bar over the epoch's steps (progress=true, main rank), from the next batch; its
+    postfix counts the run's steps."""
     if not (run.cfg.progress and run.info.is_main):
         return None
     from tqdm.auto import tqdm
 
-    batch, pos = run.cfg.batch_size, run.position
-    return tqdm(total=per_epoch * batch, initial=pos.batch * batch, desc=f"epoch {pos.epoch + 1}",
-                unit="img", dynamic_ncols=True, leave=False)
+    pos = run.position
+    return tqdm(total=per_epoch, initial=pos.batch, desc=f"epoch {pos.epoch + 1}",
+                unit="step", dynamic_ncols=True, leave=False)

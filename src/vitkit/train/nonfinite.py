@@ -1,10 +1,15 @@
 """What a run does when a step's loss or gradients are not finite (a diverging run).
 
-The check comes before the optimizer update, so the weights in memory (and every checkpoint
-written from them) stay finite. `nonfinite="stop"` ends the run at the first such step;
-`"skip"` drops the step (no update, like GradScaler's skipped steps) and ends the run after
-`max_skipped_steps` in a row. Either way the run ends with a `TrainingError` that names the
-step, the loss and the settings to change.
+The check comes before the optimizer update, so the weights in memory stay finite.
+`nonfinite="stop"` ends the run at the first such step; `"skip"` drops the step (no update,
+like GradScaler's skipped steps) and ends the run after `max_skipped_steps` in a row. Either
+way the run ends with a `TrainingError` that names the step, the loss, the settings to change
+and the checkpoint to go on from.
+
+The steps before a non-finite one may already have wrecked the weights (a huge learning rate
+makes one finite but destroying update), so last.pt is not overwritten when a run diverges: it
+keeps the checkpoint saved before the divergence, and the state at the failing step goes to
+diverged.pt.
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from vitkit.errors import TrainingError
 from vitkit.train.config import TrainConfig
 
 log = logging.getLogger("vitkit.train")
+# The learning rate advised after a divergence is a tenth of the one used, and at most this:
+# a rate far above any recipe's (lr=1e6) is not fixed by dividing it by ten.
+MAX_ADVISED_LR = 0.01
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class StepOutcome:
 
 def divergence_advice(cfg: TrainConfig, amp_on: bool) -> str:
     """The settings to change after a diverging step, each with a value to try."""
-    fixes = [f"a lower learning rate (e.g. lr={cfg.lr / 10:g})"]
+    fixes = [f"a lower learning rate (e.g. lr={min(cfg.lr / 10, MAX_ADVISED_LR):g})"]
     if cfg.warmup_steps is not None:
         fixes.append(f"a longer warmup (e.g. warmup_steps={max(2 * cfg.warmup_steps, 100)})")
     else:
@@ -47,18 +56,31 @@ def divergence_advice(cfg: TrainConfig, amp_on: bool) -> str:
     return "; ".join(fixes)
 
 
-class NonFiniteGuard:
-    """Counts non-finite steps in a row and decides: go on, skip with a warning, or stop."""
+DIVERGED_CHECKPOINT = "diverged.pt"
 
-    def __init__(self, cfg: TrainConfig, amp_on: bool) -> None:
+
+class NonFiniteGuard:
+    """Counts non-finite steps in a row and decides: go on, skip with a warning, or stop.
+
+    The loop tells it when last.pt was saved (`checkpoint_saved`), so the error of a diverged
+    run names the last good checkpoint in `out_dir`.
+    """
+
+    def __init__(self, cfg: TrainConfig, amp_on: bool, out_dir: str | Path) -> None:
         self.cfg = cfg
         self.amp_on = amp_on
+        self.out_dir = Path(out_dir)
         self.in_a_row = 0  # not saved in checkpoints: a resumed run starts counting at 0
+        self.saved_step: int | None = None  # the step this process last saved last.pt at
+
+    def checkpoint_saved(self, step: int) -> None:
+        """last.pt now holds the run at `step`."""
+        self.saved_step = step
 
     def observe(self, outcome: StepOutcome, step: int, epoch: float, lr: float
                 ) -> TrainingError | None:
         """After step `step` (counted from 1): None to go on, or the error that ends the run
-        (the caller saves last.pt first, then raises it)."""
+        (the caller saves diverged.pt, leaves last.pt as it is, then raises it)."""
         if outcome.finite:
             self.in_a_row = 0
             return None
@@ -76,7 +98,20 @@ class NonFiniteGuard:
         else:
             head = f"training diverged: {what}"
             tail = "; or nonfinite=skip to drop such steps"
+        kept, then = self._last_good()
         return TrainingError(
-            f"{head}. No update was made from it: last.pt holds the weights of the last finite "
-            f"step. Try {divergence_advice(self.cfg, self.amp_on)}{tail}; then start over "
-            "with --overwrite, or continue with --resume and the new setting.")
+            f"{head}. No update was made from it; the state at that step is saved as "
+            f"{self.out_dir / DIVERGED_CHECKPOINT} (the steps before it may already have "
+            f"damaged the weights). {kept} Try {divergence_advice(self.cfg, self.amp_on)}{tail}; "
+            f"then {then}.")
+
+    def _last_good(self) -> tuple[str, str]:
+        """Where the last checkpoint from before the divergence is, and how to go on."""
+        last = self.out_dir / "last.pt"
+        start_over = "start over with the new setting and --overwrite"
+        if not last.is_file():
+            return "No checkpoint was saved before the divergence.", start_over
+        when = f"at step {self.saved_step}" if self.saved_step is not None else "earlier"
+        return (f"The last good checkpoint, {last} (saved {when}, before the divergence), is "
+                "kept.", f"continue from it with --resume {last} and the new setting, or "
+                f"{start_over}")

@@ -16,6 +16,8 @@ from vitkit.errors import ConfigError
 
 # A budget is never fitted past this many steps (a guard against a clock that reads ~0).
 MAX_STEPS = 10**7
+# A run estimated to take longer than this is told how many steps would fit in it.
+SHORT_RUN_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -106,3 +108,50 @@ class RunPlan:
             middle = (low + high) // 2
             low, high = (middle, high) if predicted(middle) <= remaining_seconds else (low, middle)
         return low
+
+    # -- what the run will do, said before it does it -------------------------------------------
+    def describe(self, step: int, total_steps: int, batch_size: int, accum_steps: int,
+                 warmup: int, time_budget: float = 0.0) -> str:
+        """One line: steps, epochs, image size(s), batch and warmup of the run from `step`."""
+        epochs = total_steps / self.batches_per_epoch
+        sizes = " -> ".join(f"{side} px from {start:.0%}" for start, side in
+                            self.resolution_schedule) or _size_text(self.base_size)
+        batch = f"batch {batch_size:,}" + (f" ({accum_steps} accumulated micro-batches of "
+                                           f"{batch_size // accum_steps:,})"
+                                           if accum_steps > 1 else "")
+        start = f", from step {step:,}" if step else ""
+        budget = f", time budget {_duration(time_budget)}" if time_budget else ""
+        return (f"plan: {total_steps:,} steps{start} ({epochs:.3g} epochs of "
+                f"{self.batches_per_epoch:,} batches), image size {sizes}, {batch}, warmup "
+                f"{warmup:,} steps{budget}; a duration estimate follows the first timed steps")
+
+    def estimate(self, step: int, total_steps: int, seconds_per_token: float,
+                 time_budget: float = 0.0) -> str:
+        """The time the steps left (from `step`) will take at the measured rate (seconds per
+        token per image), and how to shorten the run."""
+        seconds = self.tokens_between(step, total_steps) * seconds_per_token
+        per_step = self.tokens(self.resolution_at(step, total_steps)) * seconds_per_token
+        text = (f"estimate: {_duration(seconds)} for the {total_steps - step:,} steps left "
+                f"({per_step:.3g} s/step measured, evaluations not included)")
+        if time_budget:
+            return text + f"; the run is sized to its --time-budget of {_duration(time_budget)}"
+        text += ("; to shorten it: total_steps=N, epochs=N or --time-budget SECONDS")
+        if seconds > SHORT_RUN_SECONDS:
+            fits = self.fit_to_budget(step, seconds_per_token, SHORT_RUN_SECONDS, 0.0)
+            text += f" (an hour fits about total_steps={fits}, or --time-budget 3600)"
+        return text
+
+
+def _size_text(size: tuple[int, int]) -> str:
+    return f"{size[0]} px" if size[0] == size[1] else f"{size[0]}x{size[1]} px"
+
+
+def _duration(seconds: float) -> str:
+    """`seconds` as people say it: 45 s, 12 min, 3.5 h, 4.1 days."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

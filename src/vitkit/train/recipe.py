@@ -1,15 +1,32 @@
 """Which recipe a run starts from, and the command line's overrides on it: the policy behind
-`vitkit train` and `vitkit finetune`, as functions a user can call."""
+`vitkit train` and `vitkit finetune`, as functions a user can call.
+
+Data is never chosen silently: a `--data-dir` without `data=` is read as an image folder when
+it holds one (else refused, naming data=folder and data=cifar10), and `vitkit finetune RUN`
+fine-tunes on the data the run recorded unless `--data` names other data; each says so in
+one log line.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from vitkit.train.config import TrainConfig, checkpoint_train_config, load_train_config
+from vitkit.data.sources.folder import is_image_folder
+from vitkit.errors import VitkitError
+from vitkit.train.checkpoint import resume_path
+from vitkit.train.config import TrainConfig, checkpoint_train_config, recipe_with_overrides
+from vitkit.train.resume import check_recipe_resumable
+from vitkit.weights.formats.run_folder import RUN_FILES, is_run_folder
 
 DEFAULT_RECIPE = "digits"
+# What a run records about its data beyond `data` and `data_dir` that fine-tuning on the same
+# Hugging Face dataset needs (its splits and reading mode).
+HF_DATA_KEYS = ("train_split", "split", "streaming")
+log = logging.getLogger("vitkit.train")
 
 
 def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
@@ -21,23 +38,52 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
 
     Without a recipe the base is the digits recipe, unless the overrides choose other data
     (`data=folder ...`: TrainConfig's defaults; with `init_from=` not even its model). A
-    `recipe` that holds "=" and is no file is the first override (`train epochs=3`).
+    `recipe` that holds "=" and is no file is the first override (`train epochs=3`). A
+    `data_dir` without `data=` that holds an image folder trains on it (`data=folder`). With
+    `resume` and a recipe, a checkpoint of another model or optimizer is refused before the
+    recipe's own checks.
     """
     overrides = list(overrides)
     if recipe and "=" in recipe and not Path(recipe).exists():  # `train epochs=3`: no recipe
         recipe, overrides = None, [recipe, *overrides]
+    resume = str(resume_path(resume)) if resume else None
     if out is None and resume and not any(o.startswith("out_dir=") for o in overrides):
         out = str(Path(resume).parent)
     for flag, key in ((time_budget, "time_budget"), (out, "out_dir"), (data_dir, "data_dir")):
         if flag is not None:
             overrides.append(f"{key}={json.dumps(flag)}")
     if recipe is None and resume:
-        return load_train_config(None, overrides, base=checkpoint_train_config(resume))
+        return build_config(None, overrides, base=checkpoint_train_config(resume))
     if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
         fine_tuning = any(item.startswith("init_from=") for item in overrides)
         base = {} if fine_tuning else {"model": TrainConfig.model}  # model.X=... changes it
-        return load_train_config(None, overrides, base=base)
-    return load_train_config(recipe or DEFAULT_RECIPE, overrides)
+        return build_config(None, overrides, base=base)
+    return build_config(recipe or DEFAULT_RECIPE, overrides, resume=resume)
+
+
+def build_config(recipe: str | None, overrides: list[str], base: dict[str, Any] | None = None,
+                 resume: str | None = None) -> TrainConfig:
+    """The recipe (or `base`) with `overrides`, its data chosen (`choose_data`); a `resume`
+    checkpoint of another model is refused before the config's own checks."""
+    keys = recipe_with_overrides(recipe, overrides, base)
+    if resume:
+        check_recipe_resumable(keys, resume)
+    choose_data(keys, data_named=_names_data(overrides) or bool(base))
+    return TrainConfig.from_dict(keys)
+
+
+def choose_data(keys: dict[str, Any], data_named: bool) -> None:
+    """A `data_dir` with no data named (`data=`, `--data`, or the recipe a resumed checkpoint
+    records) that would land on the embedded digits: an image folder becomes `data=folder`
+    (logged); anything else is left for TrainConfig to refuse, naming the sources that read
+    a folder."""
+    data_dir = keys.get("data_dir")
+    if data_named or not data_dir or keys.get("data", TrainConfig.data) != "digits":
+        return
+    if is_image_folder(data_dir):
+        keys["data"] = "folder"
+        log.info("--data-dir %s holds an image folder: training on data=folder (data=... "
+                 "chooses another source)", data_dir)
 
 
 def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | None = None,
@@ -46,8 +92,12 @@ def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | 
                     out: str | None = None, time_budget: float | None = None,
                     data_dir: str | None = None) -> TrainConfig:
     """The finetune recipe started from `weights`; the flags become overrides, as in
-    `run_config`."""
+    `run_config`. Without `data` (or `data=`), weights from a vitkit run fine-tune on the data
+    that run recorded (and its folder, unless `data_dir` is given); other weights on the
+    recipe's."""
     overrides = [f"init_from={json.dumps(weights)}", *overrides]
+    if data is None and not _names_data(overrides):
+        overrides += recorded_data_overrides(weights, keep_data_dir=data_dir is None)
     for flag, key in ((data, "data"), (img_size, "model.img_size"),
                       (weights_dir, "weights_dir")):
         if flag is not None:
@@ -56,9 +106,46 @@ def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | 
                       data_dir=data_dir)
 
 
+def recorded_data_overrides(weights: str, keep_data_dir: bool) -> list[str]:
+    """`data=...` (and `data_dir=...` when `keep_data_dir`) overrides for the data a vitkit
+    run or training checkpoint recorded, logged; none (and a log line naming the recipe's
+    default) for other weights."""
+    recorded = recorded_recipe(weights)
+    if not recorded or not recorded.get("data"):
+        log.info("fine-tuning on the finetune recipe's data (--data chooses it: digits, "
+                 "cifar10, cifar100, folder or hf:NAME_OR_PATH)")
+        return []
+    keys = ["data", *(["data_dir"] if keep_data_dir else [])]
+    if str(recorded["data"]).startswith("hf:"):
+        keys += HF_DATA_KEYS
+    chosen = {key: recorded[key] for key in keys if recorded.get(key) is not None}
+    shown = " ".join(f"{key}={value}" for key, value in chosen.items())
+    log.info("fine-tuning on %s, the data %s was trained on (--data chooses other data)",
+             shown, weights)
+    return [f"{key}={json.dumps(value)}" for key, value in chosen.items()]
+
+
+def recorded_recipe(weights: str) -> dict[str, Any] | None:
+    """The training recipe a vitkit run folder or training checkpoint records; None for
+    other weights (names, Hub repositories, foreign files)."""
+    path = Path(weights).expanduser()
+    if is_run_folder(path):
+        path = next(path / name for name in RUN_FILES if (path / name).is_file())
+    if not path.is_file():
+        return None
+    try:
+        return checkpoint_train_config(path)
+    except VitkitError:  # a weights file that is not a vitkit training checkpoint
+        return None
+
+
+def _names_data(overrides: list[str]) -> bool:
+    """Whether KEY=VALUE overrides name the data (`data=...`)."""
+    return any(item.startswith("data=") for item in overrides)
+
+
 def _names_other_data(overrides: list[str]) -> bool:
     """Whether KEY=VALUE overrides choose data other than the embedded digits (then a run with
     no recipe starts from TrainConfig's defaults, not from the digits recipe)."""
     data = [item.partition("=")[2].strip('"') for item in overrides if item.startswith("data=")]
     return bool(data) and data[-1] != "digits"
-

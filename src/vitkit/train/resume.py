@@ -13,10 +13,10 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 
 from vitkit.config import ViTConfig
-from vitkit.errors import CheckpointError
+from vitkit.errors import CheckpointError, ConfigError
 from vitkit.model.vit import VisionTransformer
-from vitkit.train.checkpoint import Position, TrainCheckpoint
-from vitkit.train.config import TrainConfig
+from vitkit.train.checkpoint import Position, TrainCheckpoint, read_checkpoint
+from vitkit.train.config import TrainConfig, model_config_of
 from vitkit.train.plan import RunPlan
 
 log = logging.getLogger("vitkit.train")
@@ -25,18 +25,46 @@ log = logging.getLogger("vitkit.train")
 def check_resumable(state: TrainCheckpoint, path: str | Path, cfg: TrainConfig,
                     config: ViTConfig) -> None:
     """Refuse a checkpoint trained with another optimizer or model config than `cfg`'s."""
+    check_same_optimizer(state, path, cfg.optimizer)
+    check_same_model(state, path, config)
+
+
+def check_recipe_resumable(recipe: dict[str, Any], path: str | Path) -> None:
+    """Before a recipe's own checks (a warmup longer than the run, ...): refuse a checkpoint
+    trained with another optimizer or model than `recipe` (a dict of training keys) names,
+    which is the real problem when both are wrong. The head, sized from the data, is compared
+    once the data is open (`check_resumable`); a fine-tuning recipe (`init_from`) takes the
+    model from the checkpoint."""
+    if recipe.get("init_from"):
+        return
+    state = read_checkpoint(path)
+    check_same_optimizer(state, path, str(recipe.get("optimizer", TrainConfig.optimizer)))
+    try:
+        config = model_config_of(recipe.get("model", TrainConfig.model))
+    except (ConfigError, TypeError, ValueError):
+        return  # TrainConfig names what is wrong with the model
+    check_same_model(state, path, config.replace(num_classes=state.trained.config.num_classes))
+
+
+def check_same_optimizer(state: TrainCheckpoint, path: str | Path, optimizer: str) -> None:
     used = state.train_config.get("optimizer", "adamw")
-    if used != cfg.optimizer:
+    if used != optimizer:
         raise CheckpointError(f"cannot resume from {path}: it was trained with optimizer="
-                              f"{used} but the config says {cfg.optimizer}. Resume with "
+                              f"{used} but the config says {optimizer}. Resume with "
                               f"optimizer={used}.")
+
+
+def check_same_model(state: TrainCheckpoint, path: str | Path, config: ViTConfig) -> None:
+    """Refuse a checkpoint whose model differs from `config` (the image size aside: a
+    progressive-resizing run is saved at its current size)."""
     saved = state.trained.config
     if saved.replace(img_size=config.img_size) != config:
         diffs = [f"{k}: checkpoint {v!r} vs config {getattr(config, k)!r}"
                  for k, v in saved.to_dict().items()
                  if k != "name" and v != config.to_dict()[k]]
         raise CheckpointError(f"cannot resume from {path}: it was trained with another model "
-                              f"config ({'; '.join(diffs)}). Resume with the same recipe.")
+                              f"config ({'; '.join(diffs)}). Resume with the same recipe "
+                              "(or without one: the checkpoint's own).")
 
 
 def restore(state: TrainCheckpoint, path: str | Path, model: VisionTransformer,

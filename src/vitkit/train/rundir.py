@@ -1,7 +1,8 @@
 """A run's output folder: which files make a run, and never writing over one by accident.
 
-A training run writes last.pt, best.pt, metrics.jsonl (appended), metrics.csv (rewritten),
-learning_curve.png, skipped_files.txt and tensorboard/. Starting a new run in a folder that
+A training run writes last.pt, best.pt (diverged.pt when it diverges), metrics.jsonl
+(appended), metrics.csv (rewritten), learning_curve.png, skipped_files.txt and tensorboard/.
+Starting a new run in a folder that
 holds them would mix the two runs' metrics and overwrite the checkpoints, so it is refused
 unless the run is being continued (`resume` inside the folder) or `overwrite` clears it first.
 
@@ -17,10 +18,10 @@ from pathlib import Path
 
 from vitkit.errors import ConfigError
 
-RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "metrics.csv", "learning_curve.png",
-             "skipped_files.txt")
+RUN_FILES = ("last.pt", "best.pt", "diverged.pt", "metrics.jsonl", "metrics.csv",
+             "learning_curve.png", "skipped_files.txt")
 RUN_FOLDERS = ("tensorboard",)
-CHECKPOINT_NAMES = ("last.pt", "best.pt")
+CHECKPOINT_NAMES = ("last.pt", "best.pt", "diverged.pt")
 log = logging.getLogger("vitkit.train")
 
 

@@ -27,7 +27,7 @@ from vitkit.errors import DataError
 from vitkit.files import cache_root, write_atomic
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderRecords", "check_same_classes", "folder_splits",
-           "load_image_folder", "open_folder"]
+           "is_image_folder", "load_image_folder", "open_folder"]
 
 logger = logging.getLogger("vitkit.data")
 
@@ -56,13 +56,20 @@ def _scan_class(class_dir: str, files: list[str], dirs: list[str]) -> None:
     files.extend(sorted(found))
 
 
-def _check_root(root: Path) -> None:
+CLASS_LAYOUT = "one sub-folder per class ({root}/<class_name>/<image>.jpg)"
+# What data=folder reads (`folder_splits`): the two splits, each a class-per-folder layout.
+SPLITS_LAYOUT = ("{root}/train/<class_name>/<image>.jpg and {root}/val/<class_name>/<image>.jpg "
+                 "(or test/ for val/), one sub-folder per class in each")
+
+
+def _check_root(root: Path, layout: str = CLASS_LAYOUT) -> None:
+    """Refuse a root that is missing or a file, describing the `layout` expected in it."""
     if not root.exists():
-        raise DataError(f"image folder {root} does not exist; pass the folder that holds one "
-                        "sub-folder per class (root/<class_name>/<image>.jpg)")
+        raise DataError(f"image folder {root} does not exist; it should hold "
+                        f"{layout.format(root=root)}")
     if not root.is_dir():
-        raise DataError(f"{root} is a file, not a folder; pass the folder that holds one "
-                        "sub-folder per class (root/<class_name>/<image>.jpg)")
+        raise DataError(f"{root} is a file, not a folder; pass a folder that holds "
+                        f"{layout.format(root=root)}")
 
 
 class FolderRecords:
@@ -194,7 +201,7 @@ class FolderRecords:
 def folder_splits(root: str | Path) -> tuple[Path, Path]:
     """(train folder, held-out folder) of a data folder: root/train and root/val (or test)."""
     root = Path(root).expanduser()
-    _check_root(root)
+    _check_root(root, SPLITS_LAYOUT)
     train = root / "train"
     held_out = next((root / sub for sub in ("val", "validation", "test")
                      if (root / sub).is_dir()), None)
@@ -203,9 +210,21 @@ def folder_splits(root: str | Path) -> tuple[Path, Path]:
         missing = "train/" if not train.is_dir() else "val/ (or test/)"
         raise DataError(f"{root} has no {missing} folder (it holds: "
                         f"{', '.join(found) or 'no folders'}); data=folder needs "
-                        f"{root}/train/<class>/... and {root}/val/<class>/... (or test/), one "
-                        "sub-folder per class in each")
+                        f"{SPLITS_LAYOUT.format(root=root)}")
     return train, held_out
+
+
+def is_image_folder(root: str | Path) -> bool:
+    """Whether `root` holds an image folder: train/ and val/ (or test/) folders, or class
+    sub-folders with images in them."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        return False
+    if (root / "train").is_dir():
+        return True
+    return any(sub.is_dir() and not sub.name.startswith(".") and
+               any(p.suffix.lower() in IMAGE_EXTENSIONS for p in sub.iterdir())
+               for sub in root.iterdir())
 
 
 def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
