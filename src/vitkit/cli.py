@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "default: digits; with data=... another source, TrainConfig's "
                             "defaults; with --resume the checkpoint's recipe")
     add_run_arguments(train, "recipe", "epochs=5 model.depth=4 augment.flip=false")
-    train.set_defaults(run=cmd_train)
+    train.set_defaults(run=cmd_train, verb_parser=train)
 
     finetune = verbs.add_parser("finetune", help="fine-tune pretrained weights (the paper's "
                                                  "recipe: SGD, new head, higher resolution)")
@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "(default: 384 for weights "
                                                                   "pretrained at 224, else "
                                                                   "their own size)")
-    finetune.set_defaults(run=cmd_finetune)
+    finetune.set_defaults(run=cmd_finetune, verb_parser=finetune)
 
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
     add_weights_argument(evaluate)
@@ -506,14 +506,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None
                     ) -> argparse.Namespace:
-    """Parse, letting KEY=VALUE overrides come after --flags too (`train --out x epochs=3`)."""
+    """Parse, letting KEY=VALUE overrides come after --flags too (`train --out x epochs=3`).
+    An unrecognised argument is refused by the verb's own parser (its usage, not the top
+    level's); `train --epochs 3` is told that settings are KEY=VALUE."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     overrides = [item for item in extra if "=" in item and not item.startswith("-")]
     if extra and (len(overrides) < len(extra) or not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        verb_parser = getattr(args, "verb_parser", parser)
+        if hasattr(args, "overrides"):
+            hint = setting_flag_hint(extra, argv)
+            if hint:
+                verb_parser.error(hint)
+        verb_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
     return args
+
+
+def setting_flag_hint(extra: list[str], argv: list[str]) -> str | None:
+    """"unrecognized argument --epochs: training settings are KEY=VALUE, e.g. epochs=3" for
+    the first --FLAG in `extra` that names a training setting; None when none does."""
+    from vitkit.train.recipe import is_setting_key, setting_example
+
+    for flag in (item for item in extra if item.startswith("--")):
+        name, equals, value = flag[2:].partition("=")
+        key = name.replace("-", "_")
+        if not is_setting_key(key):
+            continue
+        if not equals:
+            position = argv.index(flag) + 1
+            following = argv[position] if position < len(argv) else ""
+            value = following if following and not following.startswith("-") \
+                and "=" not in following else None
+        return (f"unrecognized argument {flag.partition('=')[0]}: training settings are "
+                f"KEY=VALUE, e.g. {setting_example(key, value)}")
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,11 +3,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from vitkit.train.config import TrainConfig, checkpoint_train_config, load_train_config
+from vitkit.errors import ConfigError
+from vitkit.train.config import (
+    NESTED_KEYS,
+    TrainConfig,
+    checkpoint_train_config,
+    load_train_config,
+    recipe_names,
+)
 
 DEFAULT_RECIPE = "digits"
 
@@ -26,6 +34,7 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
     overrides = list(overrides)
     if recipe and "=" in recipe and not Path(recipe).exists():  # `train epochs=3`: no recipe
         recipe, overrides = None, [recipe, *overrides]
+    _refuse_settings_as_words(recipe, overrides)
     if out is None and resume and not any(o.startswith("out_dir=") for o in overrides):
         out = str(Path(resume).parent)
     for flag, key in ((time_budget, "time_budget"), (out, "out_dir"), (data_dir, "data_dir")):
@@ -54,6 +63,39 @@ def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | 
             overrides.append(f"{key}={json.dumps(flag)}")
     return run_config("finetune", overrides, resume=resume, out=out, time_budget=time_budget,
                       data_dir=data_dir)
+
+
+def is_setting_key(key: str) -> bool:
+    """Whether `key` is a training setting a KEY=VALUE override sets: a TrainConfig field,
+    or model.FIELD / augment.FIELD."""
+    parent, _, leaf = key.rpartition(".")
+    if not parent:
+        return key in {f.name for f in dataclasses.fields(TrainConfig)}
+    return parent in NESTED_KEYS and (
+        leaf in {f.name for f in dataclasses.fields(NESTED_KEYS[parent])}
+        or (parent, leaf) == ("model", "variant"))
+
+
+def setting_example(key: str, value: str | None) -> str:
+    """"epochs=3": how a setting is written, with `value` (or an ellipsis) filled in."""
+    return f"{key}={value if value is not None else '...'}"
+
+
+def _refuse_settings_as_words(recipe: str | None, overrides: list[str]) -> None:
+    """`train epochs 3`: a setting's name and its value as two words, where KEY=VALUE was
+    meant (the recipe slot, or a word among the overrides, that is no recipe but a key)."""
+    words = [recipe, *overrides] if recipe and not _is_recipe(recipe) else overrides
+    for index, word in enumerate(words):
+        if word and "=" not in word and is_setting_key(word):
+            following = words[index + 1] if index + 1 < len(words) else None
+            value = following if following is not None and "=" not in following else None
+            what = "no recipe" if word == recipe else "not KEY=VALUE"
+            raise ConfigError(f"{word!r} is {what}: training settings are KEY=VALUE, e.g. "
+                              f"{setting_example(word, value)}")
+
+
+def _is_recipe(name: str) -> bool:
+    return Path(name).exists() or name in recipe_names()
 
 
 def _names_other_data(overrides: list[str]) -> bool:
