@@ -115,8 +115,9 @@ def unknown_name_error(text: str, weights: bool) -> VitkitError:
     (checkpoint names only when the caller wants `weights`), never the whole list, and the
     command that lists them."""
     if looks_like_path(text):
-        guess = closest_path(text)
-        hint = f"; did you mean {guess}?" if guess else f" ({_first_missing(text)} does not exist)"
+        guess, missing = closest_path(text), _first_missing(text)
+        hint = f"; did you mean {guess}?" if guess else \
+            f" ({missing} does not exist)" if missing != Path(text).expanduser() else ""
         return WeightsNotFoundError(f"no such file or folder: {text}{hint}")
     if not weights:
         return unknown_model_error(text, all_names(), _OTHER_KINDS)

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from vitkit.catalog import lookup, unknown_name_error
 from vitkit.errors import ConfigError
 from vitkit.train.config import (
     NESTED_KEYS,
@@ -55,7 +56,9 @@ def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | 
                     out: str | None = None, time_budget: float | None = None,
                     data_dir: str | None = None) -> TrainConfig:
     """The finetune recipe started from `weights`; the flags become overrides, as in
-    `run_config`."""
+    `run_config`. A `weights` that names nothing is refused first, before any setting."""
+    if lookup(weights).kind == "unknown":
+        raise unknown_name_error(weights, weights=True)
     overrides = [f"init_from={json.dumps(weights)}", *overrides]
     for flag, key in ((data, "data"), (img_size, "model.img_size"),
                       (weights_dir, "weights_dir")):
