@@ -30,6 +30,9 @@ EXIT_BUG = 1  # an unexpected exception (as Python's own exit status for one)
 EXIT_ERROR = 2  # a usage error or a VitkitError
 EAGER_INT8 = ("PyTorch on the CPU, every nn.Linear (--int8-engine picks the "
               "implementation)")
+# Libraries whose loggers print through a handler of their own: the root handler must not print
+# their messages a second time.
+OWN_HANDLER_LOGGERS = ("huggingface_hub", "datasets")
 BUG_REPORT = ("vitkit {verb}: this is a bug in vitkit, not a problem with your input: please "
               "report this bug with the command you ran and the traceback above.")
 
@@ -544,9 +547,18 @@ def setting_flag_hint(extra: list[str], argv: list[str]) -> str | None:
     return None
 
 
+def configure_logging() -> None:
+    """vitkit's own messages at INFO (what was loaded, and how), other libraries' warnings,
+    each message printed once (Hugging Face's libraries print theirs with their own handler)."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("vitkit").setLevel(logging.INFO)
+    for name in OWN_HANDLER_LOGGERS:
+        logging.getLogger(name).propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # what was loaded, and how
+    configure_logging()
     try:
         return args.run(args) or 0
     except VitkitError as exc:  # bad input: the message says what to change
