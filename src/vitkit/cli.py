@@ -227,19 +227,8 @@ def run_training(cfg: TrainConfig, args: argparse.Namespace) -> int:
     from vitkit.train.loop import train
 
     result = train(cfg, resume=args.resume, overwrite=args.overwrite)
-    if not result.is_main:
-        return result.exit_status
-    final = result.final
-    if final:
-        print(f"done: epoch {final['epoch']:.2f}, step {final['step']}, test top-1 "
-              f"{100 * final['top1']:.2f}%, top-5 {100 * final['top5']:.2f}%, "
-              f"{final['minutes']:.1f} min" + (f" ({result.stopped_early})"
-                                                 if result.stopped_early else ""))
-    print(f"checkpoints, metrics and learning_curve.png in {result.out_dir}")
-    if result.signal_number:
-        print(f"stopped by {result.stopped_early} at step {result.position.step} of "
-              f"{result.position.total_steps}; continue with --resume "
-              f"{result.out_dir / 'last.pt'}", file=sys.stderr)
+    if result.is_main:
+        print(result.format())
     return result.exit_status
 
 
@@ -357,7 +346,9 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
                          help="more weights to compare on the same data, shots and seeds "
                               "(one curve each in fewshot.png)")
     fewshot.add_argument("--out", help="folder for fewshot.png (default: beside the first "
-                                       "weights)")
+                                       "weights, as for `vitkit eval`: in a run or model "
+                                       "folder; ./eval for a checkpoint name or hf-hub: "
+                                       "repository)")
     fewshot.set_defaults(run=cmd_fewshot)
     probe.add_argument("--k", type=positive_int, default=20, help="kNN neighbours (default 20)")
     probe.add_argument("--temperature", type=float, default=0.07,
@@ -414,7 +405,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=positive_int, help="evaluate only the first N images "
                                                               "(default: as the training run did)")
     evaluate.add_argument("--batch-size", type=positive_int, default=500)
-    evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
+    evaluate.add_argument("--out", help="folder for the report and confusion_matrix.png "
+                                        "(default: beside the weights; ./eval for a "
+                                        "checkpoint name or hf-hub: repository). Each "
+                                        "evaluation keeps eval-DATA-SPLIT.json (-int8, -mergeR "
+                                        "for those paths); eval.json is the latest")
     add_int8_arguments(evaluate, EAGER_INT8)
     add_merge_tokens_argument(evaluate)
     evaluate.set_defaults(run=cmd_eval)
