@@ -7,6 +7,9 @@ official checkpoint ("B/16-i21k", "B/16-augreg-i21k-i1k-384"), a Hub repository
 Everything that takes a name asks here: `create_model`, `count_parameters`, `config_of`,
 `read_weights`, `load_pretrained`, `load_weights`, `vitkit summary`, `vitkit models` (its
 tables) and `vitkit benchmark`. Reading file formats stays in `vitkit.weights.formats`.
+A string that names nothing gets one error, `unknown_name_error`, whatever the verb: a path
+that does not exist says so with the closest existing path; a short name gets the closest few
+names and the command that lists them all.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from vitkit.config import (
     unknown_model_error,
     variant_config,
 )
-from vitkit.errors import CheckpointError
+from vitkit.errors import CheckpointError, VitkitError, WeightsNotFoundError
+from vitkit.fieldtypes import closest_path, did_you_mean
 from vitkit.model.vit import VisionTransformer
 from vitkit.weights import build_model, read_local
 from vitkit.weights.formats import hf_hub, hub
@@ -40,6 +44,9 @@ ConfigSource = str | Path | ViTConfig | dict[str, Any]
 # The kinds of name an unknown one may have meant, besides variants and tutorial models.
 _OTHER_KINDS = (", a checkpoint name like 'B/16-i21k' (`vitkit models --checkpoints`), a JSON "
                 "config, a weights file or folder, or hf-hub:ORG/NAME")
+# The suffixes of the files a name may be: weights, configs and exported graphs.
+_FILE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".npz", ".safetensors", ".json", ".onnx",
+                  ".h5", ".msgpack"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,7 @@ class Named:
         if self.kind == "variant":
             return variant_config(self.key, **overrides)
         if self.kind == "unknown":
-            raise unknown_model_error(self.text, all_names(), _OTHER_KINDS)
+            raise unknown_name_error(self.text, weights=False)
         if self.kind == "config_file":
             config = ViTConfig.from_json(self.key)
         elif self.kind == "checkpoint":
@@ -83,7 +90,7 @@ class Named:
             return hf_hub.resolve(self.key, weights_dir, download)
         if Path(self.key).exists():  # a JSON config too: its reader says it holds no weights
             return Path(self.key)
-        raise hub.unknown_checkpoint_error(self.text)
+        raise unknown_name_error(self.text, weights=True)
 
 
 def lookup(source: str | Path) -> Named:
@@ -100,6 +107,42 @@ def lookup(source: str | Path) -> Named:
     if key is not None:
         return Named(text, "checkpoint", key)
     return Named(text, "variant" if is_variant_name(text) else "unknown", text)
+
+
+def unknown_name_error(text: str, weights: bool) -> VitkitError:
+    """The error for a string that names nothing. A path that does not exist: "no such file
+    or folder: runs/digit; did you mean runs/digits?". A short name: the closest few names
+    (checkpoint names only when the caller wants `weights`), never the whole list, and the
+    command that lists them."""
+    if looks_like_path(text):
+        guess, missing = closest_path(text), _first_missing(text)
+        hint = f"; did you mean {guess}?" if guess else \
+            f" ({missing} does not exist)" if missing != Path(text).expanduser() else ""
+        return WeightsNotFoundError(f"no such file or folder: {text}{hint}")
+    if not weights:
+        return unknown_model_error(text, all_names(), _OTHER_KINDS)
+    return WeightsNotFoundError(
+        f"{text!r} is neither a file nor a known checkpoint name."
+        + did_you_mean(text, hub.named_checkpoints())
+        + " `vitkit models --checkpoints` lists them (a variant such as 'B/16' names an "
+          "architecture, not weights).")
+
+
+def looks_like_path(text: str) -> bool:
+    """Whether a string was meant as a path, not a name: it ends in a file suffix (".pt",
+    ".npz", ...), starts like one ("./", "~", "/"), has separators no name has ("runs/a/b",
+    "\\", a trailing "/"), or names an entry of a folder that exists ("runs/digit")."""
+    path = Path(text).expanduser()
+    if path.suffix.lower() in _FILE_SUFFIXES or text.startswith((".", "~", "/")):
+        return True
+    if "\\" in text or text.count("/") > 1 or text.endswith("/"):
+        return True
+    return "/" in text and path.parent.is_dir()
+
+
+def _first_missing(text: str) -> Path:
+    path = Path(text).expanduser()
+    return next(p for p in [*reversed(path.parents), path] if not p.exists())
 
 
 def all_names() -> list[str]:
@@ -202,5 +245,5 @@ def checkpoint_rows() -> list[NamedCheckpoint]:
 
 
 __all__ = ["ModelRow", "Named", "all_names", "checkpoint_rows", "config_of",
-           "count_parameters", "create_model", "load_pretrained", "load_weights", "lookup",
-           "model_rows", "read_weights"]
+           "count_parameters", "create_model", "load_pretrained", "load_weights",
+           "looks_like_path", "lookup", "model_rows", "read_weights", "unknown_name_error"]

@@ -30,6 +30,9 @@ EXIT_BUG = 1  # an unexpected exception (as Python's own exit status for one)
 EXIT_ERROR = 2  # a usage error or a VitkitError
 EAGER_INT8 = ("PyTorch on the CPU, every nn.Linear (--int8-engine picks the "
               "implementation)")
+# Libraries whose loggers print through a handler of their own: the root handler must not print
+# their messages a second time.
+OWN_HANDLER_LOGGERS = ("huggingface_hub", "datasets")
 BUG_REPORT = ("vitkit {verb}: this is a bug in vitkit, not a problem with your input: please "
               "report this bug with the command you ran and the traceback above.")
 
@@ -226,19 +229,8 @@ def run_training(cfg: TrainConfig, args: argparse.Namespace) -> int:
     from vitkit.train.loop import train
 
     result = train(cfg, resume=args.resume, overwrite=args.overwrite)
-    if not result.is_main:
-        return result.exit_status
-    final = result.final
-    if final:
-        print(f"done: epoch {final['epoch']:.2f}, step {final['step']}, test top-1 "
-              f"{100 * final['top1']:.2f}%, top-5 {100 * final['top5']:.2f}%, "
-              f"{final['minutes']:.1f} min" + (f" ({result.stopped_early})"
-                                                 if result.stopped_early else ""))
-    print(f"checkpoints, metrics and learning_curve.png in {result.out_dir}")
-    if result.signal_number:
-        print(f"stopped by {result.stopped_early} at step {result.position.step} of "
-              f"{result.position.total_steps}; continue with --resume "
-              f"{result.out_dir / 'last.pt'}", file=sys.stderr)
+    if result.is_main:
+        print(result.format())
     return result.exit_status
 
 
@@ -358,7 +350,9 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
                          help="more weights to compare on the same data, shots and seeds "
                               "(one curve each in fewshot.png)")
     fewshot.add_argument("--out", help="folder for fewshot.png (default: beside the first "
-                                       "weights)")
+                                       "weights, as for `vitkit eval`: in a run or model "
+                                       "folder; ./eval for a checkpoint name or hf-hub: "
+                                       "repository)")
     fewshot.set_defaults(run=cmd_fewshot)
     probe.add_argument("--k", type=positive_int, default=20, help="kNN neighbours (default 20)")
     probe.add_argument("--temperature", type=float, default=0.07,
@@ -388,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "default: digits; with data=... another source, TrainConfig's "
                             "defaults; with --resume the checkpoint's recipe")
     add_run_arguments(train, "recipe", "epochs=5 model.depth=4 augment.flip=false")
-    train.set_defaults(run=cmd_train)
+    train.set_defaults(run=cmd_train, verb_parser=train)
 
     finetune = verbs.add_parser("finetune", help="fine-tune pretrained weights (the paper's "
                                                  "recipe: SGD, new head, higher resolution)")
@@ -400,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "(default: 384 for weights "
                                                                   "pretrained at 224, else "
                                                                   "their own size)")
-    finetune.set_defaults(run=cmd_finetune)
+    finetune.set_defaults(run=cmd_finetune, verb_parser=finetune)
 
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
     add_weights_argument(evaluate)
@@ -416,7 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=positive_int, help="evaluate only the first N images "
                                                               "(default: as the training run did)")
     evaluate.add_argument("--batch-size", type=positive_int, default=500)
-    evaluate.add_argument("--out", help="folder for confusion_matrix.png and eval.json")
+    evaluate.add_argument("--out", help="folder for the report and confusion_matrix.png "
+                                        "(default: beside the weights; ./eval for a "
+                                        "checkpoint name or hf-hub: repository). Each "
+                                        "evaluation keeps eval-DATA-SPLIT.json (-int8, -mergeR "
+                                        "for those paths); eval.json is the latest")
     add_int8_arguments(evaluate, EAGER_INT8)
     add_merge_tokens_argument(evaluate)
     evaluate.set_defaults(run=cmd_eval)
@@ -513,19 +511,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None
                     ) -> argparse.Namespace:
-    """Parse, letting KEY=VALUE overrides come after --flags too (`train --out x epochs=3`)."""
+    """Parse, letting KEY=VALUE overrides come after --flags too (`train --out x epochs=3`).
+    An unrecognised argument is refused by the verb's own parser (its usage, not the top
+    level's); `train --epochs 3` is told that settings are KEY=VALUE."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     overrides = [item for item in extra if "=" in item and not item.startswith("-")]
     if extra and (len(overrides) < len(extra) or not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        verb_parser = getattr(args, "verb_parser", parser)
+        if hasattr(args, "overrides"):
+            hint = setting_flag_hint(extra, argv)
+            if hint:
+                verb_parser.error(hint)
+        verb_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
     return args
 
 
+def setting_flag_hint(extra: list[str], argv: list[str]) -> str | None:
+    """"unrecognized argument --epochs: training settings are KEY=VALUE, e.g. epochs=3" for
+    the first --FLAG in `extra` that names a training setting; None when none does."""
+    from vitkit.train.recipe import is_setting_key, setting_example
+
+    for flag in (item for item in extra if item.startswith("--")):
+        name, equals, value = flag[2:].partition("=")
+        key = name.replace("-", "_")
+        if not is_setting_key(key):
+            continue
+        if not equals:
+            position = argv.index(flag) + 1
+            following = argv[position] if position < len(argv) else ""
+            value = following if following and not following.startswith("-") \
+                and "=" not in following else None
+        return (f"unrecognized argument {flag.partition('=')[0]}: training settings are "
+                f"KEY=VALUE, e.g. {setting_example(key, value)}")
+    return None
+
+
+def configure_logging() -> None:
+    """vitkit's own messages at INFO (what was loaded, and how), other libraries' warnings,
+    each message printed once (Hugging Face's libraries print theirs with their own handler)."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("vitkit").setLevel(logging.INFO)
+    for name in OWN_HANDLER_LOGGERS:
+        logging.getLogger(name).propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # what was loaded, and how
+    configure_logging()
     try:
         return args.run(args) or 0
     except VitkitError as exc:  # bad input: the message says what to change

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.errors import ConfigError
-from vitkit.fieldtypes import ImageSize, check_fields, check_known_keys, did_you_mean
+from vitkit.fieldtypes import (
+    ImageSize,
+    check_fields,
+    check_known_keys,
+    closest_path,
+    did_you_mean,
+)
 
 POOLS = ("class_token", "mean_patches", "mean_all_tokens")
 FINAL_NORMS = ("tokens", "pooled", "none")
@@ -199,7 +205,9 @@ class ViTConfig:
         if not text.lstrip().startswith("{"):
             path = Path(path_or_text)
             if not path.is_file():
-                raise ConfigError(f"config file {path} does not exist")
+                guess = closest_path(path)
+                raise ConfigError(f"config file {path} does not exist"
+                                  + (f"; did you mean {guess}?" if guess else ""))
             try:
                 text = path.read_text()
             except UnicodeDecodeError:

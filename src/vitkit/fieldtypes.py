@@ -5,6 +5,8 @@ where nothing can be lost (a list to a tuple, 4.0 to 4, 224 to a (224, 224) imag
 `parse_text` reads a `KEY=VALUE` override from the command line by the field's type, so
 "False" is false for a bool field and "60x100" is an image size. Anything else is a
 `ConfigError` that names the key, the value and the type the field takes.
+`did_you_mean` (a few close words) and `closest_path` (a path that does not exist, corrected
+part by part against its folders' entries) are the one did-you-mean of every message.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ import os
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import numpy as np
 
 from vitkit.errors import ConfigError
 
-__all__ = ["ImageSize", "check_fields", "check_value", "describe", "field_types",
-           "parse_size", "parse_text"]
+__all__ = ["ImageSize", "check_fields", "check_value", "close_matches", "closest_path",
+           "describe", "did_you_mean", "field_types", "parse_size", "parse_text"]
 
 
 class _SizeMark:
@@ -358,10 +361,40 @@ def check_known_keys(dataclass_type: type, data: dict[str, Any], what: str) -> N
                           f"Valid keys: {', '.join(sorted(known))}.")
 
 
-def did_you_mean(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
+def close_matches(word: str, choices: Any, n: int = 3) -> list[Any]:
+    """The (at most `n`) choices closest to `word`, best first; case is ignored when that
+    alone finds none."""
+    choices = list(choices)
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=n, cutoff=0.5)
     if not close:
-        close = difflib.get_close_matches(word.upper(), [str(c).upper() for c in choices], n=3,
+        upper = difflib.get_close_matches(word.upper(), [str(c).upper() for c in choices], n=n,
                                           cutoff=0.5)
-        close = [c for c in choices if str(c).upper() in close]
+        close = [str(c) for c in choices if str(c).upper() in upper]
+    by_text = {str(c): c for c in choices}
+    return [by_text[c] for c in close]
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """" Did you mean 'a' or 'b'?" for the closest few of `choices`, or "" when none is."""
+    close = close_matches(word, choices)
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def closest_path(path: str | Path) -> Path | None:
+    """The existing path `path` most likely meant ("runs/digit" -> "runs/digits"): each part
+    that does not exist is replaced by the closest entry of the folder above it. None when
+    some part has no close entry (or `path` exists)."""
+    path = Path(path).expanduser()
+    if path.exists():
+        return None
+    guess = Path(path.anchor) if path.is_absolute() else Path()
+    for part in path.parts[1 if path.is_absolute() else 0:]:
+        if (guess / part).exists():
+            guess = guess / part
+            continue
+        entries = sorted(entry.name for entry in guess.iterdir()) if guess.is_dir() else []
+        close = close_matches(part, entries, n=1)
+        if not close:
+            return None
+        guess = guess / close[0]
+    return guess

@@ -15,6 +15,14 @@ from vitkit.data.augment import resize_batch
 from vitkit.data.feeds import EvaluationFeed, eval_batches
 from vitkit.preprocess import Preprocess
 
+TOP_K = 5  # the second accuracy reported, after top-1
+
+
+def reports_top_k(num_classes: int, k: int = TOP_K) -> bool:
+    """Whether top-k accuracy says anything: only with more than k classes (with k or fewer
+    every image is right within its top k). Reports print top-k only then."""
+    return num_classes > k
+
 
 class Ranks(Protocol):
     """This process's place among the ranks (`vitkit.train.distributed.DistInfo` is one)."""

@@ -66,8 +66,9 @@ def fewshot_report(weights: str | Path | Sequence[str | Path], data: str | None 
 
     Several weights are compared on the same data, shots and seeds: one table each, a
     side-by-side table, and one curve per model in fewshot.png. The figure goes to `out`
-    (default: beside the first weights); the report (for several weights, {"models": [...]})
-    to `json_path`.
+    (default: `default_out_dir`, as for `vitkit eval`: beside the first weights, in a run or
+    model folder; ./eval for a checkpoint name or hf-hub: repository); the report (for
+    several weights, {"models": [...]}) to `json_path`.
     """
     from vitkit.analysis.plots import plot_fewshot
 

@@ -1,22 +1,30 @@
-"""`vitkit eval`: any weights vitkit reads, evaluated on a data set: top-1, top-5, loss,
-per-class accuracy, eval.json and a confusion-matrix PNG."""
+"""`vitkit eval`: any weights vitkit reads, evaluated on a data set: top-1, top-5 (printed
+with more than 5 classes), loss, per-class accuracy, the JSON report and a confusion-matrix
+PNG.
+
+Each evaluation keeps its own report, `eval-<data>-<split>[-int8][-mergeR].json` (a later
+evaluation on other data or split, or through another speed path, does not overwrite it);
+`eval.json` and `confusion_matrix.png` are the latest evaluation's, as Hugging Face's
+Trainer keeps `eval_results.json`."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 from vitkit.catalog import read_weights
 from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
-from vitkit.evaluation.classify import evaluate
+from vitkit.evaluation.classify import evaluate, reports_top_k
 from vitkit.evaluation.splits import data_for, split_to_evaluate
 from vitkit.inference.speedup import speed_up
 from vitkit.report import Report
 from vitkit.weights import build_model
 
 log = logging.getLogger("vitkit.evaluation")
+LATEST_REPORT = "eval.json"  # the latest evaluation's report, beside the one it keeps
 
 
 def _check_fits(dataset: EvaluationFeed, num_classes: int,
@@ -42,8 +50,9 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                         limit: int | None = None, batch_size: int = 500,
                         weights_dir: str | Path | None = None, merge_tokens: int = 0,
                         int8: str | None = None) -> Report:
-    """Evaluate weights (any format `load_pretrained` reads) and write eval.json +
-    confusion_matrix.png; returns the report (its data is eval.json's).
+    """Evaluate weights (any format `load_pretrained` reads) and write the report to
+    `eval_report_name(...)` and eval.json (the latest), and confusion_matrix.png; returns the
+    report (its data is the JSON's).
 
     `merge_tokens` (ToMe, per layer) and `int8` (an engine of `vitkit.inference.quantize`)
     evaluate the model through those speed paths (`vitkit.inference.speedup.speed_up`);
@@ -79,16 +88,30 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
               "images": result.count, "top1": result.top1,
               "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
               "confusion": result.confusion.tolist()}
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = json.dumps(report, indent=2) + "\n"
+    kept = out_dir / eval_report_name(data, split, merge_tokens, int8)
+    kept.write_text(text)
+    (out_dir / LATEST_REPORT).write_text(text)
     png = plot_confusion(result.confusion, classes, out_dir / "confusion_matrix.png",
                          f"{data} {split}: top-1 {100 * result.top1:.2f}%")
     speed = "".join([f", int8 ({int8})" if int8 else "",
                      f", {merge_tokens} tokens merged per layer" if merge_tokens else ""])
+    top5 = f"top-5 {100 * result.top5:.2f}%, " if reports_top_k(config.num_classes) else ""
     lines = [f"{data} {split}, {result.count} images{speed}: top-1 {100 * result.top1:.2f}%, "
-             f"top-5 {100 * result.top5:.2f}%, loss {result.loss:.4f}", "per-class accuracy:"]
+             f"{top5}loss {result.loss:.4f}", "per-class accuracy:"]
     lines += [f"  {name:<12} {100 * acc:6.2f}%" for name, acc in per_class.items()]
-    lines.append(f"wrote {out_dir / 'eval.json'} and {png}")
+    lines.append(f"wrote {kept} (and {LATEST_REPORT}, the latest) and {png}")
     return Report("\n".join(lines), report)
+
+
+def eval_report_name(data: str, split: str, merge_tokens: int = 0,
+                     int8: str | None = None) -> str:
+    """"eval-digits-test.json", "eval-hf_ylecun_mnist-test-int8-merge8.json": one report per
+    data, split and speed path, so evaluations never overwrite each other."""
+    parts = [data, split, *(["int8"] if int8 else []),
+             *([f"merge{merge_tokens}"] if merge_tokens else [])]
+    return "eval-" + "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", part).strip("_")
+                              for part in parts) + ".json"
 
 
 def default_out_dir(source: str | Path, weights_file: Path | None) -> Path:

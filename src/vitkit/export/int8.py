@@ -6,7 +6,6 @@ eager torch (`vitkit.inference.quantize` holds the eager int8 engines)."""
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 
 from vitkit.errors import ExportError
-from vitkit.export.onnx import export_onnx, onnx_and_torch_outputs
+from vitkit.export.onnx import export_onnx, onnx_and_torch_outputs, quiet_onnxruntime
 from vitkit.model.vit import VisionTransformer
 
 INT8_RTOL = 0.1  # int8 logits may differ from fp32 by up to this fraction of the logits' range
@@ -30,8 +29,7 @@ def quantize_onnx_int8(source: str | Path, target: str | Path) -> Path:
         raise ExportError("int8 ONNX export needs onnx and onnxruntime, which are not "
                           "installed: pip install 'vitkit[export]'") from exc
     target = Path(target)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "please run pre-processing" advice
+    with quiet_onnxruntime():  # a line per tensor, and "please run pre-processing" advice
         quantization.quantize_dynamic(str(source), str(target),
                                       weight_type=quantization.QuantType.QInt8)
     original = onnx.load(str(source), load_external_data=False)

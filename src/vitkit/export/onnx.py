@@ -14,9 +14,11 @@ token grid and whose stem pads with sizes traced as tensors, so the graph follow
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
+import logging
 import math
 import warnings
 from collections.abc import Iterator, Sequence
@@ -32,6 +34,7 @@ FORMATS = ("onnx",)
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 MIN_OPSET = 14  # scaled_dot_product_attention
 INSTALL_HINT = "pip install 'vitkit[export]'"
+ORT_ERROR, ORT_WARNING = 3, 2  # onnxruntime's log severities (its default: warning)
 
 
 def require(module: str) -> Any:
@@ -41,6 +44,32 @@ def require(module: str) -> Any:
     except ImportError as exc:
         raise ExportError(f"ONNX export needs the '{module}' package, which is not installed: "
                           f"{INSTALL_HINT}") from exc
+
+
+@contextlib.contextmanager
+def quiet_onnxruntime() -> Iterator[Any]:
+    """onnxruntime with its own messages silenced (errors still raise): its native logger at
+    errors only, and the quantizer's Python logging and warnings (it logs through the root
+    logger, a line per tensor). Yields onnxruntime."""
+    ort = require("onnxruntime")
+    disabled = logging.root.manager.disable
+    ort.set_default_logger_severity(ORT_ERROR)
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield ort
+    finally:
+        logging.disable(disabled)
+        ort.set_default_logger_severity(ORT_WARNING)
+
+
+def quiet_session(path: str | Path) -> Any:
+    """An onnxruntime CPU session of `path` that logs errors only."""
+    ort = require("onnxruntime")
+    options = ort.SessionOptions()
+    options.log_severity_level = ORT_ERROR
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 # -- export -------------------------------------------------------------------------------------
@@ -143,8 +172,7 @@ def onnx_and_torch_outputs(model: VisionTransformer, path: str | Path,
     each batch size at the model's resolution and at each of `sizes`; the reference for
     another size is a copy of `model` with a fixed size, after
     `set_image_size(size, mode="bilinear")`. Puts `model` in eval mode."""
-    ort = require("onnxruntime")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = quiet_session(path)
     input_name = session.get_inputs()[0].name
     model.eval()
     device = next(model.parameters()).device

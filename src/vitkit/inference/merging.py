@@ -25,13 +25,33 @@ from vitkit.model.layers import Attention, Block
 from vitkit.model.vit import VisionTransformer
 
 __all__ = ["MergingBlock", "MergingVisionTransformer", "apply_token_merging",
-           "attend_with_sizes", "clip_merge_count", "merge_schedule", "merge_tokens"]
+           "attend_with_sizes", "check_merge_count", "clip_merge_count", "largest_merge_count",
+           "merge_schedule", "merge_tokens"]
 
 
 def clip_merge_count(r: int, tokens: int, num_prefix: int) -> int:
     """The number of tokens one layer can merge: at most half the patch tokens (the size of
     set A when B must keep a match), so at least the prefix tokens + 1 remain."""
     return max(0, min(r, (tokens - num_prefix) // 2))
+
+
+def largest_merge_count(config: ViTConfig) -> int:
+    """The largest r that acts as asked in the first layer: half the model's patch tokens
+    (a larger r is clipped to it, so it only looks like more merging)."""
+    return clip_merge_count(config.num_patches, config.seq_len, config.num_prefix_tokens)
+
+
+def check_merge_count(config: ViTConfig, r: int) -> None:
+    """Refuse an r that no layer can merge (`--merge-tokens 20` on a 16-token model), with the
+    tokens the model has and the largest r that makes sense. `apply_token_merging` itself
+    clips a large r (a schedule that runs out of tokens is allowed there); the verbs that
+    take --merge-tokens (eval, predict, benchmark) check first."""
+    largest = largest_merge_count(config)
+    if r > largest:
+        raise ConfigError(
+            f"cannot merge {r} tokens per layer: the model has {config.num_patches} patch "
+            f"tokens (+{config.num_prefix_tokens} prefix), and a layer merges at most half "
+            f"of them: use --merge-tokens {largest} or less")
 
 
 def merge_schedule(config: ViTConfig, r: int, tokens: int) -> list[int]:

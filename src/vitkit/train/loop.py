@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitkit.evaluation.classify import evaluate
+from vitkit.evaluation.classify import evaluate, reports_top_k
 from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import barrier, broadcast_flag, cleanup
@@ -31,11 +31,40 @@ log = logging.getLogger("vitkit.train")
 
 @dataclass
 class TrainResult:
+    """How a run ended: where it is (`position`), its last evaluation row (`final`), and why
+    it stopped early ("SIGINT", "SIGTERM", "time budget"; "" when it ran to its last step)."""
+
     out_dir: Path
     position: Position
     final: dict[str, float]
     stopped_early: str = ""
     is_main: bool = True
+    num_classes: int = 0  # the model's outputs (top-5 is reported only with more than 5)
+
+    def format(self) -> str:
+        """What `vitkit train` prints: one line on how the run ended, and where its files are.
+        "done" when it ended as planned (its last step, or the time budget it was fitted to),
+        with its final evaluation; "stopped" by a signal, with the step it stopped at, its
+        last evaluation and its step, and how to continue."""
+        pos = self.position
+        files = f"checkpoints, metrics and learning_curve.png in {self.out_dir}"
+        if self.signal_number:
+            last = f"; last evaluation at step {self.final['step']}: " \
+                   f"{self._scores()}" if self.final else ""
+            return (f"stopped by {self.stopped_early} at step {pos.step} of "
+                    f"{pos.total_steps}{last}; continue with --resume "
+                    f"{self.out_dir / 'last.pt'}\n{files}")
+        if not self.final:
+            return files
+        reason = f" ({self.stopped_early})" if self.stopped_early else ""
+        return (f"done: epoch {self.final['epoch']:.2f}, step {self.final['step']}, "
+                f"{self._scores()}, {self.final['minutes']:.1f} min{reason}\n{files}")
+
+    def _scores(self) -> str:
+        informative = not self.num_classes or reports_top_k(self.num_classes)
+        top5 = f", top-5 {100 * self.final['top5']:.2f}%" \
+            if "top5" in self.final and informative else ""
+        return f"test top-1 {100 * self.final['top1']:.2f}%{top5}"
 
     @property
     def signal_number(self) -> int:
@@ -140,7 +169,8 @@ def run_loop(run: Run) -> TrainResult:
         if recorder is not None:
             recorder.close()
         cleanup(info)
-    return TrainResult(run.out_dir, pos, final, stop.reason, info.is_main)
+    return TrainResult(run.out_dir, pos, final, stop.reason, info.is_main,
+                       run.model.config.num_classes)
 
 
 def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
@@ -182,9 +212,10 @@ def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
         run.save("best")
     if recorder is not None:
         recorder.write(row, pos.history)
-        log.info("epoch %.2f  loss %.4f  test top-1 %.2f%%  top-5 %.2f%%  %.0f img/s",
-                 row["epoch"], row["train_loss"], 100 * row["top1"], 100 * row["top5"],
-                 row["images_per_s"])
+        top5 = f"  top-5 {100 * row['top5']:.2f}%" if reports_top_k(
+            run.model.config.num_classes) else ""
+        log.info("epoch %.2f  loss %.4f  test top-1 %.2f%%%s  %.0f img/s", row["epoch"],
+                 row["train_loss"], 100 * row["top1"], top5, row["images_per_s"])
     return row
 
 

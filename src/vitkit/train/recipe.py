@@ -9,16 +9,24 @@ one log line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vitkit.catalog import lookup, unknown_name_error
 from vitkit.data.sources.folder import is_image_folder
-from vitkit.errors import VitkitError
+from vitkit.errors import ConfigError, VitkitError
 from vitkit.train.checkpoint import resume_path
-from vitkit.train.config import TrainConfig, checkpoint_train_config, recipe_with_overrides
+from vitkit.train.config import (
+    NESTED_KEYS,
+    TrainConfig,
+    checkpoint_train_config,
+    recipe_names,
+    recipe_with_overrides,
+)
 from vitkit.train.resume import check_recipe_resumable
 from vitkit.weights.formats.run_folder import RUN_FILES, is_run_folder
 
@@ -47,6 +55,7 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
     if recipe and "=" in recipe and not Path(recipe).exists():  # `train epochs=3`: no recipe
         recipe, overrides = None, [recipe, *overrides]
     resume = str(resume_path(resume)) if resume else None
+    _refuse_settings_as_words(recipe, overrides)
     if out is None and resume and not any(o.startswith("out_dir=") for o in overrides):
         out = str(Path(resume).parent)
     for flag, key in ((time_budget, "time_budget"), (out, "out_dir"), (data_dir, "data_dir")):
@@ -92,9 +101,11 @@ def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | 
                     out: str | None = None, time_budget: float | None = None,
                     data_dir: str | None = None) -> TrainConfig:
     """The finetune recipe started from `weights`; the flags become overrides, as in
-    `run_config`. Without `data` (or `data=`), weights from a vitkit run fine-tune on the data
-    that run recorded (and its folder, unless `data_dir` is given); other weights on the
-    recipe's."""
+    `run_config`. A `weights` that names nothing is refused first, before any setting.
+    Without `data` (or `data=`), weights from a vitkit run fine-tune on the data that run
+    recorded (and its folder, unless `data_dir` is given); other weights on the recipe's."""
+    if lookup(weights).kind == "unknown":
+        raise unknown_name_error(weights, weights=True)
     overrides = [f"init_from={json.dumps(weights)}", *overrides]
     if data is None and not _names_data(overrides):
         overrides += recorded_data_overrides(weights, keep_data_dir=data_dir is None)
@@ -142,6 +153,39 @@ def recorded_recipe(weights: str) -> dict[str, Any] | None:
 def _names_data(overrides: list[str]) -> bool:
     """Whether KEY=VALUE overrides name the data (`data=...`)."""
     return any(item.startswith("data=") for item in overrides)
+
+
+def is_setting_key(key: str) -> bool:
+    """Whether `key` is a training setting a KEY=VALUE override sets: a TrainConfig field,
+    or model.FIELD / augment.FIELD."""
+    parent, _, leaf = key.rpartition(".")
+    if not parent:
+        return key in {f.name for f in dataclasses.fields(TrainConfig)}
+    return parent in NESTED_KEYS and (
+        leaf in {f.name for f in dataclasses.fields(NESTED_KEYS[parent])}
+        or (parent, leaf) == ("model", "variant"))
+
+
+def setting_example(key: str, value: str | None) -> str:
+    """"epochs=3": how a setting is written, with `value` (or an ellipsis) filled in."""
+    return f"{key}={value if value is not None else '...'}"
+
+
+def _refuse_settings_as_words(recipe: str | None, overrides: list[str]) -> None:
+    """`train epochs 3`: a setting's name and its value as two words, where KEY=VALUE was
+    meant (the recipe slot, or a word among the overrides, that is no recipe but a key)."""
+    words = [recipe, *overrides] if recipe and not _is_recipe(recipe) else overrides
+    for index, word in enumerate(words):
+        if word and "=" not in word and is_setting_key(word):
+            following = words[index + 1] if index + 1 < len(words) else None
+            value = following if following is not None and "=" not in following else None
+            what = "no recipe" if word == recipe else "not KEY=VALUE"
+            raise ConfigError(f"{word!r} is {what}: training settings are KEY=VALUE, e.g. "
+                              f"{setting_example(word, value)}")
+
+
+def _is_recipe(name: str) -> bool:
+    return Path(name).exists() or name in recipe_names()
 
 
 def _names_other_data(overrides: list[str]) -> bool:

@@ -70,8 +70,9 @@ class Engine:
         if options.threads:
             torch.set_num_threads(options.threads)
         if options.merge_tokens:
-            from vitkit.inference.merging import apply_token_merging
+            from vitkit.inference.merging import apply_token_merging, check_merge_count
 
+            check_merge_count(model.config, options.merge_tokens)
             model = apply_token_merging(model, options.merge_tokens)
         module: nn.Module = model.eval()
         self.session = None

@@ -1,0 +1,180 @@
+"""What the verbs print and write, as a new user meets it: each log message once, no
+onnxruntime chatter, one consistent line when Ctrl-C stops a run, one report per evaluation
+(not one overwritten file), figures where the help says, --merge-tokens refused beyond what
+the model can merge, top-5 only when it says something."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitkit.cli import build_parser, main
+from vitkit.evaluation.report import default_out_dir, eval_report_name
+
+TINY = ["model.depth=1", "progress=false"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("digits") / "run"
+    assert main(["train", *TINY, "total_steps=3", "--out", str(out)]) == 0
+    return out
+
+
+# -- Hugging Face's warnings once -------------------------------------------------------------
+def test_hugging_face_warnings_print_once(tmp_path):
+    pytest.importorskip("datasets")
+    script = textwrap.dedent("""
+        import logging
+        import datasets, huggingface_hub  # their loggers have handlers of their own
+        import vitkit.cli as cli
+
+        def warn(args):
+            logging.getLogger("huggingface_hub.file_download").warning("hub warning")
+            logging.getLogger("datasets.load").warning("datasets warning")
+            logging.getLogger("vitkit.weights").info("vitkit info")
+
+        cli.cmd_models = warn
+        raise SystemExit(cli.main(["models"]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=_env(), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for message in ("hub warning", "datasets warning", "vitkit info"):
+        assert done.stderr.count(message) == 1, done.stderr
+
+
+# -- export --int8: the report, nothing else ----------------------------------------------------
+def test_int8_export_prints_only_its_report(digits_run, tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    out = tmp_path / "digits.int8.onnx"
+    done = subprocess.run([sys.executable, "-m", "vitkit", "export", str(digits_run), "--int8",
+                           "--out", str(out)], capture_output=True, text=True, env=_env(),
+                          cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith(f"wrote {out}")
+    assert len(done.stdout.splitlines()) == 2  # the file, and its check against PyTorch
+    assert done.stderr.strip() == f"{digits_run} is a run folder: using best.pt", done.stderr
+
+
+# -- Ctrl-C: one consistent line ---------------------------------------------------------------
+def test_a_stopped_run_says_stopped_at_its_step_never_done(tmp_path, capsys, monkeypatch):
+    """SIGINT in the second epoch (step 30 of 44; the last evaluation was at step 22)."""
+    import vitkit.train.loop as loop
+
+    observe = loop.NonFiniteGuard.observe
+
+    def interrupt_at_step_30(self, outcome, step, *args):
+        if step == 30:
+            os.kill(os.getpid(), signal.SIGINT)
+        return observe(self, outcome, step, *args)
+
+    monkeypatch.setattr(loop.NonFiniteGuard, "observe", interrupt_at_step_30)
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "epochs=2", "--out", str(run)]) == 128 + signal.SIGINT
+    out = capsys.readouterr().out
+    assert "done:" not in out
+    assert "stopped by SIGINT at step 30 of 44; last evaluation at step 22: test top-1 " \
+           in out and f"continue with --resume {run / 'last.pt'}" in out
+    monkeypatch.setattr(loop.NonFiniteGuard, "observe", observe)
+    assert main(["train", "--resume", str(run / "last.pt")]) == 0  # the advice, followed
+    out = capsys.readouterr().out
+    assert "done: epoch 2.00, step 44, test top-1" in out and "stopped by" not in out
+
+
+# -- eval: a report per data and split -------------------------------------------------------
+def test_each_evaluation_keeps_its_report_and_eval_json_is_the_latest(digits_run, capsys):
+    for split in ("test", "train"):
+        assert main(["eval", str(digits_run), "--split", split]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {digits_run / 'eval-digits-train.json'} (and eval.json, the latest)" in out
+    test = json.loads((digits_run / "eval-digits-test.json").read_text())
+    train = json.loads((digits_run / "eval-digits-train.json").read_text())
+    assert (test["split"], train["split"]) == ("test", "train")
+    assert json.loads((digits_run / "eval.json").read_text()) == train
+    assert eval_report_name("hf:ylecun/mnist", "test", 8, "torch") == \
+        "eval-hf_ylecun_mnist-test-int8-merge8.json"
+    help_text = _help("eval")
+    assert "eval-DATA-SPLIT.json" in help_text and "eval.json is the latest" in help_text
+
+
+def _help(verb: str) -> str:
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "verb")
+    return " ".join(action.choices[verb].format_help().split())
+
+
+# -- fewshot: the figure where its help says -------------------------------------------------
+def test_fewshot_writes_its_figure_where_the_help_says(digits_run, tmp_path, monkeypatch,
+                                                       capsys):
+    monkeypatch.chdir(tmp_path)
+    assert "default: beside the first weights" in _help("fewshot")
+    assert main(["fewshot", str(digits_run), "--shots", "1", "--seeds", "1"]) == 0
+    assert f"wrote {digits_run / 'fewshot.png'}" in capsys.readouterr().out
+    assert (digits_run / "fewshot.png").stat().st_size > 0
+    assert list(tmp_path.iterdir()) == []  # nothing in the working directory
+    assert "./eval for a checkpoint name" in _help("fewshot")
+    assert default_out_dir("B/16-i21k", None) == Path("eval")
+
+
+# -- --merge-tokens: refused beyond what the model can merge ---------------------------------
+@pytest.mark.parametrize("verb, extra", [("eval", []), ("predict", ["digit.png"]),
+                                         ("benchmark", ["--iters", "1", "--warmup", "0"])])
+def test_merging_more_tokens_than_the_model_has_is_refused(verb, extra, digits_run, tmp_path,
+                                                           capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "digit.png")
+    code = main([verb, str(digits_run), *extra, "--merge-tokens", "20", "--out",
+                 str(tmp_path / "out")] if verb == "eval" else
+                [verb, str(digits_run), *extra, "--merge-tokens", "20"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot merge 20 tokens per layer: the model has 16 patch tokens " \
+                         "(+1 prefix)" in err and "use --merge-tokens 8 or less" in err, err
+    argv = [verb, str(digits_run), *extra, "--merge-tokens", "8"]
+    assert main(argv + (["--out", str(tmp_path / "out")] if verb == "eval" else [])) == 0
+
+
+# -- top-5 only with more than 5 classes ------------------------------------------------------
+def _three_class_folder(root: Path) -> Path:
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for label, name in enumerate(("ant", "bee", "cat")):
+            (root / split / name).mkdir(parents=True)
+            for index in range(6):
+                pixels = np.full((8, 8, 3), 100 * label, np.uint8) + \
+                    rng.integers(0, 20, (8, 8, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{index}.png")
+    return root
+
+
+def test_top5_is_printed_only_with_more_than_five_classes(tmp_path, capsys, caplog,
+                                                          digits_run):
+    folder = _three_class_folder(tmp_path / "three")
+    run = tmp_path / "run"
+    with caplog.at_level("INFO", logger="vitkit.train"):
+        assert main(["train", "data=folder", f"data_dir={folder}", "model.img_size=8",
+                     "model.patch_size=2", "model.depth=1", "model.width=32",
+                     "model.num_heads=2", "model.mlp_dim=64", "total_steps=3", "batch_size=6",
+                     "warmup_steps=0", "progress=false", "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "test top-1" in out and "top-5" not in out
+    assert "test top-1" in caplog.text and "top-5" not in caplog.text
+    assert main(["eval", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "top-1" in out and "top-5" not in out
+    assert main(["eval", str(digits_run)]) == 0  # ten classes: top-5 says something
+    assert "top-5" in capsys.readouterr().out
