@@ -156,7 +156,7 @@ def test_folder_errors_name_the_problem_and_the_fix(tmp_path: Path) -> None:
     root = _jpeg_folder(tmp_path / "data")
     (root / "val").rename(root / "held")
     with pytest.raises(DataError, match=r"has no val/ \(or test/\) folder \(it holds: held, "
-                                        r"train\).*val/<class>"):
+                                        r"train\).*val/<class_name>"):
         open_source("folder", str(root), (16, 16), mode="stream")
     (root / "held").rename(root / "val")  # as the message says: a val/ folder
     (root / "val/class1").rename(root / "val/other")
