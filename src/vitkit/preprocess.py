@@ -40,12 +40,18 @@ class Preprocess:
     interpolation: str = "bilinear"
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    # the input value that becomes 1.0 before mean/std: 255 for 8-bit pictures; 1 for
+    # scientific arrays, whose mean/std are in the data's own units (data=arrays)
+    scale: float = 255.0
 
     def __post_init__(self) -> None:
         size = self.img_size
         self.img_size = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
         self.mean = tuple(float(m) for m in self.mean)
         self.std = tuple(float(s) for s in self.std)
+        self.scale = float(self.scale)
+        if not self.scale > 0:
+            raise ConfigError(f"scale must be positive, got {self.scale}")
         if self.resize_mode not in RESIZE_MODES:
             raise ConfigError(f"resize_mode={self.resize_mode!r} is not one of "
                               f"{', '.join(RESIZE_MODES)}")
@@ -98,8 +104,8 @@ class Preprocess:
         return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
     def normalize(self, batch: torch.Tensor) -> torch.Tensor:
-        """uint8 (B, C, H, W) -> float, scaled to [0, 1] then (x - mean) / std."""
-        return normalize(batch, self.mean, self.std)
+        """(B, C, H, W) uint8 pictures or float arrays -> float32 (x / scale - mean) / std."""
+        return normalize(batch, self.mean, self.std, self.scale)
 
     def __call__(self, images: list[Image.Image]) -> torch.Tensor:
         """A normalised float batch (B, C, H, W) from PIL images."""
@@ -107,18 +113,19 @@ class Preprocess:
 
 
 def normalize(images: torch.Tensor, mean: Sequence[float] | torch.Tensor,
-              std: Sequence[float] | torch.Tensor) -> torch.Tensor:
-    """uint8 (B, C, H, W) -> float32 `(x / 255 - mean) / std` per channel, on the images'
-    device. The one normalisation of vitkit: training, evaluation, predict and explain."""
-    if images.dtype != torch.uint8 or images.dim() != 4:
-        raise InputError(f"normalize takes uint8 images (B, C, H, W), got {images.dtype} "
-                         f"{tuple(images.shape)}")
+              std: Sequence[float] | torch.Tensor, scale: float = 255.0) -> torch.Tensor:
+    """(B, C, H, W) -> float32 `(x / scale - mean) / std` per channel, on the images' device:
+    uint8 pictures with scale 255, or float arrays (data=arrays) with scale 1. The one
+    normalisation of vitkit: training, evaluation, predict and explain."""
+    if images.dim() != 4 or not (images.dtype == torch.uint8 or images.is_floating_point()):
+        raise InputError(f"normalize takes uint8 or float images (B, C, H, W), got "
+                         f"{images.dtype} {tuple(images.shape)}")
     m = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
     s = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
     if m.shape[1] not in (1, images.shape[1]):
         raise InputError(f"the images have {images.shape[1]} channel(s) but mean/std have "
                          f"{m.shape[1]}: use a Preprocess with one mean and std per channel")
-    return (images.float() / 255.0 - m) / s
+    return (images.float() / scale - m) / s
 
 
 def official_preprocess(img_size: tuple[int, int], in_chans: int = 3) -> Preprocess:

@@ -1,4 +1,4 @@
-"""`ImageDataset`: decoded images held in memory as one uint8 tensor, with their labels."""
+"""`ImageDataset`: decoded images held in memory as one tensor, with their targets."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from vitkit.errors import DataError
 
 @dataclass
 class ImageDataset:
-    """`images` uint8 (N, C, H, W); `labels` int64 (N,); `classes[i]` names label i.
+    """`images` uint8 (N, C, H, W) pictures, or float32 ones (scientific arrays, in their own
+    units); `labels` the targets: int64 class indices (N,), or float32 (N, K) for regression
+    and multi-label tasks (`vitkit.tasks`); `classes[i]` names class, target or label i.
 
     `skipped` counts files that could not be read when the dataset was built;
     `skipped_files` names every one as (path, "kind: detail"), e.g.
@@ -29,12 +31,15 @@ class ImageDataset:
     streamed: ClassVar[bool] = False  # held in memory at one size (see `sources.records`)
 
     def __post_init__(self) -> None:
-        if self.images.dtype != torch.uint8 or self.images.dim() != 4:
-            raise DataError(f"images must be uint8 (N, C, H, W), got {self.images.dtype} "
-                            f"{tuple(self.images.shape)}")
+        if self.images.dim() != 4 or self.images.dtype not in (torch.uint8, torch.float32):
+            raise DataError(f"images must be uint8 or float32 (N, C, H, W), got "
+                            f"{self.images.dtype} {tuple(self.images.shape)}")
         if len(self.images) != len(self.labels):
             raise DataError(f"{len(self.images)} images but {len(self.labels)} labels")
-        self.labels = self.labels.long()
+        if self.labels.is_floating_point():
+            self.labels = self.labels.float().reshape(len(self.labels), -1)
+        else:
+            self.labels = self.labels.long()
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -1,0 +1,367 @@
+"""The task a model is trained for: what a target is, the loss, the metrics, which score is
+better (best.pt) and how an output is reported. One class per task; `make_task` is the door.
+
+- "classification": one class per image. Targets are int64 class indices (N,); the head has one
+  logit per class; soft cross-entropy (label smoothing, Mixup/CutMix mix the one-hot targets);
+  metrics top-1 / top-5 (`vitkit.evaluation.classify`); outputs reported as softmax
+  probabilities of the named classes.
+- "regression": one or more real quantities per image. Targets are float (N, K); the head has K
+  outputs, trained on targets standardised with the training set's mean and std (stored in the
+  `TaskSpec`, undone by `Task.decode`); loss "mse" (default), "huber" or "l1"; metrics `mae`,
+  `rmse`, `r2` (each the mean over outputs, as scikit-learn's "uniform_average", and per
+  output under the target names); outputs reported as values.
+- "multilabel": any number of labels per image. Targets are 0/1 float (N, K); one logit per
+  label; binary cross-entropy with logits; metrics `map` (macro average precision, as
+  scikit-learn's `average_precision_score(average="macro")`: a label without positives scores
+  0), `f1` (macro F1 of sigmoid >= 0.5) and per-label AP; outputs reported as sigmoid
+  probabilities and the labels at or above 0.5.
+
+The `TaskSpec` (kind, output names, loss, target standardisation) is what the weights record
+and a run store (`to_dict` / `from_dict`); models built from a record carry it as `model.task`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vitkit.errors import ConfigError, DataError
+from vitkit.fieldtypes import check_known_keys
+
+__all__ = ["LOSSES", "TASKS", "Classification", "Multilabel", "Regression", "Task", "TaskSpec",
+           "average_precision", "infer_task", "make_task", "task_of"]
+
+TASKS = ("classification", "regression", "multilabel")
+LOSSES = {"classification": ("cross_entropy",), "regression": ("mse", "huber", "l1"),
+          "multilabel": ("bce",)}
+# What "better" means for best.pt and early comparisons: the task's primary metric, higher wins.
+PRIMARY_METRIC = {"classification": "top1", "regression": "r2", "multilabel": "map"}
+MULTILABEL_THRESHOLD = 0.5
+
+
+@dataclass
+class TaskSpec:
+    """What a set of weights was trained for, as stored beside them.
+
+    `names` names the outputs: class names, target names or label names (None: unnamed).
+    `target_mean` / `target_std` (regression only): the training targets' per-output mean and
+    std; the head predicts `(y - mean) / std`.
+    """
+
+    kind: str = "classification"
+    names: list[str] | None = None
+    loss: str | None = None
+    target_mean: list[float] | None = None
+    target_std: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in TASKS:
+            raise ConfigError(f"task={self.kind!r} is not one of {', '.join(TASKS)}")
+        if self.loss is None:
+            self.loss = LOSSES[self.kind][0]
+        if self.loss not in LOSSES[self.kind]:
+            allowed = ", ".join(LOSSES[self.kind])
+            raise ConfigError(f"loss={self.loss!r} does not apply to task={self.kind} "
+                              f"(it takes {allowed})")
+        if self.names is not None:
+            self.names = [str(n) for n in self.names]
+        if (self.target_mean is None) != (self.target_std is None):
+            raise ConfigError("target_mean and target_std come together")
+        if self.target_mean is not None:
+            if self.kind != "regression":
+                raise ConfigError(f"target standardisation is for regression, not {self.kind}")
+            self.target_mean = [float(m) for m in self.target_mean]
+            self.target_std = [float(s) for s in self.target_std]
+            if len(self.target_mean) != len(self.target_std) or min(self.target_std) <= 0:
+                raise ConfigError("target_mean and target_std need one positive std per output")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskSpec:
+        check_known_keys(cls, data, "task")
+        return cls(**data)
+
+
+class Task:
+    """The behaviour shared by every task; subclasses fill in the rest."""
+
+    kind: str = ""
+
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+
+    @property
+    def names(self) -> list[str] | None:
+        return self.spec.names
+
+    @property
+    def primary_metric(self) -> str:
+        return PRIMARY_METRIC[self.kind]
+
+    def better(self, score: float, best: float | None) -> bool:
+        """Whether `score` (of the primary metric) beats `best` (None: nothing yet)."""
+        return best is None or score > best
+
+    def output_name(self, index: int) -> str:
+        names = self.names
+        return names[index] if names and index < len(names) else str(index)
+
+    # -- training ---------------------------------------------------------------------------
+    def training_targets(self, labels: torch.Tensor, num_outputs: int,
+                         label_smoothing: float = 0.0) -> torch.Tensor:
+        """The float (B, num_outputs) targets the loss compares outputs with (what Mixup
+        mixes)."""
+        raise NotImplementedError
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean loss of float outputs (B, K) against `training_targets` (B, K)."""
+        raise NotImplementedError
+
+    # -- outputs ----------------------------------------------------------------------------
+    def decode(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Model outputs -> what they mean: class probabilities, values in the targets' units,
+        or label probabilities."""
+        raise NotImplementedError
+
+    def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
+        """One JSON-ready report per image of a batch of model outputs."""
+        raise NotImplementedError
+
+    def metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        """The task's metrics of a whole set: decoded outputs vs raw targets."""
+        raise NotImplementedError
+
+
+class Classification(Task):
+    kind = "classification"
+
+    def training_targets(self, labels: torch.Tensor, num_outputs: int,
+                         label_smoothing: float = 0.0) -> torch.Tensor:
+        smooth = label_smoothing / num_outputs
+        targets = torch.full((len(labels), num_outputs), smooth, dtype=torch.float32,
+                             device=labels.device)
+        return targets.scatter_(1, labels.long()[:, None], 1.0 - label_smoothing + smooth)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.sum(-targets * F.log_softmax(outputs, dim=-1), dim=-1).mean()
+
+    def decode(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs.float().softmax(-1)
+
+    def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
+        probs = self.decode(outputs)
+        k = min(top_k, probs.shape[1])
+        values, indices = probs.topk(k, dim=1)
+        return [{"top": [{"label": self.output_name(int(i)), "index": int(i), "prob": float(p)}
+                         for p, i in zip(row_p, row_i, strict=True)]}
+                for row_p, row_i in zip(values, indices, strict=True)]
+
+    def metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        logits, labels = outputs.float(), targets.long()
+        k = min(5, logits.shape[1])
+        top = logits.topk(k, dim=1).indices
+        hits = top == labels[:, None]
+        return {"test_loss": float(F.cross_entropy(logits, labels)),
+                "top1": float(hits[:, 0].float().mean()), "top5": float(hits.any(1).float().mean())}
+
+
+class Regression(Task):
+    kind = "regression"
+
+    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        spec = self.spec
+        k = like.shape[-1]
+        mean = spec.target_mean or [0.0] * k
+        std = spec.target_std or [1.0] * k
+        return (torch.tensor(mean, dtype=torch.float32, device=like.device),
+                torch.tensor(std, dtype=torch.float32, device=like.device))
+
+    def standardise(self, targets: torch.Tensor) -> torch.Tensor:
+        mean, std = self._stats(targets)
+        return (targets.float() - mean) / std
+
+    def training_targets(self, labels: torch.Tensor, num_outputs: int,
+                         label_smoothing: float = 0.0) -> torch.Tensor:
+        if label_smoothing:
+            raise ConfigError("label_smoothing is for classification: a regression target is "
+                              "a value, not a class; drop label_smoothing (or set it to 0)")
+        return self.standardise(labels.reshape(len(labels), -1))
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        outputs = outputs.float()
+        if self.spec.loss == "huber":
+            return F.huber_loss(outputs, targets)
+        if self.spec.loss == "l1":
+            return F.l1_loss(outputs, targets)
+        return F.mse_loss(outputs, targets)
+
+    def decode(self, outputs: torch.Tensor) -> torch.Tensor:
+        mean, std = self._stats(outputs)
+        return outputs.float() * std + mean
+
+    def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
+        values = self.decode(outputs)
+        return [{"values": [float(v) for v in row],
+                 "named": {self.output_name(j): float(v) for j, v in enumerate(row)}}
+                for row in values]
+
+    def metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        pred = self.decode(outputs).double()
+        true = targets.reshape(len(targets), -1).double()
+        err = pred - true
+        mae = err.abs().mean(0)
+        rmse = err.pow(2).mean(0).sqrt()
+        total = (true - true.mean(0)).pow(2).sum(0)
+        residual = err.pow(2).sum(0)
+        # scikit-learn's r2_score: 1 for a perfect fit of a constant target, else 0 there
+        r2 = torch.where(total > 0, 1 - residual / total.clamp(min=1e-300),
+                         torch.where(residual == 0, 1.0, 0.0).double())
+        per = {self.output_name(j): {"mae": float(mae[j]), "rmse": float(rmse[j]),
+                                     "r2": float(r2[j])} for j in range(len(mae))}
+        loss = self.loss(outputs, self.standardise(true.float()))
+        return {"test_loss": float(loss), "mae": float(mae.mean()), "rmse": float(rmse.mean()),
+                "r2": float(r2.mean()), "per_output": per}
+
+
+class Multilabel(Task):
+    kind = "multilabel"
+
+    def training_targets(self, labels: torch.Tensor, num_outputs: int,
+                         label_smoothing: float = 0.0) -> torch.Tensor:
+        if label_smoothing:
+            raise ConfigError("label_smoothing is for single-label classification; drop it "
+                              "for task=multilabel (or set it to 0)")
+        return labels.float().reshape(len(labels), -1)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(outputs.float(), targets)
+
+    def decode(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs.float().sigmoid()
+
+    def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
+        probs = self.decode(outputs)
+        return [{"probs": {self.output_name(j): float(p) for j, p in enumerate(row)},
+                 "labels": [self.output_name(j) for j, p in enumerate(row)
+                            if p >= MULTILABEL_THRESHOLD]}
+                for row in probs]
+
+    def metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        scores = self.decode(outputs).double()
+        truth = targets.reshape(len(targets), -1) > 0.5
+        ap = average_precision(scores, truth)
+        predicted = scores >= MULTILABEL_THRESHOLD
+        tp = (predicted & truth).sum(0).double()
+        fp = (predicted & ~truth).sum(0).double()
+        fn = (~predicted & truth).sum(0).double()
+        denominator = 2 * tp + fp + fn
+        f1 = torch.where(denominator > 0, 2 * tp / denominator.clamp(min=1), 0.0)
+        loss = self.loss(outputs, truth.float())
+        return {"test_loss": float(loss), "map": float(ap.mean()), "f1": float(f1.mean()),
+                "per_label": {self.output_name(j): {"ap": float(ap[j]), "f1": float(f1[j])}
+                              for j in range(len(ap))}}
+
+
+def average_precision(scores: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Per-column average precision, as scikit-learn's `average_precision_score`:
+    sum over distinct score thresholds (descending) of (R_n - R_{n-1}) * P_n; a column without
+    positives scores 0."""
+    result = torch.zeros(scores.shape[1], dtype=torch.float64)
+    for j in range(scores.shape[1]):
+        order = torch.argsort(scores[:, j], descending=True, stable=True)
+        s, t = scores[order, j], truth[order, j].double()
+        positives = t.sum()
+        if positives == 0:
+            continue
+        last_of_group = torch.ones(len(s), dtype=torch.bool)
+        last_of_group[:-1] = s[1:] != s[:-1]
+        tp = t.cumsum(0)[last_of_group]
+        seen = torch.arange(1, len(s) + 1, dtype=torch.float64)[last_of_group]
+        precision, recall = tp / seen, tp / positives
+        steps = torch.diff(recall, prepend=torch.zeros(1, dtype=torch.float64))
+        result[j] = (steps * precision).sum()
+    return result
+
+
+_CLASSES = {"classification": Classification, "regression": Regression,
+            "multilabel": Multilabel}
+
+
+def make_task(spec: TaskSpec | str | None = None) -> Task:
+    """The task object of a spec (or of a task name; None: classification)."""
+    if spec is None or isinstance(spec, str):
+        spec = TaskSpec(kind=spec or "classification")
+    return _CLASSES[spec.kind](spec)
+
+
+def task_of(model: torch.nn.Module) -> Task:
+    """The task a model carries (`model.task`, set when it is built from a record or trained);
+    classification with the model's class names when it carries none."""
+    spec = getattr(model, "task", None)
+    if spec is None:
+        spec = TaskSpec(names=getattr(model, "class_names", None))
+    return make_task(spec)
+
+
+def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
+               names: Sequence[str] | None = None, where: str = "the targets",
+               loss: str | None = None) -> TaskSpec:
+    """The task that training targets imply, checked against `requested` (None: inferred).
+
+    (N,) integers -> classification; (N,) or (N, K) floats -> regression; (N, K) of 0/1 ->
+    multilabel only when asked (`task=multilabel`). NaN or inf targets are refused, naming
+    the first index. Regression specs get the targets' mean and std for standardisation.
+    """
+    array = targets.numpy() if isinstance(targets, torch.Tensor) else np.asarray(targets)
+    if array.ndim not in (1, 2) or len(array) == 0:
+        raise DataError(f"{where}: targets must be (N,) or (N, K) with N > 0, got shape "
+                        f"{array.shape}")
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise DataError(f"{where}: targets must be numbers, got dtype {array.dtype} (mixed or "
+                        "text values in a target column?); convert them to numbers")
+    if np.issubdtype(array.dtype, np.floating):
+        bad = np.flatnonzero(~np.isfinite(array).reshape(len(array), -1).all(1))
+        if len(bad):
+            shown = ", ".join(str(i) for i in bad[:5])
+            raise DataError(f"{where}: {len(bad)} target(s) are NaN or inf, at index "
+                            f"{shown}{' ...' if len(bad) > 5 else ''}; drop or fix them")
+    integral = array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer) or \
+        bool(np.all(array == np.round(array)))
+    binary = bool(np.isin(array, (0, 1)).all())
+    kind = requested or ("classification" if array.ndim == 1 and
+                         (array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer))
+                         else "regression")
+    names = list(names) if names is not None else None
+    if kind == "classification":
+        if array.ndim != 1 or not integral or array.min() < 0:
+            raise DataError(f"{where}: task=classification needs (N,) non-negative integer "
+                            f"class indices, got {array.dtype} {array.shape}; use task=regression "
+                            "for real values or task=multilabel for (N, K) 0/1 labels")
+        return TaskSpec("classification", names=names, loss=loss)
+    if kind == "multilabel":
+        if array.ndim != 2 or not binary:
+            raise DataError(f"{where}: task=multilabel needs (N, K) targets of 0 and 1, got "
+                            f"{array.dtype} {array.shape}"
+                            f"{'' if binary else ' with other values'}")
+        return TaskSpec("multilabel", names=names, loss=loss)
+    if kind != "regression":
+        raise ConfigError(f"task={kind!r} is not one of {', '.join(TASKS)}")
+    values = array.astype(np.float64).reshape(len(array), -1)
+    mean, std = values.mean(0), values.std(0)
+    std = np.where(std > 0, std, 1.0)
+    return TaskSpec("regression", names=names, loss=loss, target_mean=mean.tolist(),
+                    target_std=std.tolist())
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN: a metric that is not finite is written as null."""
+    return value if math.isfinite(value) else None

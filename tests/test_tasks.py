@@ -1,0 +1,80 @@
+"""The task owner (`vitkit.tasks`): metrics equal scikit-learn's, targets and losses per task,
+standardisation round trips, and the errors for targets that do not fit a task."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import (
+    average_precision_score,
+    f1_score,
+    mean_absolute_error,
+    r2_score,
+    root_mean_squared_error,
+)
+
+from vitkit.errors import ConfigError, DataError
+from vitkit.tasks import TaskSpec, infer_task, make_task
+
+
+def test_regression_metrics_equal_scikit_learn() -> None:
+    rng = np.random.default_rng(0)
+    true = rng.normal(3.0, 2.0, size=(200, 3))
+    pred = true + rng.normal(0, 0.7, size=true.shape)
+    spec = infer_task(true.astype(np.float32), names=["a", "b", "c"])
+    task = make_task(spec)
+    mean, std = np.array(spec.target_mean), np.array(spec.target_std)
+    outputs = torch.tensor((pred - mean) / std, dtype=torch.float32)  # what the head predicts
+    got = task.metrics(outputs, torch.tensor(true, dtype=torch.float32))
+    assert got["r2"] == pytest.approx(r2_score(true, pred), abs=1e-5)
+    assert got["mae"] == pytest.approx(mean_absolute_error(true, pred), abs=1e-5)
+    assert got["rmse"] == pytest.approx(root_mean_squared_error(true, pred), abs=1e-5)
+    per = r2_score(true, pred, multioutput="raw_values")
+    assert [got["per_output"][n]["r2"] for n in "abc"] == pytest.approx(per, abs=1e-5)
+
+
+def test_standardisation_round_trips() -> None:
+    true = torch.tensor([[1.0], [5.0], [9.0]])
+    task = make_task(infer_task(true))
+    standard = task.training_targets(true, 1)
+    assert standard.mean().item() == pytest.approx(0.0, abs=1e-6)
+    torch.testing.assert_close(task.decode(standard), true)
+
+
+def test_multilabel_metrics_equal_scikit_learn_with_ties_and_an_empty_label() -> None:
+    rng = np.random.default_rng(1)
+    truth = (rng.random((150, 4)) < 0.3).astype(np.float32)
+    truth[:, 3] = 0  # no positives: scikit-learn scores it 0 (and warns)
+    logits = rng.normal(size=truth.shape).round(1) + 1.5 * truth  # rounded: tied scores
+    task = make_task(infer_task(truth, "multilabel"))
+    got = task.metrics(torch.tensor(logits, dtype=torch.float32), torch.tensor(truth))
+    probs = 1 / (1 + np.exp(-logits))
+    with np.errstate(all="ignore"), pytest.warns(UserWarning):
+        expected_map = average_precision_score(truth, probs, average="macro")
+    assert got["map"] == pytest.approx(expected_map, abs=1e-6)
+    expected_f1 = f1_score(truth, probs >= 0.5, average="macro", zero_division=0)
+    assert got["f1"] == pytest.approx(expected_f1, abs=1e-6)
+
+
+def test_targets_choose_the_task() -> None:
+    assert infer_task(np.array([0, 2, 1])).kind == "classification"
+    assert infer_task(np.array([0.5, 2.0])).kind == "regression"
+    assert infer_task(np.array([[0.5, 2.0]])).kind == "regression"
+    assert infer_task(np.array([[0, 1], [1, 1]]), "multilabel").kind == "multilabel"
+
+
+def test_targets_that_do_not_fit_are_refused_by_name() -> None:
+    with pytest.raises(DataError, match=r"NaN or inf, at index 2"):
+        infer_task(np.array([0.1, 0.2, np.nan]))
+    with pytest.raises(DataError, match="task=multilabel needs"):
+        infer_task(np.array([[0.5, 2.0]]), "multilabel")
+    with pytest.raises(DataError, match="task=classification needs"):
+        infer_task(np.array([0.5, 2.0]), "classification")
+    with pytest.raises(ConfigError, match="loss='huber' does not apply to task=classification"):
+        infer_task(np.array([0, 1]), loss="huber")
+    with pytest.raises(ConfigError, match="label_smoothing is for classification"):
+        make_task(TaskSpec("regression")).training_targets(torch.zeros(2, 1), 1, 0.1)
+
+
+def test_spec_round_trips_through_a_dict() -> None:
+    spec = infer_task(np.array([[1.0, 2.0], [3.0, 5.0]]), names=["x", "y"], loss="huber")
+    assert TaskSpec.from_dict(spec.to_dict()) == spec
