@@ -18,9 +18,9 @@ from vitkit.errors import ConfigError, DataError
 __all__ = ["DATA_MODES", "MEMORY_LIMIT_BYTES", "SOURCES", "Records", "is_known_source",
            "open_source"]
 
-SOURCES = ("digits", "cifar10", "cifar100", "folder", "hf:NAME_OR_PATH")
+SOURCES = ("digits", "cifar10", "cifar100", "folder", "arrays", "hf:NAME_OR_PATH")
 DATA_MODES = ("auto", "memory", "stream")
-IN_MEMORY_ONLY = ("digits", "cifar10", "cifar100")
+IN_MEMORY_ONLY = ("digits", "cifar10", "cifar100", "arrays")
 # "auto" streams a folder or Hugging Face dataset whose images, decoded at the model's size,
 # would take more memory than this (about 14,000 RGB images at 224x224).
 MEMORY_LIMIT_BYTES = 2 * 1024**3
@@ -57,6 +57,10 @@ def open_source(name: str, data_dir: str | None = None,
             from vitkit.data.sources.digits import open_digits
 
             return open_digits(train_limit, test_limit)
+        if name == "arrays":
+            from vitkit.data.sources.arrays import open_arrays
+
+            return open_arrays(data_dir, train_limit, test_limit)
         from vitkit.data.sources.cifar import open_cifar
 
         return open_cifar(name, data_dir, train_limit, test_limit)
