@@ -28,6 +28,7 @@ from transformers import ViTForImageClassification, ViTImageProcessor
 from vitkit.catalog import config_of, load_pretrained, read_weights
 from vitkit.cli import main
 from vitkit.errors import CheckpointError, WeightsNotFoundError
+from vitkit.weights.formats import hf_hub as hf_hub_format
 
 TOL = 1e-5
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -206,6 +207,7 @@ def test_a_repository_without_config_json(hf_cache):
 ])
 def test_missing_private_or_gated_repositories(hf_cache, monkeypatch, error, advice):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(hf_hub_format, "hub_unreachable", lambda: None)  # a Hub that answers
 
     def refuse(url, *args, **kwargs):
         response = httpx2.Response(401, request=httpx2.Request("HEAD", url))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
@@ -25,6 +27,7 @@ from datasets.data_files import DataFilesDict, get_data_patterns
 from datasets.exceptions import DatasetNotFoundError
 
 from vitkit.errors import DataError
+from vitkit.network import hub_unreachable
 
 __all__ = ["HFSplits", "datasets_cache_dir", "open_hf_splits"]
 
@@ -106,7 +109,31 @@ def _offline_message(spec: str) -> str:
             f"copy: {_LOCAL_CHOICES}")
 
 
+@contextmanager
+def _offline_for_now() -> Iterator[None]:
+    """`datasets` (and the huggingface_hub it calls) offline for one call: its prepared cache
+    only, without waiting through retries for a Hub that does not answer."""
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+
+
 def _load_hub(spec: str, streaming: bool) -> HFSplits:
+    unreachable = None if _offline_variables() else hub_unreachable()
+    if unreachable:
+        try:
+            with _offline_for_now():
+                return _as_splits(datasets.load_dataset(spec, streaming=streaming), spec)
+        except (ConnectionError, FileNotFoundError, DatasetNotFoundError) as err:
+            raise DataError(
+                f"hf:{spec}: the Hugging Face Hub cannot be reached ({unreachable}) and "
+                f"{spec!r} is not in the datasets cache ({datasets_cache_dir()}). Check the "
+                f"network (or HF_ENDPOINT), or pass {_LOCAL_CHOICES}") from err
     try:
         return _as_splits(datasets.load_dataset(spec, streaming=streaming), spec)
     except DatasetNotFoundError as err:

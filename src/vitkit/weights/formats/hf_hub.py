@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.errors import CheckpointError, WeightsNotFoundError
+from vitkit.network import hub_unreachable
 from vitkit.weights.formats.vitkit import FORMAT_NAME  # a pushed vitkit save_pretrained folder
 
 PREFIX = "hf-hub:"
@@ -119,6 +120,8 @@ class _Fetcher:
     def __init__(self, repo: str, revision: str | None, local_only: bool) -> None:
         self.repo, self.revision, self.local_only = repo, revision, local_only
         self.cache = cache_dir()
+        # No network: read the cache only, rather than wait through the library's retries.
+        self.unreachable = None if local_only else hub_unreachable()
 
     @property
     def label(self) -> str:
@@ -143,7 +146,9 @@ class _Fetcher:
             return self._absent(filename, required)  # the cache records that it does not exist
         try:
             return Path(hf_hub_download(self.repo, filename, revision=self.revision,
-                                        cache_dir=self.cache, local_files_only=self.local_only))
+                                        cache_dir=self.cache,
+                                        local_files_only=self.local_only or
+                                        self.unreachable is not None))
         except GatedRepoError:
             raise WeightsNotFoundError(
                 f"{self.label} is a gated repository: accept its terms on its Hub page, then "
@@ -183,7 +188,8 @@ class _Fetcher:
                    f"connected machine with `hf download {self.repo}` (or `huggingface-cli "
                    f"download {self.repo}`) into this cache")
         else:
-            why = "the Hub could not be reached"
+            why = "the Hub could not be reached" + (
+                f" ({self.unreachable})" if self.unreachable else "")
             fix = (f"check the connection, or fetch it elsewhere with `hf download {self.repo}` "
                    "and copy the cache folder here")
         return WeightsNotFoundError(
@@ -192,6 +198,6 @@ class _Fetcher:
 
     def missing_weights(self) -> CheckpointError:
         names = " or ".join(WEIGHTS)
-        if self.local_only:
+        if self.local_only or self.unreachable:
             return self._not_cached(names)
         return CheckpointError(f"{self.label} holds no {names}: {WHAT_VITKIT_READS}.")
