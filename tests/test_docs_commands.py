@@ -13,6 +13,10 @@ reads. Before the first block the directory holds what a reader of that page alr
     run stands in for it (the full one takes 30 s to 2.5 min on two shared cores);
   - the reader's own inputs the docs name (`my_digit.png`: any image).
 
+After each block, every file it made must be one the repository's .gitignore ignores (runs/):
+a reader who runs the examples in the clone keeps a clean `git status`. The reader's own inputs
+(`my_digit*`) and the harness's snippets are exempt.
+
 The skip convention: an HTML comment `<!-- not run in tests: REASON -->`, alone on the line above
 a fenced block (a blank line between them is allowed) keeps the whole block out, and REASON is
 the skip message (`pytest -rs` lists them). The reasons in use: a download (named checkpoints,
@@ -160,9 +164,29 @@ def test_docs_block_runs_as_written(block: Block, sessions: dict[Path, Path],
         snippet = cwd / f"snippet_line{block.line}.py"
         snippet.write_text(block.text + "\n")
         run([sys.executable, str(snippet)], cwd, block.label)
-        return
-    for command in block.commands():
-        run(["bash", "-c", command], cwd, block.label)
+    else:
+        for command in block.commands():
+            run(["bash", "-c", command], cwd, block.label)
+    untracked = [p for p in files_git_would_show(cwd) if not p.startswith(HARNESS_FILES)]
+    assert not untracked, (
+        f"{block.label}: run in a clone, the example leaves files `git status` shows: "
+        f"{', '.join(untracked[:5])}; write them under runs/ (git-ignored)")
+
+
+# What the harness puts in a session's directory, and the reader's own images made from it.
+HARNESS_FILES = ("snippet_line", "my_digit")
+
+
+def files_git_would_show(cwd: Path) -> list[str]:
+    """The files under `cwd` that the repository's .gitignore does not ignore, as if `cwd`
+    were the clone a reader runs the examples in."""
+    paths = sorted(str(p.relative_to(cwd)) for p in cwd.rglob("*") if p.is_file())
+    if not paths:
+        return []
+    checked = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
+                             input="\n".join(paths), capture_output=True, text=True)
+    ignored = set(checked.stdout.splitlines())
+    return [p for p in paths if p not in ignored]
 
 
 def test_skip_marks_sit_above_a_block_and_give_a_reason() -> None:
