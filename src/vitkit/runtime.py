@@ -82,3 +82,32 @@ def check_device(name: str) -> None:
                               "here; use device=cpu or device=auto")
     elif device.type != "cpu":
         raise ConfigError(f"device={name!r} is not supported for training: {choices}")
+
+
+# The instruction sets that decide CPU speed for ViTs: fp32 (AVX2, AVX-512), fast bf16 (AVX-512
+# BF16, AMX) and int8 (VNNI), as /proc/cpuinfo names them.
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile",
+               "amx_bf16", "amx_int8")
+
+
+def cpu_description() -> str:
+    """One line naming this machine's CPU, its cores and the speed-relevant instruction sets,
+    and the torch build, e.g. "AMD EPYC (2 cores; avx2) · torch 2.14.1, 2 threads". Every
+    benchmark prints it, so figures are compared only between runs on the same kind of CPU."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:  # not Linux
+        import platform
+
+        model = platform.processor() or platform.machine()
+    present = [flag for flag in SPEED_FLAGS if flag in flags] or [
+        "none of avx2/avx512f" if flags else "instruction sets not read"]
+    return (f"{model or 'unknown CPU'} ({os.cpu_count()} cores; {' '.join(present)}) · "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads")
