@@ -59,7 +59,8 @@ class ArrayImages:
             if len(bad):
                 raise InputError(f"{self.name(start + int(bad[0]))} holds NaN or inf values; "
                                  "fix or drop that image")
-        return torch.from_numpy(np.ascontiguousarray(part))
+        return torch.from_numpy(np.ascontiguousarray(part if part.flags.writeable
+                                                     else part.copy()))
 
     def batches(self, size: int) -> Iterator[tuple[list[str], torch.Tensor]]:
         for start in range(0, len(self), size):
