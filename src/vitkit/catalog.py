@@ -21,6 +21,7 @@ from typing import Any, Literal
 import torch
 
 from vitkit.config import (
+    TUTORIAL_TASKS,
     ViTConfig,
     is_variant_name,
     list_model_names,
@@ -167,10 +168,18 @@ def create_model(name_or_config: ConfigSource = "B/16", device: str | torch.devi
     its architecture, without its weights).
 
     >>> model = create_model("B/16", num_classes=10, img_size=384)
+
+    A tutorial model built for another task than classification (`TUTORIAL_TASKS`:
+    "t2t-tutorial" is a regression model) carries it as `model.task`.
     """
+    from vitkit.tasks import TaskSpec
+
     config = config_of(name_or_config, **overrides)
     with torch.device(device or "cpu"):
-        return VisionTransformer(config)
+        model = VisionTransformer(config)
+    if config.name in TUTORIAL_TASKS:
+        model.task = TaskSpec(TUTORIAL_TASKS[config.name])
+    return model
 
 
 def count_parameters(name_or_config: ConfigSource, **overrides: Any) -> int:

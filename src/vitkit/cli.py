@@ -265,8 +265,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print_report(report, args.json)
     failed, total = report.failed, len(report.results)
     if len(failed) == total:
-        raise InputError(f"none of the {len(failed)} file(s) could be read as an image; check "
-                         "they are valid image files")
+        raise InputError(report.none_read_message())
     if failed:
         print(f"vitkit predict: {len(failed)} of {total} files could not be read: "
               + ", ".join(failed), file=sys.stderr)
@@ -333,8 +332,8 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
                  "training checkpoint records)")
     fewshot = verbs.add_parser("fewshot", help="few-shot linear evaluation of frozen features "
                                                "(the paper's, big_vision's ridge regression)")
-    probe = verbs.add_parser("probe", help="linear probe (logistic regression) and kNN "
-                                           "accuracy of frozen features")
+    probe = verbs.add_parser("probe", help="linear probe (logistic regression; ridge R^2 for "
+                                           "regression models) and kNN of frozen features")
     for parser in (fewshot, probe):
         add_weights_argument(parser)
         parser.add_argument("--data", help=data_help)
@@ -419,10 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_merge_tokens_argument(evaluate)
     evaluate.set_defaults(run=cmd_eval)
 
-    predict = verbs.add_parser("predict", help="top-k classes of images with a checkpoint")
+    predict = verbs.add_parser("predict", help="top-k classes (or the task's values or labels) "
+                                               "of images with a checkpoint")
     add_weights_argument(predict)
     predict.add_argument("inputs", nargs="*", metavar="INPUT",
-                         help="image files or folders (searched recursively)")
+                         help="image files, folders (searched recursively for images) or "
+                              ".npy/.npz array files (one prediction per array image)")
     predict.add_argument("--sample", action="store_true", help="also predict the shipped "
                          "sample digit (a 3, light strokes on black, 8x8; its path is printed)")
     predict.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
@@ -449,7 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "distance, position and filter figures")
     add_weights_argument(explain)
     explain.add_argument("images", nargs="*", metavar="IMAGE",
-                         help="image files or folders (default: test images of --data)")
+                         help="image files, folders or .npy/.npz array files (default: test "
+                              "images of --data)")
     explain.add_argument("--out", required=True, help="folder for the PNGs and explain.json")
     explain.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"))
     explain.add_argument("--discard-ratio", type=float, default=0.0,

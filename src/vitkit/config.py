@@ -270,10 +270,27 @@ def _cifar10_tutorial() -> dict[str, Any]:
                 init="trunc_normal", name="cifar10-tutorial")
 
 
+def _t2t_tutorial() -> dict[str, Any]:
+    """The regression ViT of the walkthrough built on the Tokens-to-Token ViT code (its
+    `ViT_Model` defaults): one 400x100 channel (height x width), patch 50, width 768, depth
+    12, one head, MLP 3072, no qkv bias, the fixed 1-D sinusoid table of T2T-ViT's
+    `get_sinusoid_encoding` (a buffer: not a parameter), trunc-normal init, a class token, a
+    final LayerNorm and one output, "a single estimated regression value": 86,950,657
+    parameters. Built by name it carries the regression task (`TUTORIAL_TASKS`).
+    """
+    return dict(img_size=(400, 100), patch_size=50, in_chans=1, num_classes=1, width=768,
+                depth=12, num_heads=1, mlp_dim=3072, qkv_bias=False, pos_embed="sincos1d",
+                norm_eps=1e-5, init="trunc_normal", name="t2t-tutorial")
+
+
 TUTORIAL_MODELS = {
     "einops-tutorial": _einops_tutorial,
     "cifar10-tutorial": _cifar10_tutorial,
+    "t2t-tutorial": _t2t_tutorial,
 }
+# The task a tutorial model is built for, when it is not classification (`create_model` puts
+# it on the model as `model.task`).
+TUTORIAL_TASKS = {"t2t-tutorial": "regression"}
 
 
 def variant_config(name: str, **overrides: Any) -> ViTConfig:

@@ -1,8 +1,18 @@
-"""Classify image files with a model, using the checkpoint's own preprocessing and class names.
+"""Predict with a model on image files and array files, using the checkpoint's own
+preprocessing, class or target names and task.
 
 Folders are searched recursively for images (sorted); a file reached twice (named twice, or
-through a folder and by name) is predicted once; files run in batches. A file Pillow cannot
-decode gets a `Prediction` with `error` set and does not stop the others.
+through a folder and by name) is predicted once; inputs run in batches. A file that cannot be
+read gets a `Prediction` with `error` set and does not stop the others.
+
+Array files (`.npy`, `.npz` with `images`; `vitkit.data.arrayfiles`) give one prediction per
+image, named `file.npy[i]`, normalised with the model's `Preprocess` and resized to the
+model's size when theirs differs (bilinear, antialiased when shrinking; logged). Folders are
+searched for images only: name array files one by one (a shell glob: fields/*.npy).
+
+What a prediction says is the model's task (`vitkit.tasks.task_of`): classification, the
+top-k classes; regression, the values in the targets' units (de-standardised) under the
+target names; multi-label, the labels at or above 0.5 and every label's probability.
 
 Weights trained on the embedded digits (a vitkit run with data=digits) expect light strokes on
 a black background: the report says so, and an image that looks dark on light is warned about.
@@ -12,13 +22,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vitkit.data.arrayfiles import ARRAY_EXTENSIONS, is_array_file, read_array_images
+from vitkit.data.augment import resize_batch
 from vitkit.data.classnames import imagenet_class_names
 from vitkit.data.images import decode_image
 from vitkit.data.sources.digits import INPUT_NOTE, INVERTED_WARNING, looks_inverted
@@ -26,42 +38,82 @@ from vitkit.data.sources.folder import IMAGE_EXTENSIONS
 from vitkit.errors import ConfigError, InputError
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess, preprocess_for
+from vitkit.tasks import Task, task_of
 
-__all__ = ["Prediction", "Predictions", "class_names_for", "expand_inputs", "predict",
-           "predict_files"]
+__all__ = ["Prediction", "Predictions", "class_names_for", "expand_inputs", "output_names",
+           "predict", "predict_files", "read_inputs"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Prediction:
-    """Top-k classes of one image (most probable first), or why it could not be read."""
+    """What the model says of one image, or why it could not be read.
+
+    Classification: the top-k classes (`labels`, `indices`, `probs`, most probable first).
+    Other tasks: `report`, the task's `describe` of the image (regression: "values" in the
+    targets' units; multi-label: "probs" per label and the "labels" at or above 0.5), and
+    `names`, the output names the model stores (None: unnamed outputs).
+    """
 
     path: str
     labels: list[str] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
     error: str | None = None
+    task: str = "classification"
+    report: dict[str, Any] = field(default_factory=dict)
+    names: list[str] | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
     def to_dict(self) -> dict[str, Any]:
-        """{"path", "topk": [{"label", "index", "prob"}, ...]} or {"path", "error"}."""
+        """{"path", "topk": [{"label", "index", "prob"}, ...]} (classification), {"path",
+        "values", "names"} (regression), {"path", "probs": {label: p}, "labels"}
+        (multi-label), or {"path", "error"}."""
         if self.error is not None:
             return {"path": self.path, "error": self.error}
+        if self.task == "regression":
+            return {"path": self.path, "values": self.report["values"], "names": self.names}
+        if self.task == "multilabel":
+            return {"path": self.path, "probs": self.report["probs"],
+                    "labels": self.report["labels"]}
         return {"path": self.path, "topk": [
             {"label": label, "index": index, "prob": prob}
             for label, index, prob in zip(self.labels, self.indices, self.probs, strict=True)]}
 
     def format(self) -> str:
-        """One line: "path: label (12.34%), ..." or "path: error: ..."."""
+        """One line: "path: label (12.34%), ..." (classification and multi-label),
+        "path: name=value, ..." (regression) or "path: error: ..."."""
         if self.error is not None:
             return f"{self.path}: error: {self.error}"
+        if self.task == "regression":
+            values = self.report["values"]
+            shown = output_names(self.names, len(values))
+            return f"{self.path}: " + ", ".join(f"{name}={value:.4g}"
+                                                for name, value in zip(shown, values,
+                                                                       strict=True))
+        if self.task == "multilabel":
+            probs = self.report["probs"]
+            if not self.report["labels"]:
+                top = max(probs, key=probs.__getitem__)
+                return (f"{self.path}: no label at 50% or more (highest: {top} "
+                        f"{100 * probs[top]:.2f}%)")
+            return f"{self.path}: " + ", ".join(f"{label} ({100 * probs[label]:.2f}%)"
+                                                for label in self.report["labels"])
         top = ", ".join(f"{label} ({100 * prob:.2f}%)"
                         for label, prob in zip(self.labels, self.probs, strict=True))
         return f"{self.path}: {top}"
+
+
+def output_names(names: Sequence[str] | None, count: int) -> list[str]:
+    """How regression outputs are shown: the stored names, else "value" (one output) or
+    "value[j]"."""
+    if names and len(names) >= count:
+        return list(names[:count])
+    return ["value"] if count == 1 else [f"value[{j}]" for j in range(count)]
 
 
 @dataclass
@@ -76,6 +128,15 @@ class Predictions:
     def failed(self) -> list[str]:
         """The files that could not be read."""
         return [result.path for result in self.results if not result.ok]
+
+    def none_read_message(self) -> str:
+        """The error when no input could be read (the rows say why for each)."""
+        bad = [result for result in self.results if not result.ok]
+        if not any(is_array_file(result.path.rpartition("[")[0] if result.path.endswith("]")
+                                 else result.path) for result in bad):
+            return (f"none of the {len(bad)} file(s) could be read as an image; check they are "
+                    "valid image files")
+        return f"none of the {len(bad)} input(s) could be read ({bad[0].path}: {bad[0].error})"
 
     def format(self) -> str:
         return "\n".join([*(result.format() for result in self.results),
@@ -98,7 +159,8 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
     for item in inputs:
         path = Path(item).expanduser()
         if not path.exists():
-            raise InputError(f"{path} does not exist; pass image files or folders of images")
+            raise InputError(f"{path} does not exist; pass image files, folders of images or "
+                             f"array files ({', '.join(ARRAY_EXTENSIONS)})")
         if not path.is_dir():
             files.append(path)
             continue
@@ -150,49 +212,111 @@ def _open(path: Path, preprocess: Preprocess) -> torch.Tensor | str:
     return preprocess.to_uint8(decoded.image)
 
 
-def _chunks(items: Sequence[Path], size: int) -> Iterable[Sequence[Path]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
+Item = tuple[str, "torch.Tensor | str"]
+
+
+def _array_items(path: Path, preprocess: Preprocess) -> Iterator[Item]:
+    """("file.npy[i]", (C, H, W) image at the model's size) per image of an array file, or
+    (file, why it cannot be read)."""
+    try:
+        arrays = read_array_images(path, preprocess.channels, preprocess.scale)
+    except InputError as exc:
+        yield str(path), str(exc)
+        return
+    size = tuple(arrays.array.shape[-2:])
+    if size != tuple(preprocess.img_size):
+        log.info("%s: images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
+                 "antialiased when shrinking)", path, *size, *preprocess.img_size)
+    for index in range(len(arrays)):
+        try:
+            image = arrays.tensor(index, index + 1)
+        except InputError as exc:
+            yield arrays.name(index), str(exc)
+            continue
+        if size != tuple(preprocess.img_size):
+            image = resize_batch(image.float(), preprocess.img_size)
+        yield arrays.name(index), image[0]
+
+
+def read_inputs(files: Sequence[Path], preprocess: Preprocess) -> Iterator[Item]:
+    """(name, (C, H, W) uint8 or float image at the model's size, or why it could not be
+    read) for each image of the files, in order: one per image file, one per array image."""
+    for path in files:
+        if is_array_file(path):
+            yield from _array_items(path, preprocess)
+        else:
+            yield str(path), _open(path, preprocess)
+
+
+def _chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    chunk: list[Item] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One (B, C, H, W) batch: uint8 when every image is, else float32 (uint8 values kept)."""
+    if all(image.dtype == torch.uint8 for image in images):
+        return torch.stack(list(images))
+    return torch.stack([image.float() for image in images])
+
+
+def _fill(rows: Sequence[Prediction], outputs: torch.Tensor, task: Task,
+          names: list[str] | None, k: int) -> None:
+    """Put the outputs of a batch into its rows: top-k classes, or the task's report."""
+    if task.kind == "classification":
+        top_p, top_i = outputs.float().softmax(dim=-1).topk(k, dim=-1)
+        for row, p_row, i_row in zip(rows, top_p.tolist(), top_i.tolist(), strict=True):
+            row.labels = [names[j] for j in i_row]
+            row.indices, row.probs = i_row, p_row
+        return
+    for row, report in zip(rows, task.describe(outputs.float().cpu()), strict=True):
+        row.task, row.report, row.names = task.kind, report, task.names
 
 
 def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 5,
             batch_size: int = 32, trained_on: str | None = None) -> list[Prediction]:
-    """Top-k softmax predictions for image files and folders, one `Prediction` per file.
+    """Predictions for image files, folders and array files, one `Prediction` per image.
 
     Images go through `model.preprocess` (the official squash-resize to [-1, 1] when the
-    model has none) on the model's device and dtype. `topk` is capped at the class count.
-    `trained_on`: the data the weights were trained on (a vitkit run's `data`); for
-    "digits", images that look dark on light get a warning (`INVERTED_WARNING`).
+    model has none) on the model's device and dtype. What is predicted is the model's task
+    (`task_of`): top-k softmax classes (`topk` capped at the class count), regression values
+    (de-standardised) or multi-label probabilities. `trained_on`: the data the weights were
+    trained on (a vitkit run's `data`); for "digits", images that look dark on light get a
+    warning (`INVERTED_WARNING`).
     """
     if topk < 1:
         raise InputError(f"topk must be >= 1, got {topk}")
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
-    names = class_names_for(model)
+    task = task_of(model)
+    names = class_names_for(model) if task.kind == "classification" else None
     files = expand_inputs(inputs)
     preprocess = preprocess_for(model)
     param = next(model.parameters())
-    k = min(topk, len(names))
+    k = min(topk, len(names)) if names else 0
     results: list[Prediction] = []
     inverted: list[str] = []
     was_training = model.training
     model.eval()
     try:
-        for chunk in _chunks(files, batch_size):
-            decoded = [_open(path, preprocess) for path in chunk]
-            rows = [Prediction(str(path), error=x if isinstance(x, str) else None)
-                    for path, x in zip(chunk, decoded, strict=True)]
-            good = [i for i, x in enumerate(decoded) if isinstance(x, torch.Tensor)]
+        for chunk in _chunks(read_inputs(files, preprocess), batch_size):
+            rows = [Prediction(name, error=x if isinstance(x, str) else None)
+                    for name, x in chunk]
+            good = [i for i, (_, x) in enumerate(chunk) if isinstance(x, torch.Tensor)]
             if trained_on == "digits":
-                inverted += [str(chunk[i]) for i in good if looks_inverted(decoded[i])]
+                inverted += [chunk[i][0] for i in good
+                             if chunk[i][1].dtype == torch.uint8 and looks_inverted(chunk[i][1])]
             if good:
-                batch = preprocess.normalize(torch.stack([decoded[i] for i in good]))
+                batch = preprocess.normalize(stack_images([chunk[i][1] for i in good]))
                 with torch.inference_mode():
-                    logits = model(batch.to(device=param.device, dtype=param.dtype))
-                    top_p, top_i = logits.float().softmax(dim=-1).topk(k, dim=-1)
-                for i, p_row, i_row in zip(good, top_p.tolist(), top_i.tolist(), strict=True):
-                    rows[i].labels = [names[j] for j in i_row]
-                    rows[i].indices, rows[i].probs = i_row, p_row
+                    outputs = model(batch.to(device=param.device, dtype=param.dtype))
+                _fill([rows[i] for i in good], outputs, task, names, k)
             results.extend(rows)
     finally:
         model.train(was_training)

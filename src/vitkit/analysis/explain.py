@@ -33,11 +33,13 @@ from vitkit.analysis.filters import (
     pixel_filters,
     to_display,
 )
-from vitkit.analysis.images import as_uint8_batch
+from vitkit.analysis.images import as_batch
 from vitkit.analysis.posembed import position_similarity, similarity_by_distance
 from vitkit.errors import ConfigError, InputError
+from vitkit.predict import output_names
 from vitkit.preprocess import preprocess_for
 from vitkit.report import Report
+from vitkit.tasks import Task, task_of
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +58,12 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
             names: Sequence[str] = (), batch_size: int = 16, title: str = "",
             show: int = 8, image_source: str = "") -> dict[str, Any]:
     """Attention rollout, raw attention maps, mean attention distance, position-embedding
-    similarity and filter components for `images` (uint8 (B, C, H, W) or PIL images, run
-    through `model.preprocess`). Writes the PNGs named in FILES and explain.json to
+    similarity and filter components for `images` (uint8 (B, C, H, W) pictures, float
+    (B, C, H, W) arrays in their data's units, or PIL images, run through
+    `model.preprocess`). Rollout is output-agnostic: the same maps whatever the task; what
+    the model predicts for each image is said in the task's words (`task_of(model)`: the
+    class, the regression values or the multi-label labels) in the titles and in the JSON's
+    "predictions" (`Task.describe`). Writes the PNGs named in FILES and explain.json to
     `out_dir`; returns the JSON's content. Every image counts in the distances (the paper
     used PAPER_IMAGES = 128) and rollout peaks; the rollout figure and the JSON's maps hold
     the first `show`. Maps with nothing to draw (all zero, constant) are logged as warnings
@@ -67,7 +73,7 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     preprocess = preprocess_for(model)
-    batch = as_uint8_batch(images, preprocess)
+    batch = as_batch(images, preprocess)
     names = list(names) or [f"image {i}" for i in range(len(batch))]
     if len(names) != len(batch):
         raise InputError(f"{len(names)} names for {len(batch)} images: give one name per image")
@@ -97,8 +103,9 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     source_words = source.replace("_", " ")
 
     files = dict(FILES)  # names inside out_dir
-    titles = [_describe(name, row, model.class_names, config.num_classes)
-              for name, row in zip(names, torch.cat(logits), strict=True)]
+    task, outputs = task_of(model), torch.cat(logits)
+    titles = [_describe(name, row, model.class_names, config.num_classes, task)
+              for name, row in zip(names, outputs, strict=True)]
     warnings = _flat_map_warnings(maps, head_maps, names, source_words, head_fusion,
                                   discard_ratio)
     for warning in warnings:
@@ -136,6 +143,8 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
                   "class_token": config.class_token, "pool": config.pool,
                   "pos_embed": config.pos_embed, "stem": config.stem},
         "images": titles,
+        "task": task.kind,
+        "predictions": task.describe(outputs) if config.num_classes else [],
         "images_source": image_source or f"{len(batch)} image(s) passed in",
         "conventions": {**rollout_conventions(head_fusion, discard_ratio, prefix),
                         "mean_attention_distance": DISTANCE_CONVENTION,
@@ -194,8 +203,23 @@ def _peaks(maps: torch.Tensor) -> list[list[int]]:
 
 
 def _describe(name: str, logits: torch.Tensor, class_names: Sequence[str] | None,
-              num_classes: int) -> str:
-    """"name -> predicted class (probability)"; the name alone without a classifier."""
+              num_classes: int, task: Task | None = None) -> str:
+    """"name -> predicted class (probability)", "name -> temperature=3.21" (regression),
+    "name -> cat (91%), dog (60%)" (multi-label); the name alone without an output."""
+    kind = task.kind if task is not None else "classification"
+    if kind == "regression" and num_classes:
+        values = task.describe(logits[None])[0]["values"]
+        return f"{name} -> " + ", ".join(
+            f"{label}={value:.4g}"
+            for label, value in zip(output_names(task.names, len(values)), values, strict=True))
+    if kind == "multilabel" and num_classes:
+        report = task.describe(logits[None])[0]
+        probs = report["probs"]
+        if not report["labels"]:
+            top = max(probs, key=probs.__getitem__)
+            return f"{name} -> no label (highest {top} {100 * probs[top]:.0f}%)"
+        return f"{name} -> " + ", ".join(f"{label} ({100 * probs[label]:.0f}%)"
+                                         for label in report["labels"])
     if num_classes < 2:
         return name
     probs = logits.softmax(dim=-1)
@@ -226,10 +250,11 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
         origin = f"{len(files)} image file(s)"
     else:
         num_images = PAPER_IMAGES if num_images is None else num_images
+        task = task_of(model)
         images, names = images_from_data(data, data_dir, num_images, preprocess,
-                                         weights.extra.get("train_config"), seed)
-        origin = (f"{len(images)} test images sampled across classes (seed {seed}; "
-                  f"{num_images} asked)")
+                                         weights.extra.get("train_config"), seed, task)
+        how = "across classes" if task.kind == "classification" else "at random"
+        origin = f"{len(images)} test images sampled {how} (seed {seed}; {num_images} asked)"
     path = Path(source)
     options.setdefault("title", f"{path.resolve().parent.name}/{path.name}" if path.exists()
                        else str(source))

@@ -52,9 +52,15 @@ def _scaled(heat: torch.Tensor) -> torch.Tensor:
     return (heat - heat.min()) / (heat.max() - heat.min()).clamp(min=1e-12)
 
 
+FLOAT_IMAGE_CMAP = "viridis"  # float arrays (data=arrays): the channel mean, min-max scaled
+
+
 def _image_hwc(image: torch.Tensor) -> np.ndarray:
-    """uint8 (C, H, W) -> what imshow takes: (H, W, 3) or (H, W) for grey."""
+    """uint8 (C, H, W) -> what imshow takes: (H, W, 3) or (H, W) for grey; a float array
+    (a field, not a picture) -> its channel mean scaled to [0, 1] (min to 0, max to 1)."""
     array = image.detach().cpu()
+    if array.is_floating_point():
+        return _scaled(array.mean(dim=0)).numpy()
     if array.shape[0] == 3:
         return array.permute(1, 2, 0).numpy()
     return array.float().mean(dim=0).numpy()
@@ -68,7 +74,10 @@ def _upsample(heat: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
 
 def _show_image(ax: plt.Axes, image: torch.Tensor) -> None:
     array = _image_hwc(image)
-    ax.imshow(array, cmap=None if array.ndim == 3 else "gray")
+    if image.is_floating_point():
+        ax.imshow(array, cmap=FLOAT_IMAGE_CMAP, vmin=0, vmax=1)
+    else:
+        ax.imshow(array, cmap=None if array.ndim == 3 else "gray")
     ax.set_axis_off()
 
 

@@ -1,6 +1,8 @@
-"""The images an analysis runs on: files through the model's preprocessing, or test images
-of a data source (by default the one a training checkpoint was trained on), sampled across
-its classes and read as `vitkit predict` would read their files."""
+"""The images an analysis runs on: files through the model's preprocessing (image files, and
+array files as `vitkit predict` reads them), or test images of a data source (by default the
+one a training checkpoint was trained on), sampled across its classes (at random for
+regression and multi-label targets) and read as `vitkit predict` would read their files.
+Batches are uint8 pictures, or float arrays in their data's units (data=arrays)."""
 
 from __future__ import annotations
 
@@ -13,24 +15,34 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitkit.data.arrayfiles import is_array_file, read_array_images
+from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import open_image
 from vitkit.data.sources.records import ImageRecords
 from vitkit.data.transforms import EvalResize
 from vitkit.errors import InputError
+from vitkit.predict import output_names, stack_images
 from vitkit.preprocess import Preprocess
+from vitkit.tasks import MULTILABEL_THRESHOLD, Task
 
 log = logging.getLogger(__name__)
 
 
-def as_uint8_batch(images: torch.Tensor | Sequence[Image.Image], preprocess: Preprocess
-                   ) -> torch.Tensor:
-    """uint8 (B, C, H, W) at the model's size from PIL images or a uint8 batch (resized if
-    its size differs)."""
+def as_batch(images: torch.Tensor | Sequence[Image.Image], preprocess: Preprocess
+             ) -> torch.Tensor:
+    """(B, C, H, W) at the model's size from PIL images, a uint8 batch (resized as pictures
+    if its size differs) or a float batch of arrays (resized bilinear, antialiased when
+    shrinking)."""
     if isinstance(images, torch.Tensor):
-        if images.dtype != torch.uint8 or images.dim() != 4:
-            raise InputError(f"images must be a uint8 (B, C, H, W) tensor or PIL images, got "
-                             f"{images.dtype} {tuple(images.shape)}")
+        if images.dim() != 4 or not (images.dtype == torch.uint8 or images.is_floating_point()):
+            raise InputError(f"images must be a uint8 or float (B, C, H, W) tensor or PIL "
+                             f"images, got {images.dtype} {tuple(images.shape)}")
+        if images.is_floating_point():
+            if images.shape[1] != preprocess.channels:
+                raise InputError(f"the images have {images.shape[1]} channel(s), the model "
+                                 f"takes {preprocess.channels}")
+            return resize_batch(images.float(), preprocess.img_size)
         if tuple(images.shape[-2:]) == tuple(preprocess.img_size) and \
                 images.shape[1] == preprocess.channels:
             return images
@@ -47,10 +59,25 @@ def _to_pil(image: torch.Tensor) -> Image.Image:
 
 def images_from_files(paths: Sequence[str | Path], preprocess: Preprocess
                       ) -> tuple[torch.Tensor, list[str]]:
-    """Read image files (`vitkit.data.images`) into a uint8 batch at the model's size; names =
-    the paths."""
-    pictures = [open_image(path, preprocess.channels) for path in paths]
-    return as_uint8_batch(pictures, preprocess), [str(path) for path in paths]
+    """Read image files (`vitkit.data.images`) and array files (`vitkit.data.arrayfiles`:
+    one image per array image, named file.npy[i]) into a batch at the model's size: uint8
+    when every input is a picture or a uint8 array, else float."""
+    images: list[torch.Tensor] = []
+    names: list[str] = []
+    for path in paths:
+        if is_array_file(path):
+            arrays = read_array_images(path, preprocess.channels, preprocess.scale)
+            batch = arrays.tensor()
+            if tuple(batch.shape[-2:]) != tuple(preprocess.img_size):
+                batch = resize_batch(batch.float(), preprocess.img_size)
+            images += list(batch)
+            names += [arrays.name(i) for i in range(len(arrays))]
+        else:
+            images.append(preprocess.to_uint8(open_image(path, preprocess.channels)))
+            names.append(str(path))
+    if not images:
+        raise InputError("no images to analyse: pass at least one")
+    return stack_images(images), names
 
 
 def stratified_indices(labels: torch.Tensor, count: int, seed: int = 0) -> torch.Tensor:
@@ -73,14 +100,16 @@ def stratified_indices(labels: torch.Tensor, count: int, seed: int = 0) -> torch
 
 def images_from_data(data: str | None, data_dir: str | None, count: int,
                      preprocess: Preprocess, train_config: dict[str, Any] | None = None,
-                     seed: int = 0) -> tuple[torch.Tensor, list[str]]:
+                     seed: int = 0, task: Task | None = None) -> tuple[torch.Tensor, list[str]]:
     """`count` test images of `data` (default: the checkpoint's training data), sampled
-    across classes by `stratified_indices` (all of them when the test split is smaller).
+    across classes by `stratified_indices` (all of them when the test split is smaller); for
+    regression and multi-label targets ((N, K) or float), a seeded random sample, each named
+    with its targets (`task` names them).
 
     Folders and Hugging Face datasets are read from their files, each image through
     `preprocess` as `vitkit predict` and `vitkit eval` read it (`EvalResize`: the shorter
     side and a centre crop, or a squash, as the weights say); the small embedded sets (digits,
-    CIFAR) as they are held, resized by `preprocess` when their size differs."""
+    CIFAR) and arrays as they are held, resized when their size differs."""
     from vitkit.data.sources import IN_MEMORY_ONLY, open_source
 
     trained = train_config or {}
@@ -97,14 +126,35 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
     _, test = open_source(data, data_dir, preprocess.img_size, preprocess.channels,
                           train_limit=1, mode="memory" if data in IN_MEMORY_ONLY else "stream",
                           eval_split=trained.get("split") if own else None)
-    chosen = stratified_indices(torch.as_tensor(np.asarray(test.labels)), count, seed).tolist()
+    labels = torch.as_tensor(np.asarray(test.labels))
+    classes = labels.dim() == 1 and not labels.is_floating_point()
+    if classes:
+        chosen = stratified_indices(labels, count, seed).tolist()
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        chosen = torch.randperm(len(labels), generator=generator)[:count].tolist()
     if isinstance(test, ImageDataset):
-        images = as_uint8_batch(test.images[chosen], preprocess)
+        images = as_batch(test.images[chosen], preprocess)
     else:
         chosen, images = _read_through(test, chosen, preprocess)
-    names = [f"{data} test #{index}: {test.classes[int(test.labels[index])]}"
+    names = [f"{data} test #{index}: "
+             + (test.classes[int(labels[index])] if classes else
+                _targets_text(labels[index], task, list(test.classes)))
              for index in chosen]
     return images, names
+
+
+def _targets_text(row: torch.Tensor, task: Task | None, classes: list[str]) -> str:
+    """A test image's targets in words: "temperature=3.2" or the labels it has."""
+    values = row.reshape(-1).tolist()
+    names = (task.names if task is not None else None) or classes or None
+    if task is not None and task.kind == "multilabel":
+        shown = output_names(names, len(values)) if names else [str(j) for j in
+                                                                range(len(values))]
+        present = [n for n, v in zip(shown, values, strict=True) if v >= MULTILABEL_THRESHOLD]
+        return "labels " + (", ".join(present) if present else "none")
+    return ", ".join(f"{name}={value:.4g}" for name, value in
+                     zip(output_names(names, len(values)), values, strict=True))
 
 
 def _read_through(records: ImageRecords, chosen: list[int], preprocess: Preprocess

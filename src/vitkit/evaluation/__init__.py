@@ -6,7 +6,8 @@
     report.py         `vitkit eval`: evaluate_checkpoint -> eval.json, confusion PNG, report
     features.py       frozen features of a data set, cached
     fewshot.py        few-shot linear evaluation (big_vision's closed-form ridge regression)
-    probe.py, knn.py  logistic-regression linear probe, weighted kNN
+    probe.py, knn.py  linear probes (logistic; ridge for regression targets, one-vs-rest
+                      logistic for multi-label), weighted kNN
     frozen_report.py  `vitkit fewshot` and `vitkit probe`: their reports and figure
 """
 
@@ -21,13 +22,21 @@ from vitkit.evaluation.fewshot import (
 )
 from vitkit.evaluation.frozen_report import fewshot_report, probe_report
 from vitkit.evaluation.knn import knn_accuracy, knn_predictions
-from vitkit.evaluation.probe import ProbeResult, fit_logistic, linear_probe
+from vitkit.evaluation.probe import (
+    ProbeResult,
+    TargetProbeResult,
+    fit_logistic,
+    fit_ridge,
+    linear_probe,
+    multilabel_probe,
+    ridge_probe,
+)
 from vitkit.evaluation.report import evaluate_checkpoint
 
 __all__ = [
-    "FewShotResult", "FrozenFeatures", "ProbeResult", "evaluate_checkpoint", "extract_features",
-    "fewshot_curve",
+    "FewShotResult", "FrozenFeatures", "ProbeResult", "TargetProbeResult", "evaluate_checkpoint",
+    "extract_features", "fewshot_curve",
     "fewshot_lsr_accuracy", "fewshot_lsr_predictions", "fewshot_report", "fit_logistic",
-    "frozen_features", "knn_accuracy", "knn_predictions", "linear_probe", "probe_report",
-    "ridge_solver", "sample_shots",
+    "fit_ridge", "frozen_features", "knn_accuracy", "knn_predictions", "linear_probe",
+    "multilabel_probe", "probe_report", "ridge_probe", "ridge_solver", "sample_shots",
 ]

@@ -11,6 +11,7 @@ size and the preprocessing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -30,6 +31,7 @@ from vitkit.evaluation.splits import data_for, split_to_evaluate
 from vitkit.files import cache_root, write_atomic
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
+from vitkit.tasks import TaskSpec
 from vitkit.weights import WeightsRecord, build_model
 from vitkit.weights.checksum import tensors_checksum
 
@@ -41,7 +43,8 @@ SPLITS = ("train", "test")
 
 @dataclass(frozen=True)
 class FrozenFeatures:
-    """Float32 features and int64 labels of the train and test split."""
+    """Float32 features and targets of the train and test split: int64 (N,) class labels, or
+    float32 (N, K) regression or multi-label targets (`task` says which)."""
 
     train_x: np.ndarray
     train_y: np.ndarray
@@ -52,9 +55,17 @@ class FrozenFeatures:
     data: str
     weights_file: Path | None = None  # the file the weights were read from
     from_cache: bool = False
+    task: TaskSpec | None = None  # the weights' task (None: classification)
+
+    @property
+    def kind(self) -> str:
+        return self.task.kind if self.task is not None else "classification"
 
     @property
     def num_classes(self) -> int:
+        """Classes; for regression and multi-label targets, outputs (targets per image)."""
+        if self.train_y.ndim == 2:
+            return self.train_y.shape[1]
         top = max(int(self.train_y.max()), int(self.test_y.max())) + 1
         return max(len(self.classes), top)
 
@@ -72,7 +83,8 @@ def representation_of(model: VisionTransformer) -> str:
 def extract_features(model: VisionTransformer, dataset: EvaluationFeed,
                      preprocess: Preprocess, image_size: tuple[int, int] | None = None,
                      batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
-    """(features (N, D) float32, labels (N,) int64) of every image, in the data set's order.
+    """(features (N, D) float32, labels) of every image, in the data set's order: int64 (N,)
+    class labels, or float32 targets as the data set holds them (regression, multi-label).
 
     Images are normalised with `preprocess` and resized to `image_size` when theirs differs
     (bilinear, antialiased when shrinking), as `vitkit eval` and fine-tuning do.
@@ -88,7 +100,9 @@ def extract_features(model: VisionTransformer, dataset: EvaluationFeed,
     model.train(was_training)
     if not features:
         return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
-    return torch.cat(features).numpy(), torch.cat(labels).long().numpy()
+    targets = torch.cat(labels)
+    targets = targets.float() if targets.is_floating_point() else targets.long()
+    return torch.cat(features).numpy(), targets.numpy()
 
 
 def features_cache_dir() -> Path:
@@ -131,7 +145,7 @@ def _check_split(labels: np.ndarray, data: str, split: str) -> None:
         raise DataError(f"the {split} split of {data} has no images: check --data-dir (a "
                         f"folder needs train/ and val/ or test/ with one sub-folder per class) "
                         f"or choose another data set")
-    if labels.min() < 0:
+    if np.issubdtype(labels.dtype, np.integer) and labels.min() < 0:
         raise DataError(f"the {split} split of {data} is unlabelled ({int((labels < 0).sum())} "
                         "images without a label): evaluate on a labelled split")
 
@@ -148,9 +162,10 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
     sources = {split: data_for(weights, data, data_dir, split, None) for split in SPLITS}
     name = sources["train"][0]
     path = features_cache_dir() / f"{_cache_key(weights, model, sources)}.safetensors"
+    task = getattr(model, "task", None)
     if use_cache and path.exists():
         log.info("features of %s read from the cache %s", name, path)
-        return _read_cache(path, name, weights.path)
+        return dataclasses.replace(_read_cache(path, name, weights.path), task=task)
     arrays, classes = {}, []
     for split, (split_data, split_dir, limit) in sources.items():
         dataset = split_to_evaluate(weights, split_data, split_dir, split, limit,
@@ -164,7 +179,8 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
         arrays[split] = (x, y)
         classes = classes or list(dataset.classes)
     features = FrozenFeatures(*arrays["train"], *arrays["test"], classes,
-                              representation_of(model), name, weights.path)
+                              representation_of(model), name, weights.path,
+                              task=task)
     log.info("extracted %d train and %d test features (%s)", len(features.train_y),
              len(features.test_y), features.representation)
     if use_cache:

@@ -12,15 +12,17 @@ from vitkit.errors import InputError
 from vitkit.evaluation.features import FrozenFeatures, frozen_features
 from vitkit.evaluation.fewshot import PAPER_L2, PAPER_SHOTS, FewShotResult, fewshot_curve
 from vitkit.evaluation.knn import KNN_K, KNN_TEMPERATURE, knn_accuracy
-from vitkit.evaluation.probe import linear_probe
+from vitkit.evaluation.probe import linear_probe, multilabel_probe, ridge_probe
 from vitkit.evaluation.report import default_out_dir
 from vitkit.report import Report
 
 
 def _header(features: FrozenFeatures) -> str:
     cached = ", from the cache" if features.from_cache else ""
+    count = {"classification": "classes", "regression": "target(s)",
+             "multilabel": "labels"}[features.kind]
     return (f"{features.data}: {len(features.train_y)} train / {len(features.test_y)} test "
-            f"images, {features.num_classes} classes; features: {features.representation}"
+            f"images, {features.num_classes} {count}; features: {features.representation}"
             f"{cached}")
 
 
@@ -37,6 +39,10 @@ def _fewshot_one(weights: str | Path, data: str | None, data_dir: str | None,
                  weights_dir: str | Path | None
                  ) -> tuple[FrozenFeatures, FewShotResult, dict[str, Any]]:
     features = frozen_features(weights, data, data_dir, weights_dir)
+    if features.kind != "classification":
+        raise InputError(f"fewshot draws images per class, and {weights} is a {features.kind} "
+                         "model: use vitkit probe, which fits a linear probe of its targets "
+                         "on the frozen features")
     result = fewshot_curve(features.train_x, features.train_y, features.test_x,
                            features.test_y, features.num_classes, shots, seeds, l2_reg,
                            features.classes)
@@ -114,8 +120,12 @@ def probe_report(weights: str | Path, data: str | None = None, data_dir: str | N
                  k: int = KNN_K, temperature: float = KNN_TEMPERATURE,
                  json_path: str | Path | None = None, weights_dir: str | Path | None = None
                  ) -> Report:
-    """Linear-probe and weighted-kNN accuracy on the frozen features."""
+    """Linear-probe and weighted-kNN accuracy on the frozen features; for a regression model
+    ridge regression (R^2, MAE, RMSE), for a multi-label model a one-vs-rest logistic
+    probe (mAP, F1): `_target_probe`."""
     features = frozen_features(weights, data, data_dir, weights_dir)
+    if features.kind != "classification":
+        return _target_probe(weights, features, json_path)
     args = (features.train_x, features.train_y, features.test_x, features.test_y,
             features.num_classes)
     probe = linear_probe(*args)
@@ -136,3 +146,38 @@ def probe_report(weights: str | Path, data: str | None = None, data_dir: str | N
         lines.append(f"wrote {written}")
     return Report("\n".join(lines), report)
 
+
+def _target_probe(weights: str | Path, features: FrozenFeatures,
+                  json_path: str | Path | None) -> Report:
+    """The probe of a regression or multi-label model's targets (no kNN: it votes classes)."""
+    names = features.task.names if features.task is not None else None
+    args = (features.train_x, features.train_y, features.test_x, features.test_y, names)
+    regression = features.kind == "regression"
+    result = ridge_probe(*args) if regression else multilabel_probe(*args)
+    report = {"weights": str(weights), "data": features.data, "task": features.kind,
+              "representation": features.representation, "train_images":
+              len(features.train_y), "test_images": len(features.test_y),
+              "outputs": features.num_classes, "linear_probe": result.as_dict()}
+    grid = ", ".join(f"{v:g}: {score:.4f}" for v, score in result.heldout.items())
+    m = result.metrics
+    if regression:
+        lines = [_header(features),
+                 f"linear probe (ridge regression): alpha by held-out 10% of train (R^2): "
+                 f"{grid}",
+                 f"  chosen alpha {result.regularisation:g}; test R^2 {m['r2']:.4f}, MAE "
+                 f"{m['mae']:.4g}, RMSE {m['rmse']:.4g}"]
+        if len(m["per_output"]) > 1:
+            lines += [f"  {name}: R^2 {v['r2']:.4f}, MAE {v['mae']:.4g}, RMSE {v['rmse']:.4g}"
+                      for name, v in m["per_output"].items()]
+    else:
+        lines = [_header(features),
+                 f"linear probe (one-vs-rest logistic regression): weight decay by held-out "
+                 f"10% of train (mAP): {grid}",
+                 f"  chosen weight decay {result.regularisation:g}; test mAP {m['map']:.4f}, "
+                 f"F1 at 0.5 {m['f1']:.4f}"]
+    lines.append("kNN: not run (it votes for classes; the targets are "
+                 f"{'values' if regression else 'label sets'})")
+    written = _write_json(json_path, report)
+    if written:
+        lines.append(f"wrote {written}")
+    return Report("\n".join(lines), report)

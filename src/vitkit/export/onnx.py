@@ -7,6 +7,11 @@ but the TorchScript one is far faster (busy 2-core CPU): 0.5 s vs 4 s (Ti/16, st
 (R50+Ti/16, static), and under a second vs 210 s for the R50 backbone with a dynamic height and
 width (torch.export's symbolic-shape reasoning), and it needs no onnxscript.
 
+The task goes with the graph: a regression model's graph ends in the de-standardisation
+(`output * target_std + target_mean`, the training targets' statistics), so its output
+"values" is in the targets' units; classification and multi-label graphs output "logits" as
+the model does. The metadata says which ("task", "output").
+
 Dynamic resolution is the model's own: export traces a model with a dynamic image size
 (`VisionTransformer.set_dynamic_img_size`), whose forward fits the positions to each input's
 token grid and whose stem pads with sizes traced as tensors, so the graph follows the input.
@@ -31,7 +36,7 @@ from vitkit.errors import ExportError, VitkitError
 from vitkit.model.vit import VisionTransformer
 
 FORMATS = ("onnx",)
-INPUT_NAME, OUTPUT_NAME = "images", "logits"
+INPUT_NAME, OUTPUT_NAME, VALUES_NAME = "images", "logits", "values"
 MIN_OPSET = 14  # scaled_dot_product_attention
 INSTALL_HINT = "pip install 'vitkit[export]'"
 ORT_ERROR, ORT_WARNING = 3, 2  # onnxruntime's log severities (its default: warning)
@@ -72,11 +77,66 @@ def quiet_session(path: str | Path) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+# -- the task's output ----------------------------------------------------------------------------
+def destandardisation(model: VisionTransformer) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(target_std, target_mean) that turn a regression model's outputs into the targets'
+    units; None for other tasks (their graphs output logits)."""
+    from vitkit.tasks import task_of
+
+    spec = task_of(model).spec
+    if spec.kind != "regression":
+        return None
+    k = model.config.num_classes
+    std = torch.tensor(spec.target_std or [1.0] * k, dtype=torch.float32)
+    mean = torch.tensor(spec.target_mean or [0.0] * k, dtype=torch.float32)
+    return std, mean
+
+
+class Destandardised(torch.nn.Module):
+    """A regression model whose outputs are de-standardised inside the graph."""
+
+    def __init__(self, model: VisionTransformer, std: torch.Tensor, mean: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        param = next(model.parameters())
+        self.register_buffer("std", std.to(param.device), persistent=False)
+        self.register_buffer("mean", mean.to(param.device), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images) * self.std + self.mean
+
+
+def exported_outputs(model: VisionTransformer, outputs: torch.Tensor) -> torch.Tensor:
+    """What the exported graph gives for `model`'s outputs: de-standardised for regression,
+    unchanged otherwise."""
+    stats = destandardisation(model)
+    if stats is None:
+        return outputs
+    std, mean = stats
+    return outputs * std.to(outputs.device) + mean.to(outputs.device)
+
+
+def _output_description(model: VisionTransformer) -> dict[str, Any]:
+    from vitkit.tasks import task_of
+
+    task = task_of(model)
+    name = VALUES_NAME if task.kind == "regression" else OUTPUT_NAME
+    meaning = {"classification": "logits: softmax gives class probabilities",
+               "multilabel": "logits: sigmoid gives each label's probability (a label is "
+                             "predicted at 0.5 or more)",
+               "regression": "values in the targets' units: de-standardised in the graph "
+                             "(output * target_std + target_mean)"}[task.kind]
+    return {"name": name, "num_classes": model.config.num_classes, "task": task.kind,
+            "meaning": meaning, "names": task.names}
+
+
 # -- export -------------------------------------------------------------------------------------
 def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
                   dynamic_size: bool) -> dict[str, str]:
-    """What a consumer needs beside the graph: preprocessing, class names, config (JSON)."""
+    """What a consumer needs beside the graph: preprocessing, class names, config, the task
+    (kind, output names, target standardisation) and what the output is (JSON)."""
     from vitkit.preprocess import preprocess_for
+    from vitkit.tasks import task_of
     from vitkit.version import __version__
 
     config = model.config
@@ -91,13 +151,15 @@ def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
                              "dynamic_size": dynamic_size,
                              "size_multiple_of": model.patch_embed.size_step if dynamic_size
                              else None}),
-        "output": json.dumps({"name": OUTPUT_NAME, "num_classes": config.num_classes}),
+        "output": json.dumps(_output_description(model)),
+        "task": json.dumps(task_of(model).spec.to_dict()),
     }
 
 
 def export_onnx(model: VisionTransformer, path: str | Path, *, dynamic_batch: bool = True,
                 dynamic_size: bool | None = None, opset: int | None = None) -> Path:
-    """Write `model` to an ONNX file at `path` (input "images" NCHW float32, output "logits").
+    """Write `model` to an ONNX file at `path` (input "images" NCHW float32, output "logits";
+    for a regression model "values", de-standardised in the graph).
 
     The height and width are dynamic when the model's image size is
     (`config.dynamic_img_size`): the file then takes every size the model does. With
@@ -119,9 +181,12 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, dynamic_batch: bo
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()
+    stats = destandardisation(model)
+    graph = model if stats is None else Destandardised(model, *stats)
+    output_name = OUTPUT_NAME if stats is None else VALUES_NAME
     dims = {0: "batch"} if dynamic_batch else {}
     in_dims = {**dims, **({2: "height", 3: "width"} if dynamic_size else {})}
-    dynamic_axes = {INPUT_NAME: in_dims, OUTPUT_NAME: dims} if in_dims else None
+    dynamic_axes = {INPUT_NAME: in_dims, output_name: dims} if in_dims else None
     param = next(model.parameters())
     if param.dtype != torch.float32:
         raise ExportError(f"the model's weights are {param.dtype}; export takes float32 models: "
@@ -131,8 +196,8 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, dynamic_batch: bo
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-            torch.onnx.export(model, (example,), str(path), dynamo=False,
-                              input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            torch.onnx.export(graph, (example,), str(path), dynamo=False,
+                              input_names=[INPUT_NAME], output_names=[output_name],
                               dynamic_axes=dynamic_axes, opset_version=opset)
     except (RuntimeError, ValueError) as exc:
         hint = f" at opset {opset} (leave the opset out for torch's default)" if opset else ""
@@ -168,10 +233,11 @@ def default_check_sizes(model: VisionTransformer) -> list[tuple[int, int]]:
 def onnx_and_torch_outputs(model: VisionTransformer, path: str | Path,
                             batch_sizes: Sequence[int], sizes: Sequence[int | tuple[int, int]]
                             ) -> Iterator[tuple[torch.Tensor, torch.Tensor, str]]:
-    """(PyTorch logits, onnxruntime logits, "batch B at HxW") on seeded random inputs, for
+    """(PyTorch outputs, onnxruntime outputs, "batch B at HxW") on seeded random inputs, for
     each batch size at the model's resolution and at each of `sizes`; the reference for
     another size is a copy of `model` with a fixed size, after
-    `set_image_size(size, mode="bilinear")`. Puts `model` in eval mode."""
+    `set_image_size(size, mode="bilinear")`. PyTorch's outputs are what the graph gives
+    (`exported_outputs`: de-standardised for regression). Puts `model` in eval mode."""
     session = quiet_session(path)
     input_name = session.get_inputs()[0].name
     model.eval()
@@ -188,7 +254,7 @@ def onnx_and_torch_outputs(model: VisionTransformer, path: str | Path,
         for batch in batch_sizes:
             images = torch.randn(batch, model.config.in_chans, *hw, generator=generator)
             with torch.no_grad():
-                expected = reference(images.to(device)).float().cpu()
+                expected = exported_outputs(model, reference(images.to(device)).float()).cpu()
             try:
                 got = session.run(None, {input_name: images.numpy()})[0]
             except Exception as exc:  # onnxruntime raises its own exception types

@@ -9,6 +9,7 @@ from vitkit.errors import ExportError
 from vitkit.export.int8 import INT8_RTOL, check_onnx_int8, export_onnx_int8
 from vitkit.export.onnx import FORMATS, check_onnx, default_check_sizes, export_onnx
 from vitkit.report import Report
+from vitkit.tasks import task_of
 
 CHECK_BATCHES = (1, 3)
 CHECK_ATOL = 1e-4
@@ -50,17 +51,28 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     lines = [f"wrote {path} ({size_mib:.1f} MiB{', int8' if int8 else ''}, dynamic {axes})"]
     sizes = default_check_sizes(model) if dynamic_size else []
     where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
+    kind = task_of(model).kind
+    if kind == "regression":
+        lines.append("output 'values': the regression targets' units (de-standardised in the "
+                     "graph; the task and its target mean/std are in the file's metadata)")
     data = {"path": str(path), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
-            "checked_at": where}
+            "checked_at": where, "task": kind}
     if int8:
         diff, agree = check_onnx_int8(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes)
+        outputs = "values" if kind == "regression" else "logits"
+        agreement = f", top-1 agreement {100 * agree:.0f}%" if kind == "classification" else ""
         lines.append(f"onnxruntime check (int8 vs fp32): max abs diff {diff:.2g} over batch 1, "
-                     f"3 at {where} (tolerance {INT8_RTOL:g} x the logits' range), top-1 "
-                     f"agreement {100 * agree:.0f}%: OK")
+                     f"3 at {where} (tolerance {INT8_RTOL:g} x the {outputs}' range)"
+                     f"{agreement}: OK")
         data.update(max_abs_diff=diff, top1_agreement=agree)
     else:
-        diff = check_onnx(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes, atol=CHECK_ATOL)
+        # values in the targets' units carry the float error times the targets' std
+        spread = max([1.0, *(task_of(model).spec.target_std or [])])
+        diff = check_onnx(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes,
+                          atol=CHECK_ATOL * spread)
+        tolerance = "1e-4" if spread == 1.0 else \
+            f"1e-4 x the targets' std: {CHECK_ATOL * spread:.2g}"
         lines.append(f"onnxruntime check: max abs diff {diff:.2g} over batch 1, 3 at {where} "
-                     "(tolerance 1e-4): OK")
+                     f"(tolerance {tolerance}): OK")
         data.update(max_abs_diff=diff)
     return Report("\n".join(lines), data)

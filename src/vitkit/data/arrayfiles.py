@@ -1,0 +1,137 @@
+"""Array files as model inputs (`vitkit predict` and `vitkit explain`): `.npy` and `.npz` files
+of images, one prediction per image, the counterpart of image files for models trained on
+scientific arrays (data=arrays).
+
+- `.npy`: one image (H, W) or (C, H, W), or a batch (N, C, H, W) / (N, H, W); a 3-D array is
+  one (C, H, W) image when its first axis is the model's channel count, else (N, H, W) images
+  of a one-channel model. Channels-last ((H, W, C), (N, H, W, C)) is read where unambiguous:
+  the last axis is the channel count and the channel axis is not.
+- `.npz`: the key `images` ((N, H, W) or (N, C, H, W), as data=arrays reads it); other keys
+  (`targets`) are ignored.
+
+Values are returned as they are (any real dtype, read safely: no pickles; `.npy` memory-mapped).
+What they mean is the model's `Preprocess`: a model trained on arrays (`scale` 1) takes any
+numeric dtype in its data's units; a model trained on 8-bit pictures (`scale` 255) takes
+uint8 arrays only, since floats would have to be guessed into 0-255.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vitkit.errors import InputError
+
+__all__ = ["ARRAY_EXTENSIONS", "ArrayImages", "is_array_file", "read_array_images"]
+
+ARRAY_EXTENSIONS = (".npy", ".npz")
+IMAGES_KEY = "images"
+
+
+def is_array_file(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in ARRAY_EXTENSIONS
+
+
+@dataclass
+class ArrayImages:
+    """The images of one array file: `array` is (N, C, H, W) (a view; memory-mapped for .npy)."""
+
+    path: Path
+    array: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def name(self, index: int) -> str:
+        """"file.npy[3]": how an image of the file is named in reports."""
+        return f"{self.path}[{index}]"
+
+    def tensor(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Images start..stop as a tensor: uint8 stays uint8, anything else float32."""
+        part = np.asarray(self.array[start:stop])
+        if part.dtype != np.uint8:
+            part = part.astype(np.float32)
+            bad = np.flatnonzero(~np.isfinite(part).reshape(len(part), -1).all(1))
+            if len(bad):
+                raise InputError(f"{self.name(start + int(bad[0]))} holds NaN or inf values; "
+                                 "fix or drop that image")
+        return torch.from_numpy(np.ascontiguousarray(part if part.flags.writeable
+                                                     else part.copy()))
+
+    def batches(self, size: int) -> Iterator[tuple[list[str], torch.Tensor]]:
+        for start in range(0, len(self), size):
+            stop = min(start + size, len(self))
+            yield [self.name(i) for i in range(start, stop)], self.tensor(start, stop)
+
+
+def _load(path: Path) -> tuple[np.ndarray, bool]:
+    """(the array, whether it is a batch by definition: an .npz's `images`)."""
+    try:
+        if path.suffix.lower() == ".npy":
+            return np.load(path, mmap_mode="r", allow_pickle=False), False
+        with np.load(path, allow_pickle=False) as archive:
+            if IMAGES_KEY not in archive.files:
+                held = ", ".join(archive.files) or "nothing"
+                raise InputError(f"{path} has no '{IMAGES_KEY}' array (it holds {held}): save "
+                                 f"the images as numpy.savez(path, {IMAGES_KEY}=...)")
+            return archive[IMAGES_KEY], True
+    except InputError:
+        raise
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"cannot read {path} as a numpy array file ({exc}); save it with "
+                         "numpy.save or numpy.savez (no pickled objects)") from exc
+
+
+def _as_nchw(array: np.ndarray, channels: int, batch: bool, path: Path) -> np.ndarray:
+    """(N, C, H, W) of an array by the rules in the module docstring."""
+    shape = array.shape
+    rules = ("(N, H, W) or (N, C, H, W)" if batch else
+             "(H, W), (C, H, W), (N, H, W) or (N, C, H, W)")
+    if array.ndim not in ((3, 4) if batch else (2, 3, 4)):
+        raise InputError(f"{path}: images must be {rules}, got {array.ndim} dimensions "
+                         f"{shape}")
+    if array.ndim == 2:
+        if channels != 1:
+            raise InputError(f"{path}: a 2-D array {shape} is one channel, but the model takes "
+                             f"{channels}; give (C, H, W) with C = {channels}")
+        return array[None, None]
+    if array.ndim == 3:
+        if not batch and shape[0] == channels:
+            return array[None]  # one (C, H, W) image
+        if channels == 1:
+            return array[:, None]  # (N, H, W)
+        if not batch and shape[-1] == channels:
+            return np.moveaxis(array, -1, 0)[None]  # one (H, W, C) image
+        raise InputError(f"{path}: cannot tell the channel axis of {shape} for a model of "
+                         f"{channels} channels; give {'(N, C, H, W)' if batch else '(C, H, W)'}"
+                         f" with C = {channels}")
+    if shape[1] == channels:
+        return array
+    if shape[-1] == channels:
+        return np.moveaxis(array, -1, 1)  # (N, H, W, C)
+    raise InputError(f"{path}: images {shape} have no axis of {channels} channel(s) (the "
+                     f"model's); give (N, {channels}, H, W)")
+
+
+def read_array_images(path: str | Path, channels: int, scale: float = 1.0) -> ArrayImages:
+    """The images of an .npy or .npz file for a model of `channels` input channels whose
+    preprocessing has `scale` (255: trained on 8-bit pictures, which takes uint8 only)."""
+    path = Path(path)
+    array, batch = _load(path)
+    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+            or array.dtype == np.bool_):
+        raise InputError(f"{path}: images must be numbers, got dtype {array.dtype}")
+    if scale != 1.0 and array.dtype != np.uint8:
+        raise InputError(
+            f"{path} holds {array.dtype} values, but the model was trained on 8-bit pictures "
+            f"(its preprocessing divides by {scale:g}): give uint8 arrays of 0-255 (for values "
+            "in [0, 1]: (a * 255).round().clip(0, 255).astype(numpy.uint8)), or use a model "
+            "trained on arrays (data=arrays), which takes values in its data's own units")
+    images = _as_nchw(array, channels, batch, path)
+    if len(images) == 0:
+        raise InputError(f"{path} holds no images (shape {array.shape})")
+    return ArrayImages(path, images)
