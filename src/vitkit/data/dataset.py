@@ -69,7 +69,7 @@ class ImageDataset:
                             self.name, self.skipped, list(self.notes), list(self.skipped_files))
 
 
-STATS_CHUNK_BYTES = 64 * 1024**2  # float64 bytes of images one step of `channel_stats_of` holds
+STATS_CHUNK_BYTES = 8 * 1024**2  # float64 bytes of images one step of `channel_stats_of` holds
 
 
 def channel_stats_of(chunks: Iterable[np.ndarray]) -> tuple[tuple[float, ...],
