@@ -302,7 +302,8 @@ class StreamEval(_NamesSkips):
 
     @property
     def labels(self) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.records.labels, dtype=np.int64))
+        labels = np.asarray(self.records.labels)
+        return torch.from_numpy(labels.astype(np.float32 if labels.ndim == 2 else np.int64))
 
     def eval_batches(self, batch_size: int, rank: int = 0, world_size: int = 1
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
