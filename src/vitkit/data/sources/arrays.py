@@ -116,6 +116,8 @@ def _targets(split: _Split, count: int) -> tuple[torch.Tensor, list[str]]:
     integral = targets.ndim == 1 and (np.issubdtype(targets.dtype, np.integer)
                                       or targets.dtype == np.bool_)
     tensor = torch.from_numpy(targets.astype(np.int64 if integral else np.float32))
+    if not integral:
+        tensor = tensor.reshape(len(tensor), -1)  # float targets are (N, K), K = 1 for (N,)
     names = _names(split, tensor) if split.names else []
     return tensor, names
 
@@ -128,7 +130,7 @@ def _names(split: _Split, targets: torch.Tensor) -> list[str]:
                         f"{names.shape}: save numpy.array(['name', ...])")
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in names.tolist()]
     if targets.is_floating_point():
-        wanted = 1 if targets.dim() == 1 else targets.shape[1]
+        wanted = targets.shape[1]
         if len(names) != wanted:
             raise DataError(f"{where} names {len(names)} targets but each image has {wanted}: "
                             f"give one name per target column")
