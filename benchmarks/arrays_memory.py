@@ -9,9 +9,10 @@ a set 10x the size of another should peak within ~100 MB of it.
 2. Trains each in a fresh process for --steps steps (default: one epoch of the large set, so
    every sample of both sets is read at least once) and reports that process's peak RSS
    (VmHWM: its own high-water mark; getrusage's ru_maxrss would carry over the forking
-   parent's). --via loop (default) drives a short training loop here: vitkit's MappedArrays
-   feed (`training_feed`), normalised with the training set's `channel_stats`, a tiny
-   VisionTransformer, cross-entropy and AdamW. --via cli runs `vitkit train` instead (needs a
+   parent's); a control run reads the large set into memory instead. --via loop (default)
+   drives a short training loop here: vitkit's MappedArrays feed (`training_feed`),
+   normalised with the training set's `channel_stats`, a tiny VisionTransformer,
+   cross-entropy and AdamW. --via cli runs `vitkit train` instead (needs a
    training side that takes float arrays). The memory under test is the data path's: the
    model and its classification targets are the same for both sizes.
 
@@ -95,8 +96,8 @@ def _own_peak() -> tuple[int, int]:
     return values["VmHWM"], values["VmRSS"]
 
 
-def train_loop(data_dir: str, steps: int, batch: int) -> dict:
-    """`steps` training steps on data=arrays data_mode=stream, through vitkit's feed."""
+def train_loop(data_dir: str, steps: int, batch: int, mode: str = "stream") -> dict:
+    """`steps` training steps on data=arrays data_mode=`mode`, through vitkit's feed."""
     import torch
     import torch.nn.functional as F
 
@@ -108,7 +109,7 @@ def train_loop(data_dir: str, steps: int, batch: int) -> dict:
     from vitkit.preprocess import normalize
 
     torch.manual_seed(0)
-    train, _ = open_source("arrays", data_dir, (SIZE, SIZE), 1, mode="stream")
+    train, _ = open_source("arrays", data_dir, (SIZE, SIZE), 1, mode=mode)
     kind = type(train).__name__
     mean, std = train.channel_stats()
     order = BatchOrder(len(train), batch, seed=0)
@@ -151,20 +152,20 @@ def child(args: argparse.Namespace) -> None:
     if args.via == "cli":
         result = train_cli(args.child, args.steps, args.batch, Path(args.child + "-run"))
     else:
-        result = train_loop(args.child, args.steps, args.batch)
+        result = train_loop(args.child, args.steps, args.batch, args.mode)
     peak, now = _own_peak()
     print(json.dumps({**result, "peak": peak, "rss_end": now,
                       "seconds": time.perf_counter() - start}))
 
 
-def measure(folder: Path, args: argparse.Namespace) -> dict:
+def measure(folder: Path, args: argparse.Namespace, mode: str = "stream") -> dict:
     import vitkit
 
     source = str(Path(vitkit.__file__).resolve().parents[1])  # the vitkit this script imports
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (source, os.environ.get("PYTHONPATH")) if p)}
     command = [sys.executable, __file__, "--child", str(folder), "--steps", str(args.steps),
-               "--batch", str(args.batch), "--via", args.via]
+               "--batch", str(args.batch), "--via", args.via, "--mode", mode]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"training on {folder} failed:\n{done.stderr[-3000:]}")
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                         "epoch of the large set)")
     parser.add_argument("--via", choices=("loop", "cli"), default="loop",
                         help="loop: vitkit's feed + a tiny ViT trained here; cli: vitkit train")
+    parser.add_argument("--no-control", action="store_true", help="skip the control run: "
+                        "the large set read into memory (data_mode=memory)")
+    parser.add_argument("--mode", default="stream", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -223,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         verdicts.append(ok)
         print(f"{layout:<8}{'10x':>9}{'difference':>15}{_mb(growth):>11}   target < "
               f"{TARGET_MB} MB: {'PASS' if ok else 'FAIL'}", flush=True)
+    if not args.no_control and args.via == "loop":
+        run = measure(folders[args.large]["npy"], args, mode="memory")
+        print(f"control: the {args.large:,}-sample .npy set read into memory (data_mode=memory, "
+              f"{run['records']}) peaks at {_mb(run['peak'])}: the measure sees the data")
     return 0 if all(verdicts) else 1
 
 
