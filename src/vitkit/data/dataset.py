@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from vitkit.errors import DataError
@@ -52,7 +54,47 @@ class ImageDataset:
     def channels(self) -> int:
         return self.images.shape[1]
 
+    def channel_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel (mean, std) of the images in the units `normalize` divides them into
+        (uint8 pictures / 255, float arrays as held); see `channel_stats_of`."""
+        scale = 255.0 if self.images.dtype == torch.uint8 else 1.0
+        per_image = self.images[0].numel() if len(self.images) else 1
+        rows = max(1, STATS_CHUNK_BYTES // (8 * per_image))
+        return channel_stats_of(self.images[start:start + rows].numpy() / scale
+                                for start in range(0, len(self.images), rows))
+
     def subset(self, indices: torch.Tensor | slice) -> ImageDataset:
         """The images at `indices` (a slice or an index tensor), same classes."""
         return ImageDataset(self.images[indices], self.labels[indices], self.classes,
                             self.name, self.skipped, list(self.notes), list(self.skipped_files))
+
+
+STATS_CHUNK_BYTES = 8 * 1024**2  # float64 bytes of images one step of `channel_stats_of` holds
+
+
+def channel_stats_of(chunks: Iterable[np.ndarray]) -> tuple[tuple[float, ...],
+                                                            tuple[float, ...]]:
+    """Per-channel mean and (population) std of (B, C, H, W) chunks, accumulated in float64
+    chunk by chunk (Chan's parallel update: no sum of squares to lose precision). A channel
+    with no spread gets std 1, so normalising only centres it."""
+    count, mean, m2 = 0, None, None
+    for chunk in chunks:
+        values = np.asarray(chunk, dtype=np.float64)
+        if not len(values):
+            continue
+        n = values.size // values.shape[1]
+        chunk_mean = values.mean(axis=(0, 2, 3))
+        chunk_m2 = ((values - chunk_mean[None, :, None, None]) ** 2).sum(axis=(0, 2, 3))
+        if mean is None:
+            count, mean, m2 = n, chunk_mean, chunk_m2
+            continue
+        delta = chunk_mean - mean
+        total = count + n
+        mean = mean + delta * (n / total)
+        m2 = m2 + chunk_m2 + delta ** 2 * (count * n / total)
+        count = total
+    if mean is None:
+        raise DataError("no images to compute the per-channel mean and std of")
+    std = np.sqrt(m2 / count)
+    std = np.where(std > 0, std, 1.0)
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)

@@ -4,6 +4,8 @@ callers never ask which kind of data they got.
 A `TrainingFeed` gives the training loop its batches of uint8 images and labels:
 - `MemoryFeed`: an in-memory `ImageDataset`; each step takes the global batch and the loop
   shards it across ranks after augmenting (so K processes see what one process would).
+- `MappedFeed`: `MappedArrays` (large `data=arrays` sets), each global batch's rows read from
+  the files as float32 (no workers: a read is cheap), then as `MemoryFeed`.
 - `StreamFeed`: `ImageRecords` (large folders, Hugging Face datasets) decoded in DataLoader
   worker processes at their original resolution, each transformed (the Inception crop) to the
   model's size and packed into one uint8 batch inside the worker (`vitkit.data.workers`).
@@ -15,8 +17,10 @@ image i in epoch e from (seed, e, i), so an epoch resumed at batch b reads exact
 and crops the uninterrupted run would have, whatever the number of workers. Records that cannot
 be decoded are left out of their batch, counted and named (`skipped_files`).
 
-An `EvaluationFeed` gives this rank's share of a held-out split in fixed order, as (uint8
-images, labels) batches: `MemoryEval` (the images as held), `StreamEval` / `IterableEval`
+Batches hold uint8 pictures, or float32 arrays in their own units (`data=arrays`).
+An `EvaluationFeed` gives this rank's share of a held-out split in fixed order, as (images,
+labels) batches: `MemoryEval` (the images as held), `MappedEval` (read from the files),
+`StreamEval` / `IterableEval`
 (each image through the evaluation transform, `EvalResize`, at the model's size). The caller
 normalises them with the same `Preprocess` either way.
 
@@ -35,6 +39,7 @@ from torch.utils.data import DataLoader
 
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.loader import BatchOrder, shard
+from vitkit.data.sources.mapped import MappedArrays
 from vitkit.data.sources.records import ImageRecords, IterableRecords, Records
 from vitkit.data.transforms import EvalResize
 from vitkit.data.workers import (
@@ -49,7 +54,8 @@ from vitkit.data.workers import (
 from vitkit.errors import DataError
 from vitkit.preprocess import Preprocess
 
-__all__ = ["EvaluationFeed", "IterableEval", "IterableFeed", "MemoryEval", "MemoryFeed",
+__all__ = ["EvaluationFeed", "IterableEval", "IterableFeed", "MappedEval", "MappedFeed",
+           "MemoryEval", "MemoryFeed",
            "SkipLog", "StreamEval", "StreamFeed", "TrainingFeed", "eval_batches",
            "evaluation_feed", "record_count", "training_feed"]
 
@@ -64,7 +70,8 @@ class TrainingFeed(Protocol):
 
     def epoch(self, epoch: int, start_batch: int = 0
               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """(batch index, uint8 images, labels) from batch `start_batch` to the end of `epoch`."""
+        """(batch index, images, labels) from batch `start_batch` to the end of `epoch`
+        (uint8 pictures, or float32 arrays in their own units)."""
         ...
 
     @property
@@ -151,6 +158,18 @@ class MemoryFeed:
 
     def close(self) -> None:
         pass
+
+
+class MappedFeed(MemoryFeed):
+    """Global batches of `MappedArrays`, each read from the files (float32, the data's units);
+    sharded by the Trainer after augmenting, as `MemoryFeed`."""
+
+    data: MappedArrays
+
+    def epoch(self, epoch: int, start_batch: int = 0
+              ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        for index, indices in self.order.iterate(epoch, start_batch):
+            yield index, self.data.images(indices), self.data.labels[indices]
 
 
 class StreamFeed(_NamesSkips):
@@ -249,6 +268,19 @@ class MemoryEval:
             yield self.data.images[chunk], self.data.labels[chunk]
 
 
+class MappedEval(MemoryEval):
+    """Evaluation batches of `MappedArrays`, each read from the files."""
+
+    data: MappedArrays
+
+    def eval_batches(self, batch_size: int, rank: int = 0, world_size: int = 1
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        mine = shard(torch.arange(len(self.data)), rank, world_size)
+        for start in range(0, len(mine), batch_size):
+            chunk = mine[start:start + batch_size]
+            yield self.data.images(chunk), self.data.labels[chunk]
+
+
 class StreamEval(_NamesSkips):
     """Evaluation batches of `ImageRecords`: this rank's share in fixed order, through the
     evaluation transform (resize the shorter side, centre crop)."""
@@ -270,7 +302,8 @@ class StreamEval(_NamesSkips):
 
     @property
     def labels(self) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.records.labels, dtype=np.int64))
+        labels = np.asarray(self.records.labels)
+        return torch.from_numpy(labels.astype(np.float32 if labels.ndim == 2 else np.int64))
 
     def eval_batches(self, batch_size: int, rank: int = 0, world_size: int = 1
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -329,6 +362,8 @@ def training_feed(train: Records, order: BatchOrder, crop: Transform, channels: 
     processes with `crop` (an `InceptionCrop` to `size`) applied to each image."""
     if isinstance(train, ImageDataset):
         return MemoryFeed(train, order)
+    if isinstance(train, MappedArrays):
+        return MappedFeed(train, order)
     if isinstance(train, IterableRecords):
         return IterableFeed(train, order, crop, channels, size, seed, rank, world_size,
                             pin_memory)
@@ -342,6 +377,8 @@ def evaluation_feed(test: Records, preprocess: Preprocess, channels: int,
     (and cropped) by `preprocess` to its size (`EvalResize`)."""
     if isinstance(test, ImageDataset):
         return MemoryEval(test)
+    if isinstance(test, MappedArrays):
+        return MappedEval(test)
     size = (int(preprocess.img_size[0]), int(preprocess.img_size[1]))
     logger.info("%s: each image resized to %dx%d by the preprocessing (resize_mode=%s)",
                 test.name, *size, preprocess.resize_mode)

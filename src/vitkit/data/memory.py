@@ -129,11 +129,11 @@ def decode_into_memory(records: ImageRecords, image_size: int | tuple[int, int] 
     size = size_hw(image_size)
     classes = list(records.classes)
     root = getattr(records, "root", records.name)  # how messages name the set
-    labels_of = np.asarray(records.labels)
+    labels_of = np.asarray(records.labels)  # int64 (N,) classes, or float32 (N, K) targets
     n_workers = _worker_count(workers, len(records))
 
     out: np.ndarray | None = None
-    labels: list[int] = []
+    kept_rows: list[int] = []  # the indices of the records kept
     skipped: list[tuple[str, str]] = []  # (short name, "kind: detail")
     skipped_files: list[tuple[str, str]] = []  # (full name, "kind: detail")
     sizes: dict[tuple[int, int], list] = {}  # (h, w) -> [count, example file]
@@ -143,7 +143,7 @@ def decode_into_memory(records: ImageRecords, image_size: int | tuple[int, int] 
     try:
         results = _results(records, channels, size, resize, pool, n_workers)
         for index, (status, value) in enumerate(results):
-            rel, label = _short_name(records, index), int(labels_of[index])
+            rel = _short_name(records, index)
             if status == "bad":
                 kind, detail = value
                 skipped.append((rel, f"{kind}: {detail}"))
@@ -163,8 +163,8 @@ def decode_into_memory(records: ImageRecords, image_size: int | tuple[int, int] 
                 out = np.empty((len(records), *arr.shape), dtype=np.uint8)
             if len(sizes) > 1:
                 continue  # mixed sizes: keep counting them for the error below
-            out[len(labels)] = arr
-            labels.append(label)
+            out[len(kept_rows)] = arr
+            kept_rows.append(index)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -185,18 +185,20 @@ def decode_into_memory(records: ImageRecords, image_size: int | tuple[int, int] 
                 f"in the dataset's skipped_files (write_skipped_files saves them)")
         notes.append(note)
         logger.warning("%s: %s", root, note)
-    kept = set(labels)
+    kept_labels = labels_of[np.asarray(kept_rows, dtype=np.int64)]
+    kept = set(kept_labels.tolist()) if kept_labels.ndim == 1 else set(range(len(classes)))
     lost = [name for i, name in enumerate(classes) if i not in kept]
     if lost:
         note = f"class(es) with no readable images: {', '.join(lost)}"
         notes.append(note)
         logger.warning("%s: %s", root, note)
 
-    if len(labels) < len(out):
-        out = out[:len(labels)].copy()  # release the rows reserved for skipped files
+    if len(kept_rows) < len(out):
+        out = out[:len(kept_rows)].copy()  # release the rows reserved for skipped files
     return ImageDataset(
         images=torch.from_numpy(out),
-        labels=torch.tensor(labels, dtype=torch.int64),
+        labels=torch.from_numpy(kept_labels.astype(np.float32 if kept_labels.ndim == 2
+                                                   else np.int64)),
         classes=classes,
         name=records.name,
         skipped=len(skipped),

@@ -38,8 +38,8 @@ def auto_workers() -> int:
 
 @dataclass
 class Batch:
-    """One batch as a worker packs it: images (n, C, H, W) uint8, labels (n,), and the records
-    left out as (where, "kind: detail")."""
+    """One batch as a worker packs it: images (n, C, H, W) uint8, labels (n,) int64 classes or
+    (n, K) float32 targets, and the records left out as (where, "kind: detail")."""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -49,12 +49,25 @@ class Batch:
         return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped)
 
 
-def _pack(items: Iterable[tuple[DecodedImage, int, str, tuple[int, ...]]], capacity: int,
-          transform: Transform, channels: int, size: tuple[int, int]) -> Batch:
+Label = int | np.ndarray  # a class index, or a float32 (K,) row of targets
+
+
+def _labels(labels: list[Label], width: int | None) -> torch.Tensor:
+    """int64 (n,) class indices, or float32 (n, K) target rows (`width` K)."""
+    if width is None:
+        return torch.tensor(labels, dtype=torch.int64)
+    rows = np.stack(labels) if labels else np.empty((0, width), dtype=np.float32)
+    return torch.from_numpy(rows.astype(np.float32))
+
+
+def _pack(items: Iterable[tuple[DecodedImage, Label, str, tuple[int, ...]]], capacity: int,
+          transform: Transform, channels: int, size: tuple[int, int],
+          width: int | None = None) -> Batch:
     """Transform up to `capacity` decoded records, each (image, label, where, crop seed), into
-    one `Batch`; refused images are left out and named."""
+    one `Batch`; refused images are left out and named. `width`: K for (K,) target rows, None
+    for class indices."""
     out = torch.empty((capacity, channels, *size), dtype=torch.uint8)
-    labels: list[int] = []
+    labels: list[Label] = []
     skipped: list[tuple[str, str]] = []
     for decoded, label, where, seed in items:
         if decoded.image is None:
@@ -64,7 +77,7 @@ def _pack(items: Iterable[tuple[DecodedImage, int, str, tuple[int, ...]]], capac
                                                       np.random.default_rng(seed)))
         labels.append(label)
     images = out if len(labels) == capacity else out[:len(labels)].clone()
-    return Batch(images, torch.tensor(labels, dtype=torch.int64), skipped)
+    return Batch(images, _labels(labels, width), skipped)
 
 
 class DecodedBatches(torch.utils.data.Dataset):
@@ -82,11 +95,13 @@ class DecodedBatches(torch.utils.data.Dataset):
         return self.__getitems__([key])
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> Batch:
-        labels = self.records.labels
-        items = ((self.records.read(index, self.channels), int(labels[index]),
+        labels = np.asarray(self.records.labels)
+        width = labels.shape[1] if labels.ndim == 2 else None
+        items = ((self.records.read(index, self.channels),
+                  labels[index] if width else int(labels[index]),
                   self.records.where(index), (self.seed, epoch, index))
                  for epoch, index in keys)
-        return _pack(items, len(keys), self.transform, self.channels, self.size)
+        return _pack(items, len(keys), self.transform, self.channels, self.size, width)
 
 
 class StreamedBatches(torch.utils.data.IterableDataset):

@@ -1,11 +1,14 @@
 """Named data sources -> (train, held-out) records: the one door, `open_source`.
 
 One module per source: `digits` (embedded), `cifar` (CIFAR-10/100 binaries), `folder`
-(class-per-folder images) and `hf` (Hugging Face datasets). Digits and CIFAR are small and
-always held in memory (`ImageDataset`). Folders and Hugging Face datasets are either decoded
-into memory (`vitkit.data.memory`) or streamed as `ImageRecords` / `IterableRecords`, chosen by
-`mode`: "memory", "stream", or "auto" (streamed when the images, decoded at the model's size,
-would take more than `MEMORY_LIMIT_BYTES`). `vitkit.data.feeds` turns any of them into batches.
+(class-per-folder images), `arrays` (.npz / .npy files) and `hf` (Hugging Face datasets).
+Digits and CIFAR are small and always held in memory (`ImageDataset`); arrays are held in
+memory, or read batch by batch from their files (`MappedArrays`) when large or asked to.
+Folders and Hugging Face datasets are either decoded into memory (`vitkit.data.memory`) or
+streamed as `ImageRecords` / `IterableRecords`, chosen by `mode`: "memory", "stream", or
+"auto" (streamed when the images, decoded at the model's size, would take more than
+`MEMORY_LIMIT_BYTES`; for arrays, their float32 images). `vitkit.data.feeds` turns any of
+them into batches.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ __all__ = ["DATA_MODES", "MEMORY_LIMIT_BYTES", "SOURCES", "Records", "is_known_s
 
 SOURCES = ("digits", "cifar10", "cifar100", "folder", "arrays", "hf:NAME_OR_PATH")
 DATA_MODES = ("auto", "memory", "stream")
+# Read as held, never decoded and resized as read (arrays: in memory, or batch by batch from
+# their files with data_mode=stream; `vitkit.analysis` reads their test split in memory).
 IN_MEMORY_ONLY = ("digits", "cifar10", "cifar100", "arrays")
 # "auto" streams a folder or Hugging Face dataset whose images, decoded at the model's size,
 # would take more memory than this (about 14,000 RGB images at 224x224).
@@ -40,7 +45,9 @@ def open_source(name: str, data_dir: str | None = None,
                 workers: int | None = None) -> tuple[Records, Records]:
     """Train and held-out records of a source, in memory or streamed (see the module docstring).
 
-    "folder" reads `data_dir/train/<class>/*` and `data_dir/val/<class>/*` (or `test/`).
+    "arrays" reads `data_dir/train.npz` and `test.npz` (or `val.npz`), or split folders of
+    .npy files (`vitkit.data.sources.arrays`). "folder" reads `data_dir/train/<class>/*` and
+    `data_dir/val/<class>/*` (or `test/`).
     `train_split` / `eval_split` pick a Hugging Face dataset's splits (default: "train" and
     the first of validation, valid, val, test); `streaming` reads a Hugging Face dataset as
     an `IterableDataset` (no random access, nothing downloaded up front). `workers`: the
@@ -48,6 +55,13 @@ def open_source(name: str, data_dir: str | None = None,
     """
     if mode not in DATA_MODES:
         raise ConfigError(f"data_mode={mode!r} is not one of {', '.join(DATA_MODES)}")
+    if name == "arrays":
+        if streaming:
+            raise ConfigError("streaming=true is for data=hf:...; data=arrays reads large "
+                              "arrays batch by batch from their files with data_mode=stream")
+        from vitkit.data.sources.arrays import open_arrays
+
+        return open_arrays(data_dir, train_limit, test_limit, mode, MEMORY_LIMIT_BYTES)
     if name in IN_MEMORY_ONLY:
         if mode == "stream" or streaming:
             raise ConfigError(f"data={name} is read into memory (it is small); data_mode=stream "
@@ -57,10 +71,6 @@ def open_source(name: str, data_dir: str | None = None,
             from vitkit.data.sources.digits import open_digits
 
             return open_digits(train_limit, test_limit)
-        if name == "arrays":
-            from vitkit.data.sources.arrays import open_arrays
-
-            return open_arrays(data_dir, train_limit, test_limit)
         from vitkit.data.sources.cifar import open_cifar
 
         return open_cifar(name, data_dir, train_limit, test_limit)

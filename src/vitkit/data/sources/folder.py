@@ -7,7 +7,8 @@ covers, so millions of files are not listed again on every start (adding or remo
 changes its folder's time and triggers a rescan). Paths are kept as one byte buffer with
 offsets, so the index costs a few bytes per file and worker processes share it.
 Empty class folders are warned about and left out. `load_image_folder` decodes one folder into
-memory (`vitkit.data.memory`).
+memory (`vitkit.data.memory`). A split folder holding `targets.csv` takes its targets from the
+table instead of class sub-folders (`vitkit.data.sources.table`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import DecodedImage, decode_image
 from vitkit.data.memory import decode_into_memory, size_hw
+from vitkit.data.sources.table import TABLE_NAME, TableRecords, check_same_columns
 from vitkit.errors import DataError
 from vitkit.files import cache_root, write_atomic
 
@@ -244,12 +246,24 @@ def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
                     "images in each)")
 
 
-def open_folder(data_dir: str | Path | None) -> tuple[FolderRecords, FolderRecords]:
-    """The training and held-out records of a data folder (`folder_splits`), same classes."""
+def open_folder(data_dir: str | Path | None
+                ) -> tuple[FolderRecords, FolderRecords] | tuple[TableRecords, TableRecords]:
+    """The training and held-out records of a data folder (`folder_splits`), same classes;
+    split folders holding a `targets.csv` take their targets from it (`TableRecords`)."""
     if data_dir is None:
         raise DataError("data='folder' needs data_dir=PATH holding train/ and val/ (or "
                         "test/) folders with one subfolder per class")
     train_dir, held_out_dir = folder_splits(data_dir)
+    tables = [(d / TABLE_NAME).is_file() for d in (train_dir, held_out_dir)]
+    if any(tables):
+        if not all(tables):
+            has, lacks = ((train_dir, held_out_dir) if tables[0] else
+                          (held_out_dir, train_dir))
+            raise DataError(f"{has / TABLE_NAME} gives targets but {lacks} has no "
+                            f"{TABLE_NAME}: write one for {lacks.name}/ too (same columns)")
+        train_table, held_table = TableRecords.scan(train_dir), TableRecords.scan(held_out_dir)
+        check_same_columns(train_table, held_table)
+        return train_table, held_table
     train, test = FolderRecords.scan(train_dir), FolderRecords.scan(held_out_dir)
     check_same_classes(train.classes, test.classes, train_dir, held_out_dir)
     return train, test

@@ -2,7 +2,11 @@
 
 Columns are found by feature type: the image is the `datasets.Image` column, the label the
 `ClassLabel` column (its `names` are the classes), else an integer column named label, labels,
-fine_label or target (classes "0".."K-1"). Images are read undecoded (bytes or path) and decoded
+fine_label or target (classes "0".."K-1"). Beyond classes (`TARGET_KINDS`): a list column of
+`ClassLabel` (`Sequence(ClassLabel)`) or of integers gives multi-hot float32 (N, K) targets
+named by the ClassLabel names (multi-label, task=multilabel); a float column (Value float16/32/
+64) gives float32 (N, 1) regression targets named by the column. Those are read map-style only
+(streaming=false). Images are read undecoded (bytes or path) and decoded
 by vitkit's one decoder, `vitkit.data.images.decode_image`, so a damaged image in a dataset is
 refused like a damaged file. Splits: training "train"; evaluation the first of validation,
 valid, val, test; both can be named. Where SPEC is looked for: `vitkit.data.sources.hf_open`.
@@ -16,8 +20,13 @@ import os
 from collections.abc import Iterator, Mapping
 
 import numpy as np
-from datasets import ClassLabel, Dataset, Features, Image, IterableDataset, Value
+from datasets import ClassLabel, Dataset, Features, Image, IterableDataset, Sequence, Value
 from datasets.distributed import split_dataset_by_node
+
+try:  # datasets >= 4 names list columns List (Sequence(X) builds one)
+    from datasets import List
+except ImportError:  # pragma: no cover
+    List = None
 from datasets.utils.file_utils import xopen
 
 from vitkit.data.images import DecodedImage, decode_image
@@ -67,23 +76,75 @@ def _image_column(features: Features, where: str) -> str:
     return column
 
 
-def _label_column(features: Features, where: str) -> tuple[str, list[str] | None]:
-    """The label column and its class names (None: an integer column without names)."""
+def _list_of(feature: object) -> object | None:
+    """The item feature of a list column (`Sequence(X)` / `List(X)`), else None."""
+    if isinstance(feature, (Sequence, *((List,) if List is not None else ()))):
+        return feature.feature
+    if isinstance(feature, list) and len(feature) == 1:
+        return feature[0]
+    return None
+
+
+def _is_int(feature: object) -> bool:
+    return isinstance(feature, Value) and "int" in feature.dtype
+
+
+def _label_column(features: Features, where: str) -> tuple[str, list[str] | None, str]:
+    """The label column, its names (None: integers without names) and its kind: "class",
+    "multilabel" (a list column) or "regression" (a float column)."""
     class_labels = [name for name, f in features.items() if isinstance(f, ClassLabel)]
     column = _pick(class_labels, LABEL_NAMES)
     if column is not None:
-        return column, list(features[column].names)
-    integers = [name for name in LABEL_NAMES if name in features
-                and isinstance(features[name], Value) and "int" in features[name].dtype]
+        return column, list(features[column].names), "class"
+    integers = [name for name in LABEL_NAMES if name in features and _is_int(features[name])]
     if integers:
-        return integers[0], None
+        return integers[0], None, "class"
+    lists = [name for name, f in features.items()
+             if isinstance(_list_of(f), ClassLabel) or _is_int(_list_of(f))]
+    column = _pick(lists, LABEL_NAMES)
+    if column is not None:
+        item = _list_of(features[column])
+        return column, list(item.names) if isinstance(item, ClassLabel) else None, "multilabel"
+    floats = [name for name, f in features.items()
+              if isinstance(f, Value) and f.dtype.startswith("float")]
+    column = _pick(floats, LABEL_NAMES)
+    if column is not None:
+        return column, [column], "regression"
     several = (f"several ClassLabel columns ({', '.join(class_labels)}) and none is named "
                f"{'/'.join(LABEL_NAMES)}; " if class_labels else "")
     raise DataError(f"{where} has no label column vitkit can use: {several}its columns are "
                     f"{_describe(features)}. vitkit needs a ClassLabel column, or an integer "
                     f"column named {', '.join(LABEL_NAMES)} (string labels: "
                     f"ds = ds.class_encode_column(NAME), then ds.save_to_disk(DIR) and pass "
-                    f"data=hf:DIR)")
+                    f"data=hf:DIR); for other tasks a float column (regression) or a "
+                    f"Sequence(ClassLabel) column (multi-label), named "
+                    f"{'/'.join(LABEL_NAMES)} when there are several")
+
+
+def _targets(dataset: Dataset, column: str, names: list[str] | None, kind: str,
+             where: str) -> tuple[np.ndarray, list[str]]:
+    """float32 (N, K) targets of a "multilabel" (multi-hot) or "regression" column, and
+    their names."""
+    if kind == "regression":
+        values = dataset.select_columns([column]).with_format("numpy")[column]
+        targets = np.asarray(values, dtype=np.float32).reshape(-1, 1)
+        bad = np.flatnonzero(~np.isfinite(targets[:, 0]))
+        if len(bad):
+            shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")
+            raise DataError(f"{where}: {len(bad)} value(s) of column {column!r} are missing, "
+                            f"NaN or inf, at index {shown}; drop those rows "
+                            "(ds.filter) or fix them")
+        return targets, list(names or [column])
+    rows = dataset.select_columns([column])[column]
+    top = max((max(row) for row in rows if row), default=-1)
+    names = names if names is not None else [str(k) for k in range(top + 1)]
+    targets = np.zeros((len(rows), len(names)), dtype=np.float32)
+    for index, row in enumerate(rows):
+        if row and (min(row) < 0 or max(row) >= len(names)):
+            raise DataError(f"{where}: record {index} of column {column!r} holds labels "
+                            f"{list(row)}, outside 0..{len(names) - 1}; fix or drop it")
+        targets[index, list(row)] = 1.0
+    return targets, names
 
 
 def _image_source(stored: Mapping[str, object]) -> bytes | str | io.BytesIO:
@@ -105,19 +166,24 @@ class HFImageRecords:
     streamed = True
 
     def __init__(self, dataset: Dataset, name: str, image_column: str, label_column: str,
-                 classes: list[str]) -> None:
+                 classes: list[str], targets: np.ndarray | None = None) -> None:
+        """`targets`: float32 (N, K) targets to use instead of reading `label_column` as
+        class indices."""
         self.name, self.classes = name, classes
         images = dataset.select_columns([image_column])
         self._images = images.cast_column(image_column, Image(decode=False))
         self._image_column = image_column
-        labels = dataset.select_columns([label_column]).with_format("numpy")[label_column]
-        self._labels = np.asarray(labels, dtype=np.int64)
+        if targets is None:
+            labels = dataset.select_columns([label_column]).with_format("numpy")[label_column]
+            targets = np.asarray(labels, dtype=np.int64)
+        self._labels = targets
 
     def __len__(self) -> int:
         return len(self._labels)
 
     @property
     def labels(self) -> np.ndarray:
+        """int64 (N,) class indices, or float32 (N, K) targets."""
         return self._labels
 
     def read(self, index: int, channels: int) -> DecodedImage:
@@ -193,7 +259,14 @@ def _records(spec: str, split: str, part: Dataset | IterableDataset, splits: lis
     if streaming and isinstance(part, Dataset):  # a local set streamed: testable offline
         part = part.to_iterable_dataset(num_shards=max(1, min(len(part), 64)))
     image_column = _image_column(features, where)
-    label_column, classes = _label_column(features, where)
+    label_column, classes, kind = _label_column(features, where)
+    if kind != "class":
+        if not isinstance(part, Dataset):
+            raise DataError(f"{where}: column {label_column!r} holds "
+                            f"{'label lists' if kind == 'multilabel' else 'float targets'}, "
+                            "which are read from a prepared dataset: use streaming=false")
+        targets, names = _targets(part, label_column, classes, kind, where)
+        return HFImageRecords(part, where, image_column, label_column, names, targets)
     if isinstance(part, Dataset):
         records = HFImageRecords(part, where, image_column, label_column, classes or [])
         records.classes = _checked_classes(records.labels, classes, label_column, where, splits)

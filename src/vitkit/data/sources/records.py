@@ -7,9 +7,12 @@ training transform (an Inception crop) sees the full image and memory stays flat
 the set. Sets that cannot be indexed (a streamed Hugging Face `IterableDataset`) are
 `IterableRecords`: read in order, sharded per rank, resumed by skipping.
 
+Large scientific arrays (`data=arrays`) are `MappedArrays`: float images of one size read
+batch by batch from their files (`images(indices)`), targets in memory.
+
 Every kind has `name`, `classes`, `labels` (None for `IterableRecords`: known only as read) and
-`streamed` (False only for `ImageDataset`: its images are held at one size, not decoded from
-the files as they are read). `vitkit.data.feeds` turns any of them into batches.
+`streamed` (False for `ImageDataset` and `MappedArrays`: their images have one size and are
+not decoded and resized as they are read). `vitkit.data.feeds` turns any of them into batches.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import DecodedImage
+from vitkit.data.sources.mapped import MappedArrays
 
 
 @runtime_checkable
@@ -70,4 +74,4 @@ class IterableRecords(Protocol):
                 skip: int = 0) -> Iterator[tuple[DecodedImage, int, str]]: ...
 
 
-Records = ImageDataset | ImageRecords | IterableRecords
+Records = ImageDataset | MappedArrays | ImageRecords | IterableRecords

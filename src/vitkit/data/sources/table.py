@@ -1,0 +1,126 @@
+"""Image folders whose targets come from a table: `<split>/targets.csv` with the header
+`file,<name>,<name>...`, one row per image (its path relative to the split folder), one
+numeric column per target. Float columns are regression targets; several 0/1 columns are
+multi-label targets when the run asks for task=multilabel (`vitkit.tasks.infer_task`); either
+way the records carry float32 (N, K) targets and `classes` = the column names. No class
+sub-folders are needed.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+from vitkit.data.images import DecodedImage, decode_image
+from vitkit.errors import DataError
+
+__all__ = ["TABLE_NAME", "TableRecords", "check_same_columns", "read_table"]
+
+TABLE_NAME = "targets.csv"
+FILE_COLUMN = "file"
+
+
+def read_table(split_dir: Path) -> tuple[list[str], list[str], np.ndarray]:
+    """(relative file paths, target names, float32 (N, K) targets) of `split_dir/targets.csv`,
+    every file checked to exist and every value to be a finite number."""
+    table = split_dir / TABLE_NAME
+    with open(table, newline="", encoding="utf-8-sig") as handle:
+        rows = list(csv.reader(handle))
+    if not rows:
+        raise DataError(f"{table} is empty: write a header `file,<name>,...` and one row per "
+                        "image")
+    header = [name.strip() for name in rows[0]]
+    if FILE_COLUMN not in header:
+        raise DataError(f"{table} has no `{FILE_COLUMN}` column (its header is "
+                        f"{','.join(header)}): the first line should read "
+                        f"`file,<target name>,...`, each row an image path relative to "
+                        f"{split_dir} and its target values")
+    at = header.index(FILE_COLUMN)
+    names = [name for i, name in enumerate(header) if i != at]
+    if not names:
+        raise DataError(f"{table} has no target columns: add one column per target "
+                        "(`file,<name>,...`)")
+    body = [(line, row) for line, row in enumerate(rows[1:], 2) if any(c.strip() for c in row)]
+    if not body:
+        raise DataError(f"{table} has a header but no rows: add one row per image "
+                        f"(`path/to/image.png,{','.join('<value>' for _ in names)}`)")
+    paths: list[str] = []
+    targets = np.empty((len(body), len(names)), dtype=np.float32)
+    for n, (line, row) in enumerate(body):
+        if len(row) != len(header):
+            raise DataError(f"{table} line {line} has {len(row)} values but the header names "
+                            f"{len(header)} columns: give each row a file and "
+                            f"{len(names)} target value(s)")
+        file = row[at].strip()
+        if not (split_dir / file).is_file():
+            raise DataError(f"{table} line {line} names {file!r}, but {split_dir / file} does "
+                            "not exist: fix the path (relative to the table's folder) or "
+                            "drop the row")
+        paths.append(file)
+        values = [cell for i, cell in enumerate(row) if i != at]
+        for k, (name, cell) in enumerate(zip(names, values, strict=True)):
+            targets[n, k] = _number(cell, table, line, name)
+    return paths, names, targets
+
+
+def _number(cell: str, table: Path, line: int, column: str) -> float:
+    try:
+        value = float(cell)
+    except ValueError:
+        raise DataError(f"{table} line {line}, column {column!r}: {cell.strip()!r} is not a "
+                        "number; every target column holds numbers only (a column of class "
+                        "names belongs in class sub-folders, or encode it as 0/1 columns)"
+                        ) from None
+    if not math.isfinite(value):
+        raise DataError(f"{table} line {line}, column {column!r}: {cell.strip()!r} is not a "
+                        "finite number; drop or fix the row")
+    return value
+
+
+def check_same_columns(train: TableRecords, held_out: TableRecords) -> None:
+    """Refuse held-out targets named otherwise than the training targets."""
+    if train.classes != held_out.classes:
+        raise DataError(f"{held_out.root / TABLE_NAME} has the target columns "
+                        f"{', '.join(held_out.classes)} but {train.root / TABLE_NAME} has "
+                        f"{', '.join(train.classes)}: both tables need the same columns in "
+                        "the same order")
+
+
+class TableRecords:
+    """`ImageRecords` over the rows of a `targets.csv`: `labels` float32 (N, K), `classes` the
+    target names, images decoded from `root/<file>` as they are read."""
+
+    streamed = True  # decoded from the files as read
+
+    def __init__(self, root: Path, paths: list[str], classes: list[str],
+                 targets: np.ndarray) -> None:
+        self.root, self.name = root, root.name
+        self.paths, self.classes, self._labels = paths, classes, targets
+
+    @classmethod
+    def scan(cls, root: str | Path) -> TableRecords:
+        root = Path(root).expanduser().resolve()
+        return cls(root, *read_table(root))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._labels
+
+    def relative_path(self, index: int) -> str:
+        return self.paths[index]
+
+    def where(self, index: int) -> str:
+        return str(self.root / self.paths[index])
+
+    def read(self, index: int, channels: int) -> DecodedImage:
+        return decode_image(self.where(index), channels)
+
+    def subset(self, count: int) -> TableRecords:
+        """The first `count` rows."""
+        return TableRecords(self.root, self.paths[:count], self.classes, self._labels[:count])

@@ -1,0 +1,127 @@
+"""data=folder with a targets table: `<split>/targets.csv` (`file,<name>,...`) gives float32
+(N, K) targets named by its columns, in memory and streamed, and bad tables are refused by
+line, column and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data.feeds import evaluation_feed, record_count, training_feed
+from vitkit.data.loader import BatchOrder
+from vitkit.data.sources import open_source
+from vitkit.data.sources.table import TableRecords
+from vitkit.data.transforms import InceptionCrop, evaluation_preprocess
+from vitkit.errors import DataError
+from vitkit.tasks import infer_task
+
+
+def _table_folder(root: Path, columns=("mass", "spin"), binary: bool = False,
+                  broken: bool = False) -> dict[str, np.ndarray]:
+    """root/train (6 images, in sub-folders) and root/val (3) with targets.csv; the targets."""
+    rng = np.random.default_rng(0)
+    written = {}
+    for split, count in (("train", 6), ("val", 3)):
+        folder = root / split
+        (folder / "fields").mkdir(parents=True)
+        values = (rng.integers(0, 2, size=(count, len(columns))) if binary
+                  else rng.normal(size=(count, len(columns))).round(4))
+        lines = ["file," + ",".join(columns)]
+        for i in range(count):
+            name = f"fields/{i}.png"
+            pixels = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / name)
+            lines.append(f"{name}," + ",".join(str(v) for v in values[i]))
+        if broken and split == "train":
+            (folder / "fields" / "bad.png").write_bytes(b"not a png")
+            lines.insert(3, "fields/bad.png," + ",".join("7" for _ in columns))
+        (folder / "targets.csv").write_text("\n".join(lines) + "\n")
+        written[split] = values.astype(np.float32)
+    return written
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_targets_come_from_the_table(tmp_path: Path, mode) -> None:
+    targets = _table_folder(tmp_path)
+    train, val = open_source("folder", str(tmp_path), (16, 16), 3, mode=mode)
+    assert train.classes == val.classes == ["mass", "spin"]
+    assert train.streamed == (mode == "stream")
+    labels = torch.as_tensor(np.asarray(train.labels))
+    assert labels.dtype == torch.float32 and torch.equal(labels, torch.from_numpy(targets["train"]))
+    order = BatchOrder(record_count(train), batch_size=2, seed=3)
+    feed = training_feed(train, order, InceptionCrop((16, 16)), 3, (16, 16), seed=3, workers=0)
+    for index, images, batch_labels in feed.epoch(1, start_batch=1):
+        wanted = order.epoch_indices(1)[index * 2:(index + 1) * 2]
+        assert images.shape == (2, 3, 16, 16)
+        assert torch.equal(batch_labels, torch.from_numpy(targets["train"])[wanted])
+    feed.close()
+    evaluation = evaluation_feed(val, evaluation_preprocess((16, 16), 3, False, 1.0), 3,
+                                 workers=0)
+    got = torch.cat([y for _, y in evaluation.eval_batches(2)])
+    assert torch.equal(got, torch.from_numpy(targets["val"]))
+    assert torch.equal(evaluation.labels, got)
+    assert infer_task(labels).kind == "regression"
+
+
+def test_binary_columns_are_multilabel_targets_and_broken_rows_drop_their_targets(
+        tmp_path: Path) -> None:
+    targets = _table_folder(tmp_path, ("cat", "dog", "sky"), binary=True, broken=True)
+    train, _ = open_source("folder", str(tmp_path), (16, 16), 3, mode="memory")
+    assert train.skipped == 1 and train.labels.dtype == torch.float32
+    assert torch.equal(train.labels, torch.from_numpy(targets["train"]))  # bad.png's row gone
+    assert infer_task(train.labels, "multilabel", train.classes).names == ["cat", "dog", "sky"]
+    streamed, _ = open_source("folder", str(tmp_path), (16, 16), 3, mode="stream",
+                              train_limit=3)
+    assert isinstance(streamed, TableRecords) and len(streamed) == 3
+    feed = training_feed(streamed, BatchOrder(3, 3, shuffle=False), InceptionCrop((16, 16)),
+                         3, (16, 16), seed=0, workers=0)
+    (_, images, labels), = list(feed.epoch(0))
+    assert len(images) == 2 and labels.shape == (2, 3)  # bad.png left out, with its targets
+    assert torch.equal(labels, torch.from_numpy(targets["train"][:2]))
+    assert [Path(p).name for p, _ in feed.skipped_files] == ["bad.png"]
+
+
+def _refused(root: Path, train_lines: list[str], val_lines: list[str] | None = None) -> str:
+    _table_folder(root)
+    (root / "train" / "targets.csv").write_text("\n".join(train_lines) + "\n")
+    if val_lines is not None:
+        (root / "val" / "targets.csv").write_text("\n".join(val_lines) + "\n")
+    with pytest.raises(DataError) as caught:
+        open_source("folder", str(root), (16, 16), 3, mode="memory")
+    return str(caught.value)
+
+
+def test_bad_tables_are_refused_by_line_column_and_value(tmp_path: Path) -> None:
+    missing = _refused(tmp_path / "a", ["file,mass,spin", "fields/0.png,1,2",
+                                        "fields/9.png,1,2"])
+    assert "line 3 names 'fields/9.png'" in missing and "does not exist" in missing
+    mixed = _refused(tmp_path / "b", ["file,mass,spin", "fields/0.png,1,2",
+                                      "fields/1.png,heavy,2"])
+    assert "line 3, column 'mass': 'heavy' is not a number" in mixed
+    assert "no `file` column (its header is path,mass)" in _refused(
+        tmp_path / "c", ["path,mass", "fields/0.png,1"])
+    assert "a header but no rows" in _refused(tmp_path / "d", ["file,mass,spin"])
+    other = _refused(tmp_path / "e", ["file,mass,spin", "fields/0.png,1,2"],
+                     ["file,mass,charge", "fields/0.png,1,2"])
+    assert "mass, charge" in other and "mass, spin" in other and "same columns" in other
+    assert "'nan' is not a finite number" in _refused(
+        tmp_path / "f", ["file,mass", "fields/0.png,nan"])
+    assert "has 2 values but the header names 3" in _refused(
+        tmp_path / "g", ["file,mass,spin", "fields/0.png,1"])
+    _table_folder(tmp_path / "h")
+    (tmp_path / "h" / "val" / "targets.csv").unlink()
+    with pytest.raises(DataError, match=r"val has no targets.csv: write one for val/"):
+        open_source("folder", str(tmp_path / "h"), (16, 16), 3, mode="memory")
+
+
+def test_following_the_missing_file_message_works(tmp_path: Path) -> None:
+    message = _refused(tmp_path, ["file,mass,spin", "fields/0.png,1,2", "fields/00.png,2,3"])
+    assert "fix the path (relative to the table's folder)" in message
+    (tmp_path / "train" / "targets.csv").write_text("file,mass,spin\nfields/0.png,1,2\n"
+                                                    "fields/1.png,2,3\n")
+    train, _ = open_source("folder", str(tmp_path), (16, 16), 3, mode="memory")
+    assert train.labels.tolist() == [[1.0, 2.0], [2.0, 3.0]]
