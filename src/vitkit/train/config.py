@@ -14,6 +14,7 @@ from vitkit.data.augment import AugmentConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_fields, check_known_keys, check_value, did_you_mean, parse_text
 from vitkit.runtime import check_device
+from vitkit.tasks import LOSSES, TASKS
 
 LOG_FORMATS = ("csv", "jsonl", "tensorboard")
 # Overrides with keys inside: model.depth=4 (a ViTConfig field), augment.flip=false.
@@ -51,6 +52,10 @@ class TrainConfig:
     train_split: str | None = None
     split: str | None = None
     streaming: bool = False
+    # What the model learns (`vitkit.tasks`): null = from the training targets (integer
+    # classes: classification; float values: regression); "multilabel" for (N, K) 0/1 targets.
+    task: str | None = None  # classification | regression | multilabel
+    loss: str | None = None  # null = the task's; regression: mse | huber | l1
     train_limit: int | None = None  # use only the first N training images (quick runs)
     test_limit: int | None = None
     epochs: float = 10
@@ -114,6 +119,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_fields(self)  # every value has its field's type (epochs=five is refused here)
         self._check_model_keys()
+        self._check_task()
         self._check_augment()
         self._check_length()
         self._check_optimization()
@@ -135,6 +141,22 @@ class TrainConfig:
         if variant is not None and not isinstance(variant, str):
             raise ConfigError(f"model.variant={variant!r} is not valid: it takes a model name "
                               "such as 'Ti/4' or 'B/16'")
+
+    def _check_task(self) -> None:
+        """`task` names a task and `loss` one of its losses (of any task when task is null)."""
+        if self.task is not None and self.task not in TASKS:
+            raise ConfigError(f"task={self.task!r} is not a task: use one of {', '.join(TASKS)} "
+                              "(or leave it unset: it follows the targets)."
+                              + did_you_mean(self.task, list(TASKS)))
+        if self.loss is None:
+            return
+        allowed = LOSSES[self.task] if self.task else tuple(
+            dict.fromkeys(loss for losses in LOSSES.values() for loss in losses))
+        if self.loss not in allowed:
+            fits = f"task={self.task} takes" if self.task else "use one of"
+            raise ConfigError(f"loss={self.loss!r} is not a loss here: {fits} "
+                              f"{', '.join(allowed)} (or leave it unset for the task's "
+                              "default)." + did_you_mean(self.loss, list(allowed)))
 
     def _check_augment(self) -> None:
         """`augment` holds AugmentConfig fields, each of its type and range."""
