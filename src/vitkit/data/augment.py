@@ -40,6 +40,7 @@ __all__ = [
     "random_crop",
     "random_erasing",
     "random_flip",
+    "random_flip_arrays",
     "resize_batch",
     "soft_cross_entropy",
     "trivial_augment",
@@ -153,8 +154,21 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator,
 
 def random_flip(images: torch.Tensor, generator: torch.Generator, p: float = 0.5
                 ) -> torch.Tensor:
-    """Flip each sample horizontally with probability `p` (uint8 pictures or float arrays)."""
-    _check_any_images(images)
+    """Flip each sample of a uint8 batch horizontally with probability `p`."""
+    _check_images(images)
+    return _flip(images, generator, p)
+
+
+def random_flip_arrays(images: torch.Tensor, generator: torch.Generator, p: float = 0.5
+                       ) -> torch.Tensor:
+    """`random_flip` of float arrays (B, C, H, W), any channel count: the same draws."""
+    if not images.is_floating_point() or images.dim() != 4:
+        raise InputError(f"images must be float (B, C, H, W), got {images.dtype} "
+                         f"{tuple(images.shape)}")
+    return _flip(images, generator, p)
+
+
+def _flip(images: torch.Tensor, generator: torch.Generator, p: float) -> torch.Tensor:
     flip = torch.rand(images.shape[0], generator=generator) < p
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
@@ -532,7 +546,8 @@ class BatchAugment:
         if cfg.crop_padding > 0:
             images = random_crop(images, cfg.crop_padding, generator)
         if cfg.flip:
-            images = random_flip(images, generator)
+            flip = random_flip_arrays if images.is_floating_point() else random_flip
+            images = flip(images, generator)
         if cfg.trivial_augment:
             images = trivial_augment(images, generator)
         if cfg.random_erasing > 0:

@@ -119,7 +119,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_fields(self)  # every value has its field's type (epochs=five is refused here)
         self._check_model_keys()
-        self._check_task()
+        check_task(self.task, self.loss)
         self._check_augment()
         self._check_length()
         self._check_optimization()
@@ -141,22 +141,6 @@ class TrainConfig:
         if variant is not None and not isinstance(variant, str):
             raise ConfigError(f"model.variant={variant!r} is not valid: it takes a model name "
                               "such as 'Ti/4' or 'B/16'")
-
-    def _check_task(self) -> None:
-        """`task` names a task and `loss` one of its losses (of any task when task is null)."""
-        if self.task is not None and self.task not in TASKS:
-            raise ConfigError(f"task={self.task!r} is not a task: use one of {', '.join(TASKS)} "
-                              "(or leave it unset: it follows the targets)."
-                              + did_you_mean(self.task, list(TASKS)))
-        if self.loss is None:
-            return
-        allowed = LOSSES[self.task] if self.task else tuple(
-            dict.fromkeys(loss for losses in LOSSES.values() for loss in losses))
-        if self.loss not in allowed:
-            fits = f"task={self.task} takes" if self.task else "use one of"
-            raise ConfigError(f"loss={self.loss!r} is not a loss here: {fits} "
-                              f"{', '.join(allowed)} (or leave it unset for the task's "
-                              "default)." + did_you_mean(self.loss, list(allowed)))
 
     def _check_augment(self) -> None:
         """`augment` holds AugmentConfig fields, each of its type and range."""
@@ -339,6 +323,21 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         check_known_keys(cls, data, "training config")
         return cls(**data)
+
+
+def check_task(task: str | None, loss: str | None) -> None:
+    """`task` names a task and `loss` one of its losses (of any task when task is null)."""
+    if task is not None and task not in TASKS:
+        raise ConfigError(f"task={task!r} is not a task: use one of {', '.join(TASKS)} (or "
+                          "leave it unset: it follows the targets)." + did_you_mean(task, TASKS))
+    if loss is None:
+        return
+    allowed = LOSSES[task] if task else tuple(
+        dict.fromkeys(name for names in LOSSES.values() for name in names))
+    if loss not in allowed:
+        fits = f"task={task} takes" if task else "use one of"
+        raise ConfigError(f"loss={loss!r} is not a loss here: {fits} {', '.join(allowed)} (or "
+                          "leave it unset for the task's default)." + did_you_mean(loss, allowed))
 
 
 def model_config_of(model: str | dict[str, Any] | None) -> ViTConfig:
