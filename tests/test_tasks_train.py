@@ -325,3 +325,17 @@ def test_resuming_with_another_task_is_refused(small_set, tmp_path):
                   resume=tmp_path / "last.pt")
     with pytest.raises(DataError):
         build_run(load_train_config(None, [*overrides, "task=classification"]))
+
+
+def test_a_recipe_file_extends_an_arrays_run_from_the_cli(small_set, tmp_path):
+    """The recipe's model leaves in_chans and num_classes to the data: resuming with it is
+    not refused as another model."""
+    recipe = tmp_path / "field.json"
+    recipe.write_text(json.dumps({"data": "arrays", "data_dir": str(small_set),
+                                  "model": json.loads(TINY), "total_steps": 4,
+                                  "batch_size": 32, "warmup_steps": 1, "progress": False}))
+    out = tmp_path / "run"
+    assert main(["train", str(recipe), "--out", str(out)]) == 0
+    assert main(["train", str(recipe), "total_steps=8", "--resume", str(out)]) == 0
+    state = load_state(out / "last.pt")
+    assert state["position"]["step"] == 8 and state["task"]["kind"] == "regression"
