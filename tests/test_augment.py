@@ -351,8 +351,11 @@ def test_one_normalize_for_training_and_inference() -> None:
     x = noise(2, 3, 4, 4)
     pre = preprocess.Preprocess(img_size=4, mean=(0.1, 0.2, 0.3), std=(0.5, 0.6, 0.7))
     assert torch.equal(pre.normalize(x), normalize(x, pre.mean, pre.std))
-    with pytest.raises(InputError, match="uint8"):
-        normalize(x.float(), pre.mean, pre.std)
+    # float arrays (data=arrays) are normalised in their own units: scale 1, not 255
+    arrays = pre.replace(scale=1)
+    assert torch.allclose(arrays.normalize(x.float() / 255), pre.normalize(x), atol=1e-6)
+    with pytest.raises(InputError, match="uint8 or float"):
+        normalize(x.int(), pre.mean, pre.std)
 
 
 # ------------------------------------------------------------------ pipeline

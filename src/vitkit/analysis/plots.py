@@ -13,9 +13,10 @@ import torch
 
 
 def plot_learning_curve(history: Sequence[dict[str, float]], path: str | Path,
-                        title: str = "") -> Path:
+                        title: str = "", metric: str = "top1") -> Path:
     """Two panels side by side: train and test loss against epochs (left), test top-1 (and EMA
-    top-1) against training minutes (right)."""
+    top-1) against training minutes (right); `metric` "r2" or "map" plots that score of a
+    regression or multi-label run instead."""
     epochs = [row["epoch"] for row in history]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     ax_loss.plot(epochs, [row["train_loss"] for row in history], label="train")
@@ -23,11 +24,17 @@ def plot_learning_curve(history: Sequence[dict[str, float]], path: str | Path,
     ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
     ax_loss.legend()
     minutes = [row["minutes"] for row in history]
-    ax_acc.plot(minutes, [100 * row["top1"] for row in history], marker=".", label="top-1")
-    if any("ema_top1" in row for row in history):
-        ax_acc.plot(minutes, [100 * row.get("ema_top1", float("nan")) for row in history],
-                    label="top-1 (EMA weights)")
-    ax_acc.set(xlabel="training minutes", ylabel="test accuracy (%)", title="test accuracy")
+    percent, name = (100, "top-1") if metric == "top1" else (1, {"r2": "R^2", "map": "mAP"}.get(
+        metric, metric))
+    ax_acc.plot(minutes, [percent * row.get(metric, float("nan")) for row in history],
+                marker=".", label=name)
+    if any(f"ema_{metric}" in row for row in history):
+        ax_acc.plot(minutes, [percent * row.get(f"ema_{metric}", float("nan"))
+                              for row in history], label=f"{name} (EMA weights)")
+    if metric == "top1":
+        ax_acc.set(xlabel="training minutes", ylabel="test accuracy (%)", title="test accuracy")
+    else:
+        ax_acc.set(xlabel="training minutes", ylabel=f"test {name}", title=f"test {name}")
     ax_acc.grid(alpha=0.3)
     ax_acc.legend()
     if title:

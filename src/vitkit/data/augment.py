@@ -1,4 +1,5 @@
-"""Batched data augmentation on uint8 image tensors (B, C, H, W), C = 1 or 3.
+"""Batched data augmentation on uint8 image tensors (B, C, H, W), C = 1 or 3 (flips and
+Mixup/CutMix also take float arrays of any channel count, `data=arrays`).
 
 Every function works on the whole batch with tensor ops (the only Python loops run over a
 handful of op groups, never over samples or pixels) and draws all its randomness from the
@@ -22,9 +23,11 @@ import torch.nn.functional as F
 
 from vitkit.errors import InputError
 from vitkit.preprocess import normalize
+from vitkit.tasks import Task
 
 __all__ = [
     "OPS",
+    "PICTURE_ONLY",
     "AugmentConfig",
     "BatchAugment",
     "MixInfo",
@@ -37,6 +40,7 @@ __all__ = [
     "random_crop",
     "random_erasing",
     "random_flip",
+    "random_flip_arrays",
     "resize_batch",
     "soft_cross_entropy",
     "trivial_augment",
@@ -86,6 +90,13 @@ def _check_images(images: torch.Tensor, name: str = "images") -> None:
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] not in (1, 3):
         raise InputError(f"{name} must be uint8 (B, C, H, W) with C = 1 or 3, got "
                          f"{images.dtype} {tuple(images.shape)}")
+
+
+def _check_any_images(images: torch.Tensor) -> None:
+    """uint8 pictures (C = 1 or 3), or float arrays (B, C, H, W) of any channel count."""
+    if images.is_floating_point() and images.dim() == 4:
+        return
+    _check_images(images)
 
 
 def _to_uint8(x: torch.Tensor) -> torch.Tensor:
@@ -143,8 +154,21 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator,
 
 def random_flip(images: torch.Tensor, generator: torch.Generator, p: float = 0.5
                 ) -> torch.Tensor:
-    """Flip each sample horizontally with probability `p`."""
+    """Flip each sample of a uint8 batch horizontally with probability `p`."""
     _check_images(images)
+    return _flip(images, generator, p)
+
+
+def random_flip_arrays(images: torch.Tensor, generator: torch.Generator, p: float = 0.5
+                       ) -> torch.Tensor:
+    """`random_flip` of float arrays (B, C, H, W), any channel count: the same draws."""
+    if not images.is_floating_point() or images.dim() != 4:
+        raise InputError(f"images must be float (B, C, H, W), got {images.dtype} "
+                         f"{tuple(images.shape)}")
+    return _flip(images, generator, p)
+
+
+def _flip(images: torch.Tensor, generator: torch.Generator, p: float) -> torch.Tensor:
     flip = torch.rand(images.shape[0], generator=generator) < p
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
@@ -489,33 +513,50 @@ class AugmentConfig:
     label_smoothing: float = 0.0
 
 
-class BatchAugment:
-    """Training-time augmentation of a uint8 batch into float images and soft targets.
+# What float arrays (data=arrays) take: no crop padding, colour op or erasing of pixels that
+# are measurements, not a picture; flips only when asked (`float_augment_config`).
+PICTURE_ONLY = ("crop_padding", "trivial_augment", "random_erasing")
 
-    Order: random crop, flip, TrivialAugment, random erasing, normalise, label smoothing,
-    Mixup / CutMix. Erasing runs on uint8 before normalising, so erased pixels are uniform
-    noise over 0..255 in image space.
+
+class BatchAugment:
+    """Training-time augmentation of a batch into float images and float targets.
+
+    Order: random crop, flip, TrivialAugment, random erasing, normalise, the task's targets
+    (classification: one-hot with label smoothing), Mixup / CutMix (which mixes any task's
+    targets). Erasing runs on uint8 before normalising, so erased pixels are uniform noise
+    over 0..255 in image space. Float arrays take flips and Mixup / CutMix only.
     """
 
-    def __init__(self, config: AugmentConfig, num_classes: int) -> None:
+    def __init__(self, config: AugmentConfig, num_classes: int, task: Task | None = None
+                 ) -> None:
         self.config = config
         self.num_classes = num_classes
+        self.task = task  # None: classification
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator,
-                 mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor,
+                 scale: float = 255.0) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
-        _check_images(images)
+        _check_any_images(images)
+        if images.is_floating_point():
+            asked = [name for name in PICTURE_ONLY if getattr(cfg, name)]
+            if asked:
+                raise InputError(f"{', '.join(asked)} augment uint8 pictures, not float "
+                                 "arrays: turn them off for this data")
         if cfg.crop_padding > 0:
             images = random_crop(images, cfg.crop_padding, generator)
         if cfg.flip:
-            images = random_flip(images, generator)
+            flip = random_flip_arrays if images.is_floating_point() else random_flip
+            images = flip(images, generator)
         if cfg.trivial_augment:
             images = trivial_augment(images, generator)
         if cfg.random_erasing > 0:
             images = random_erasing(images, generator, p=cfg.random_erasing)
-        x = normalize(images, mean, std)
-        targets = one_hot_smooth(labels, self.num_classes, cfg.label_smoothing)
+        x = normalize(images, mean, std, scale)
+        if self.task is None:
+            targets = one_hot_smooth(labels, self.num_classes, cfg.label_smoothing)
+        else:
+            targets = self.task.training_targets(labels, self.num_classes, cfg.label_smoothing)
         if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
             x, targets = mixup_cutmix(x, targets, generator, cfg.mixup_alpha, cfg.cutmix_alpha)
         return x, targets

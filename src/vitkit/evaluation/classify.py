@@ -67,6 +67,11 @@ class EvalResult:
         totals = self.confusion.sum(1).clamp(min=1)
         return self.confusion.diag() / totals
 
+    @property
+    def score(self) -> float:
+        """The metric best.pt is chosen by (`vitkit.tasks`: classification's is top-1)."""
+        return self.top1
+
     def as_dict(self) -> dict[str, float]:
         return {"test_loss": self.loss, "top1": self.top1, "top5": self.top5}
 

@@ -1,6 +1,7 @@
 """`vitkit eval`: any weights vitkit reads, evaluated on a data set: top-1, top-5 (printed
 with more than 5 classes), loss, per-class accuracy, the JSON report and a confusion-matrix
-PNG.
+PNG. Weights trained for regression report mae, rmse, r2 and per_output; for multi-label
+classification map, f1 and per_label (`vitkit.tasks`; no confusion matrix or top-k).
 
 Each evaluation keeps its own report, `eval-<data>-<split>[-int8][-mergeR].json` (a later
 evaluation on other data or split, or through another speed path, does not overwrite it);
@@ -19,8 +20,10 @@ from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
 from vitkit.evaluation.classify import evaluate, reports_top_k
 from vitkit.evaluation.splits import data_for, split_to_evaluate
+from vitkit.evaluation.task_eval import evaluate_task
 from vitkit.inference.speedup import speed_up
 from vitkit.report import Report
+from vitkit.tasks import Task, make_task
 from vitkit.weights import build_model
 
 log = logging.getLogger("vitkit.evaluation")
@@ -71,21 +74,36 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
                                  config.in_chans)
-    _check_fits(dataset, config.num_classes, config.in_chans, data)
+    task = make_task(weights.task)
+    if task.kind == "classification":
+        _check_fits(dataset, config.num_classes, config.in_chans, data)
+    else:
+        _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data)
     if tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
+    out_dir = Path(out) if out else default_out_dir(path, weights.path)
+    head = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
+            "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8}
+    speed = "".join([f", int8 ({int8})" if int8 else "",
+                     f", {merge_tokens} tokens merged per layer" if merge_tokens else ""])
+    if task.kind != "classification":
+        scored = evaluate_task(fast, dataset, task, weights.preprocess, batch_size,
+                               image_size=config.img_size)
+        report = {**head, "task": task.kind, "images": scored.count,
+                  "loss": scored.metrics["test_loss"],
+                  **{k: v for k, v in scored.metrics.items() if k != "test_loss"}}
+        return _write_report(report, out_dir, data, split, merge_tokens, int8,
+                             task_lines(task, report, f"{data} {split}, {scored.count} "
+                                                      f"images{speed}"))
     result = evaluate(fast, dataset, config.num_classes, weights.preprocess, batch_size,
                       image_size=config.img_size)
     classes = list(dataset.classes) if len(dataset.classes) == config.num_classes else \
         list(weights.class_names or [f"class {i}" for i in range(config.num_classes)])
-    out_dir = Path(out) if out else default_out_dir(path, weights.path)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_class = {name: round(float(acc), 4) for name, acc in zip(classes, result.per_class,
                                                                  strict=False)}
-    report = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
-              "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8,
-              "images": result.count, "top1": result.top1,
+    report = {**head, "images": result.count, "top1": result.top1,
               "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
               "confusion": result.confusion.tolist()}
     text = json.dumps(report, indent=2) + "\n"
@@ -94,13 +112,61 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     (out_dir / LATEST_REPORT).write_text(text)
     png = plot_confusion(result.confusion, classes, out_dir / "confusion_matrix.png",
                          f"{data} {split}: top-1 {100 * result.top1:.2f}%")
-    speed = "".join([f", int8 ({int8})" if int8 else "",
-                     f", {merge_tokens} tokens merged per layer" if merge_tokens else ""])
     top5 = f"top-5 {100 * result.top5:.2f}%, " if reports_top_k(config.num_classes) else ""
     lines = [f"{data} {split}, {result.count} images{speed}: top-1 {100 * result.top1:.2f}%, "
              f"{top5}loss {result.loss:.4f}", "per-class accuracy:"]
     lines += [f"  {name:<12} {100 * acc:6.2f}%" for name, acc in per_class.items()]
     lines.append(f"wrote {kept} (and {LATEST_REPORT}, the latest) and {png}")
+    return Report("\n".join(lines), report)
+
+
+def _check_targets_fit(dataset: EvaluationFeed, task: Task, outputs: int, in_chans: int,
+                       data: str) -> None:
+    """Regression and multi-label weights: the split's targets must be K values (labels) per
+    image, K the model's outputs."""
+    if dataset.channels != in_chans:
+        raise DataError(f"the {data} images have {dataset.channels} channel(s) but the model "
+                        f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
+    labels = dataset.labels
+    if labels is None:
+        raise DataError(f"{data} is streamed and its targets are known only as it is read: "
+                        f"task={task.kind} weights are evaluated on data held in memory")
+    labels = labels.reshape(len(labels), -1)
+    word = "target(s)" if task.kind == "regression" else "label(s)"
+    if labels.shape[1] != outputs:
+        raise DataError(f"{data} has {labels.shape[1]} {word} per image but the model "
+                        f"predicts {outputs} (task={task.kind}): evaluate on data with "
+                        f"{outputs} {word} per image")
+    if task.kind == "multilabel" and not bool(((labels == 0) | (labels == 1)).all()):
+        raise DataError(f"{data} has targets other than 0 and 1, but the model is multi-label: "
+                        "evaluate on 0/1 label targets")
+
+
+def task_lines(task: Task, report: dict, title: str) -> list[str]:
+    """The printed lines of a regression or multi-label evaluation: the set's metrics, then
+    one line per output (label)."""
+    if task.kind == "regression":
+        lines = [f"{title}: R^2 {report['r2']:.4f}, MAE {report['mae']:.4g}, RMSE "
+                 f"{report['rmse']:.4g}, loss {report['loss']:.4f}", "per output:"]
+        lines += [f"  {name:<12} R^2 {m['r2']:.4f}  MAE {m['mae']:.4g}  RMSE {m['rmse']:.4g}"
+                  for name, m in report["per_output"].items()]
+        return lines
+    lines = [f"{title}: mAP {report['map']:.4f}, F1 {report['f1']:.4f} (at 0.5), loss "
+             f"{report['loss']:.4f}", "per label:"]
+    lines += [f"  {name:<12} AP {m['ap']:.4f}  F1 {m['f1']:.4f}"
+              for name, m in report["per_label"].items()]
+    return lines
+
+
+def _write_report(report: dict, out_dir: Path, data: str, split: str, merge_tokens: int,
+                  int8: str | None, lines: list[str]) -> Report:
+    """Write the kept report and eval.json (the latest); the printed text ends naming them."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(report, indent=2) + "\n"
+    kept = out_dir / eval_report_name(data, split, merge_tokens, int8)
+    kept.write_text(text)
+    (out_dir / LATEST_REPORT).write_text(text)
+    lines.append(f"wrote {kept} (and {LATEST_REPORT}, the latest)")
     return Report("\n".join(lines), report)
 
 

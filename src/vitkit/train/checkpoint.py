@@ -6,7 +6,8 @@ One flat dict (`torch.save`, read with `weights_only=True`): the model part that
 preprocess, classes, weights, model, ema, checksum), and what resuming needs:
 
     optimizer     the optimizer's state dict
-    position      epoch, batch, step, total_steps, best_top1, elapsed (`Position`)
+    position      epoch, batch, step, total_steps, best_score (the best of the task's primary
+                  metric so far: top-1, R^2 or mAP; older files: best_top1), elapsed
     history       one row per evaluation (what metrics.jsonl holds)
     rng           {"torch": the global RNG state, "augment": the augmentation generator's}
     train_config  the run's recipe (`TrainConfig.to_dict()`)
@@ -34,7 +35,7 @@ class Position:
     batch: int = 0
     step: int = 0
     total_steps: int = 0
-    best_top1: float = -1.0
+    best_score: float | None = None  # the task's primary metric at best.pt (None: no best yet)
     elapsed: float = 0.0  # training wall time before this process started
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -56,7 +57,7 @@ class TrainCheckpoint:
             **self.trained.to_state(),
             "optimizer": self.optimizer,
             "position": {"epoch": pos.epoch, "batch": pos.batch, "step": pos.step,
-                         "total_steps": pos.total_steps, "best_top1": pos.best_top1,
+                         "total_steps": pos.total_steps, "best_score": pos.best_score,
                          "elapsed": pos.elapsed},
             "history": pos.history,
             "rng": {"torch": self.torch_rng, "augment": self.augment_rng},
@@ -71,9 +72,18 @@ class TrainCheckpoint:
             pos = state["position"]
             return cls(trained, state["optimizer"],
                        Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
-                                pos["best_top1"], pos["elapsed"], list(state["history"])),
+                                _best_score(pos), pos["elapsed"], list(state["history"])),
                        state["rng"]["torch"], state["rng"]["augment"],
                        state.get("train_config") or {})
+
+
+def _best_score(position: dict[str, Any]) -> float | None:
+    """The best score a checkpoint records; files before tasks kept top-1 as "best_top1",
+    -1 for none yet."""
+    if "best_score" in position:
+        return position["best_score"]
+    best = position["best_top1"]
+    return None if best < 0 else best
 
 
 # -- files ----------------------------------------------------------------------------------------

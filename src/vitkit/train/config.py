@@ -14,6 +14,7 @@ from vitkit.data.augment import AugmentConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_fields, check_known_keys, check_value, did_you_mean, parse_text
 from vitkit.runtime import check_device
+from vitkit.tasks import LOSSES, TASKS
 
 LOG_FORMATS = ("csv", "jsonl", "tensorboard")
 # Overrides with keys inside: model.depth=4 (a ViTConfig field), augment.flip=false.
@@ -51,6 +52,10 @@ class TrainConfig:
     train_split: str | None = None
     split: str | None = None
     streaming: bool = False
+    # What the model learns (`vitkit.tasks`): null = from the training targets (integer
+    # classes: classification; float values: regression); "multilabel" for (N, K) 0/1 targets.
+    task: str | None = None  # classification | regression | multilabel
+    loss: str | None = None  # null = the task's; regression: mse | huber | l1
     train_limit: int | None = None  # use only the first N training images (quick runs)
     test_limit: int | None = None
     epochs: float = 10
@@ -114,6 +119,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_fields(self)  # every value has its field's type (epochs=five is refused here)
         self._check_model_keys()
+        check_task(self.task, self.loss)
         self._check_augment()
         self._check_length()
         self._check_optimization()
@@ -317,6 +323,21 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         check_known_keys(cls, data, "training config")
         return cls(**data)
+
+
+def check_task(task: str | None, loss: str | None) -> None:
+    """`task` names a task and `loss` one of its losses (of any task when task is null)."""
+    if task is not None and task not in TASKS:
+        raise ConfigError(f"task={task!r} is not a task: use one of {', '.join(TASKS)} (or "
+                          "leave it unset: it follows the targets)." + did_you_mean(task, TASKS))
+    if loss is None:
+        return
+    allowed = LOSSES[task] if task else tuple(
+        dict.fromkeys(name for names in LOSSES.values() for name in names))
+    if loss not in allowed:
+        fits = f"task={task} takes" if task else "use one of"
+        raise ConfigError(f"loss={loss!r} is not a loss here: {fits} {', '.join(allowed)} (or "
+                          "leave it unset for the task's default)." + did_you_mean(loss, allowed))
 
 
 def model_config_of(model: str | dict[str, Any] | None) -> ViTConfig:

@@ -1,7 +1,9 @@
-"""A run's data, through vitkit.data: the sources opened, the head sized to the classes found,
-the checks that the model can take them, the batch order, and the feeds that give the loop its
-batches (in memory, or records decoded by DataLoader workers). Every call into the data API
-that setting up a run makes is here, so a new data door swaps in at one place."""
+"""A run's data, through vitkit.data: the sources opened, the task decided from the training
+targets (`vitkit.tasks.infer_task`), the head sized to the classes or targets found (and, for
+data=arrays, the input channels), the checks that the model can take them, the augmentation
+the data and task allow, the batch order, and the feeds that give the loop its batches (in
+memory, or records decoded by DataLoader workers). Every call into the data API that setting
+up a run makes is here, so a new data door swaps in at one place."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from vitkit.config import ViTConfig
-from vitkit.data.augment import AugmentConfig
+from vitkit.data.augment import PICTURE_ONLY, AugmentConfig
 from vitkit.data.dataset import DataError
 from vitkit.data.feeds import (
     EvaluationFeed,
@@ -27,6 +30,7 @@ from vitkit.data.sources import Records, open_source
 from vitkit.data.transforms import InceptionCrop
 from vitkit.errors import ConfigError
 from vitkit.preprocess import Preprocess
+from vitkit.tasks import TaskSpec, infer_task
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistInfo
 
@@ -52,19 +56,55 @@ class TrainingData:
 
 
 def open_data(cfg: TrainConfig, config: ViTConfig, out_dir: Path, info: DistInfo,
-              train: Source | None = None, test: Source | None = None
-              ) -> tuple[Source, Source, ViTConfig]:
-    """The run's train and test data (`train`/`test` when given, else the config's source)
-    and the model config with its head sized to them. In memory, every image that could not
-    be read is named in the run folder at once."""
+              train: Source | None = None, test: Source | None = None,
+              saved_task: TaskSpec | None = None
+              ) -> tuple[Source, Source, ViTConfig, TaskSpec]:
+    """The run's train and test data (`train`/`test` when given, else the config's source),
+    its task (`saved_task`: a resumed run's own) and the model config with its head (and,
+    for data=arrays, its input channels) sized to them. In memory, every image that could
+    not be read is named in the run folder at once."""
     if train is None or test is None:
         train, test = open_source(cfg.data, cfg.data_dir, config.img_size, config.in_chans,
                                   cfg.train_limit, cfg.test_limit, cfg.data_mode,
                                   cfg.train_split, cfg.split, cfg.streaming, cfg.workers)
-    config = size_head_to_folder(cfg, config, train)
+    task = decide_task(cfg, train, saved_task)
+    if task.kind == "classification":
+        config = size_head_to_folder(cfg, config, train)
+    else:
+        config = size_head_to_targets(cfg, config, train, task)
+    config = channels_from_arrays(cfg, config, train)
     if info.is_main and not train.streamed:
         write_skipped_files(out_dir, train, test)
-    return train, test, config
+    return train, test, config, task
+
+
+def decide_task(cfg: TrainConfig, train: Source, saved: TaskSpec | None = None) -> TaskSpec:
+    """The run's task, decided once from the training targets: `cfg.task` (None: inferred)
+    and `cfg.loss` checked against them; regression gets the targets' mean and std. A
+    resumed run keeps its checkpoint's task exactly; a stream whose labels are known only as
+    it is read is classification."""
+    if saved is not None:
+        for key, value in (("task", saved.kind), ("loss", saved.loss)):
+            asked = getattr(cfg, key)
+            if asked is not None and asked != value:
+                raise ConfigError(f"{key}={asked} but the checkpoint was trained with {key}="
+                                  f"{value}: resume with {key}={value} (or start a new run)")
+        return saved
+    names = list(train.classes) or None
+    if train.labels is None:
+        if cfg.task not in (None, "classification"):
+            raise ConfigError(f"task={cfg.task} needs targets known before training, but "
+                              f"streaming=true reads {cfg.data} as it trains: drop streaming "
+                              "(or train task=classification)")
+        return TaskSpec("classification", names=names, loss=cfg.loss)
+    return infer_task(train.labels, cfg.task, names=names,
+                      where=f"the training targets of {train.name or cfg.data}", loss=cfg.loss)
+
+
+def target_count(train: Source) -> int:
+    """The targets (or labels) per image of regression or multi-label data: K of (N, K)."""
+    labels = torch.as_tensor(train.labels)
+    return int(labels.reshape(len(labels), -1).shape[1])
 
 
 def class_count(train: Source) -> int:
@@ -72,17 +112,30 @@ def class_count(train: Source) -> int:
     return len(train.classes) or int(train.labels.max()) + 1
 
 
-def check_data_fits(config: ViTConfig, train: Source, resize: bool = False) -> None:
+def output_count(train: Source, task: TaskSpec) -> int:
+    """Outputs of a new head for `train` and its task: classes, targets or labels."""
+    return class_count(train) if task.kind == "classification" else target_count(train)
+
+
+def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
+                    task: TaskSpec | None = None) -> None:
     """Refuse data the model cannot take, naming the fix (`resize`: images of another size
     are resized to the model's, as when fine-tuning at a higher resolution). Streamed records
     are decoded to the model's channels and size, so only their labels are checked."""
     if train.labels is None:
         return  # a stream's labels are only known as it is read (its classes size the head)
     labels = torch.as_tensor(train.labels)
-    top = int(labels.max())
-    if top >= config.num_classes or int(labels.min()) < 0:
-        raise DataError(f"labels run from {int(labels.min())} to {top} but the head has "
-                        f"{config.num_classes} outputs: set model.num_classes={top + 1}")
+    if task is not None and task.kind != "classification":
+        count = target_count(train)
+        if count != config.num_classes:
+            raise DataError(f"the data has {count} {_outputs_word(task)} per image but the "
+                            f"head has {config.num_classes} outputs: set "
+                            f"model.num_classes={count}")
+    else:
+        top = int(labels.max())
+        if top >= config.num_classes or int(labels.min()) < 0:
+            raise DataError(f"labels run from {int(labels.min())} to {top} but the head has "
+                            f"{config.num_classes} outputs: set model.num_classes={top + 1}")
     if train.streamed:
         return
     if train.channels != config.in_chans:
@@ -94,16 +147,27 @@ def check_data_fits(config: ViTConfig, train: Source, resize: bool = False) -> N
                         f"model.img_size={list(train.image_size)} (or resize the data)")
 
 
+def _outputs_word(task: TaskSpec) -> str:
+    return {"regression": "target(s)", "multilabel": "label(s)"}.get(task.kind, "class(es)")
+
+
+def _set_in_model(cfg: TrainConfig, key: str) -> bool:
+    """Whether the recipe's `model` dict sets `key` itself (else it follows the data)."""
+    return isinstance(cfg.model, dict) and key in cfg.model
+
+
 def size_head_to_folder(cfg: TrainConfig, config: ViTConfig, train: Source) -> ViTConfig:
-    """A fresh run on `data=folder` or `data=hf:...`: the head has one output per class found.
-    A `model.num_classes` set to another number is refused; left unset (a variant name, or a
-    model dict without it), the head is sized from the data."""
-    found = len(train.classes)
-    named_classes = cfg.data == "folder" or cfg.data.startswith("hf:")
+    """A fresh run on `data=folder`, `data=hf:...` or `data=arrays`: the head has one output
+    per class found (arrays: the largest label + 1). A `model.num_classes` set to another
+    number is refused; left unset (a variant name, or a model dict without it), the head is
+    sized from the data."""
+    named_classes = cfg.data in ("folder", "arrays") or cfg.data.startswith("hf:")
+    found = len(train.classes) or (class_count(train) if cfg.data == "arrays" else 0)
     if not named_classes or cfg.init_from or not found or config.num_classes == found:
         return config
-    if isinstance(cfg.model, dict) and "num_classes" in cfg.model:
-        shown = ", ".join(train.classes[:5]) + (", ..." if found > 5 else "")
+    if _set_in_model(cfg, "num_classes"):
+        names = list(train.classes) or [str(i) for i in range(found)]
+        shown = ", ".join(names[:5]) + (", ..." if found > 5 else "")
         raise ConfigError(f"model.num_classes={config.num_classes} but the data "
                           f"{cfg.data_dir or cfg.data} holds {found} classes ({shown}): set "
                           f"model.num_classes={found} (or use a recipe whose model leaves "
@@ -112,14 +176,77 @@ def size_head_to_folder(cfg: TrainConfig, config: ViTConfig, train: Source) -> V
     return config.replace(num_classes=found)
 
 
-def augment_config(cfg: TrainConfig, streamed: bool) -> AugmentConfig:
+def size_head_to_targets(cfg: TrainConfig, config: ViTConfig, train: Source,
+                         task: TaskSpec) -> ViTConfig:
+    """Regression and multi-label runs: the head has one output per target (label), K of
+    the (N, K) targets, as a folder's classes size a classification head. A conflicting
+    `model.num_classes` is refused; fine-tuning replaces the head (`init_from`)."""
+    found = target_count(train)
+    if cfg.init_from or config.num_classes == found:
+        return config
+    word = _outputs_word(task)
+    if _set_in_model(cfg, "num_classes"):
+        names = task.names or [str(i) for i in range(found)]
+        shown = ", ".join(names[:5]) + (", ..." if found > 5 else "")
+        raise ConfigError(f"model.num_classes={config.num_classes} but task={task.kind} on "
+                          f"{cfg.data_dir or cfg.data} has {found} {word} per image ({shown}): "
+                          f"set model.num_classes={found} (or leave model.num_classes unset, "
+                          "and the head is sized from the data)")
+    log.info("task=%s: %d %s per image, the head has %d outputs", task.kind, found, word, found)
+    return config.replace(num_classes=found)
+
+
+def channels_from_arrays(cfg: TrainConfig, config: ViTConfig, train: Source) -> ViTConfig:
+    """data=arrays: a fresh model takes the arrays' channels (a model dict that sets
+    `in_chans` to another number is refused, naming the data's)."""
+    if cfg.data != "arrays" or cfg.init_from or train.channels == config.in_chans:
+        return config
+    if _set_in_model(cfg, "in_chans"):
+        raise DataError(f"model.in_chans={config.in_chans} but the arrays in {cfg.data_dir} "
+                        f"have {train.channels} channel(s): set model.in_chans="
+                        f"{train.channels} (or leave it unset: data=arrays sizes it from the "
+                        "data)")
+    log.info("data=arrays: %d input channel(s)", train.channels)
+    return config.replace(in_chans=train.channels)
+
+
+def holds_float_images(train: Source) -> bool:
+    """Whether `train` holds float arrays (data=arrays) rather than 8-bit pictures."""
+    images = None if train.streamed else getattr(train, "images", None)
+    if images is None:
+        return False
+    if isinstance(images, torch.Tensor):
+        return images.is_floating_point()
+    return np.issubdtype(np.asarray(images[:0]).dtype, np.floating)
+
+
+def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = None,
+                   float_images: bool = False) -> AugmentConfig:
     """The batched augmentation; on streamed data the Inception crop replaces the padded
-    random crop."""
+    random crop. Float arrays take flips (only when asked) and Mixup/CutMix: crop padding,
+    TrivialAugment and random erasing are off, and refused by name when set. Label smoothing
+    is for classification only."""
     augment = AugmentConfig(**cfg.augment)
     if streamed and augment.crop_padding:
         if "crop_padding" in cfg.augment:
             log.info("streamed data: the Inception crop replaces augment.crop_padding")
         augment = replace(augment, crop_padding=0)
+    if task is not None and task.kind != "classification" and augment.label_smoothing:
+        raise ConfigError(f"augment.label_smoothing={augment.label_smoothing} is for "
+                          f"classification (it softens one-hot class targets); task="
+                          f"{task.kind} has {_outputs_word(task)} to fit as they are: drop "
+                          "augment.label_smoothing (or set it to 0)")
+    if float_images:
+        refused = [f"augment.{key}={cfg.augment[key]}" for key in PICTURE_ONLY
+                   if cfg.augment.get(key)]
+        if refused:
+            raise ConfigError(f"{', '.join(refused)}: data={cfg.data} holds float arrays "
+                              "(measurements, not 8-bit pictures), which take no crop "
+                              "padding, TrivialAugment colour ops or random erasing: drop "
+                              f"{'it' if len(refused) == 1 else 'them'} (float arrays take "
+                              "augment.flip=true and augment.mixup_alpha / cutmix_alpha)")
+        augment = replace(augment, crop_padding=0, trivial_augment=False, random_erasing=0.0,
+                          flip=bool(cfg.augment.get("flip", False)))
     return augment
 
 

@@ -4,9 +4,10 @@
 EMA, plan, resume) and runs `run_loop`: for each epoch, for each batch, the learning rate
 from the schedule and one optimisation step (`vitkit.train.step`); a diverging step stops
 the run (or is skipped); the time budget is timed and fitted (`vitkit.train.budget`); at the
-end of an epoch (or of the run, or when it stops early) an evaluation, a metrics row and
-best.pt on a new best, then last.pt. SIGINT/SIGTERM save last.pt and stop; the CLI exits
-128 + the signal.
+end of an epoch (or of the run, or when it stops early) an evaluation of the task's metrics
+(classification top-1/top-5; regression mae/rmse/r2; multi-label map/f1), a metrics row and
+best.pt on a new best of the task's primary metric, then last.pt. SIGINT/SIGTERM save last.pt
+and stop; the CLI exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitkit.evaluation.classify import evaluate, reports_top_k
+from vitkit.evaluation.classify import reports_top_k
+from vitkit.evaluation.task_eval import evaluate_for_task
 from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import barrier, broadcast_flag, cleanup
@@ -40,6 +42,7 @@ class TrainResult:
     stopped_early: str = ""
     is_main: bool = True
     num_classes: int = 0  # the model's outputs (top-5 is reported only with more than 5)
+    task: str = "classification"  # which scores `format` prints
 
     def format(self) -> str:
         """What `vitkit train` prints: one line on how the run ended, and where its files are.
@@ -61,6 +64,8 @@ class TrainResult:
                 f"{self._scores()}, {self.final['minutes']:.1f} min{reason}\n{files}")
 
     def _scores(self) -> str:
+        if self.task != "classification":
+            return task_scores(self.final)
         informative = not self.num_classes or reports_top_k(self.num_classes)
         top5 = f", top-5 {100 * self.final['top5']:.2f}%" \
             if "top5" in self.final and informative else ""
@@ -92,7 +97,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None,
 def run_loop(run: Run) -> TrainResult:
     """Train `run` to its last step, or until it stops early."""
     cfg, pos, info, clock, stop = run.cfg, run.position, run.info, run.clock, run.stop
-    recorder = MetricsRecorder(run.out_dir, cfg.log, pos.history) if info.is_main else None
+    recorder = MetricsRecorder(run.out_dir, cfg.log, pos.history,
+                               run.task.primary_metric) if info.is_main else None
     stop.catch_signals()
     clock.start(pos)
     schedule = SCHEDULES[cfg.schedule]
@@ -170,7 +176,7 @@ def run_loop(run: Run) -> TrainResult:
             recorder.close()
         cleanup(info)
     return TrainResult(run.out_dir, pos, final, stop.reason, info.is_main,
-                       run.model.config.num_classes)
+                       run.model.config.num_classes, run.task.kind)
 
 
 def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
@@ -178,15 +184,18 @@ def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
     """Evaluate the model (and the EMA), log a row, and save best.pt on a new best.
 
     Which weights the checkpoints hold is decided here, once: the EMA's when they scored
-    better than the raw model's at this evaluation, else the raw ones.
+    better than the raw model's at this evaluation (the task's primary metric: top-1, R^2 or
+    mAP), else the raw ones.
     """
-    cfg, pos = run.cfg, run.position
+    cfg, pos, task = run.cfg, run.position, run.task
+    primary = task.primary_metric
     size = tuple(run.model.config.img_size)
 
     def score(model):
-        return evaluate(model, run.data.evaluation, run.model.config.num_classes,
-                        run.preprocess, cfg.eval_batch_size, run.device, run.info,
-                        run.amp_dtype, size, run.stop.signalled)
+        return evaluate_for_task(model, run.data.evaluation, run.task,
+                                 run.model.config.num_classes, run.preprocess,
+                                 cfg.eval_batch_size, run.device, run.info, run.amp_dtype, size,
+                                 run.stop.signalled)
 
     result = score(run.model)
     if result.interrupted:  # SIGINT/SIGTERM mid-evaluation: no row, the run stops
@@ -203,20 +212,33 @@ def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
         ema_result = score(run.ema.module)
         if ema_result.interrupted:
             return {}
-        row["ema_top1"] = ema_result.top1
+        row[f"ema_{primary}"] = ema_result.score
     pos.history.append(row)
-    run.scored_weights = "ema" if row.get("ema_top1", -1.0) > row["top1"] else "raw"
-    top1 = max(row["top1"], row.get("ema_top1", -1.0))
-    if top1 > pos.best_top1:
-        pos.best_top1 = top1
+    ema_won = run.ema is not None and task.better(row[f"ema_{primary}"], row[primary])
+    run.scored_weights = "ema" if ema_won else "raw"
+    best = row[f"ema_{primary}"] if ema_won else row[primary]
+    if task.better(best, pos.best_score):
+        pos.best_score = best
         run.save("best")
     if recorder is not None:
         recorder.write(row, pos.history)
+        if task.kind != "classification":
+            log.info("epoch %.2f  loss %.4f  %s  %.0f img/s", row["epoch"], row["train_loss"],
+                     task_scores(row), row["images_per_s"])
+            return row
         top5 = f"  top-5 {100 * row['top5']:.2f}%" if reports_top_k(
             run.model.config.num_classes) else ""
         log.info("epoch %.2f  loss %.4f  test top-1 %.2f%%%s  %.0f img/s", row["epoch"],
                  row["train_loss"], 100 * row["top1"], top5, row["images_per_s"])
     return row
+
+
+def task_scores(row: dict[str, float]) -> str:
+    """A regression or multi-label evaluation in words: "test R^2 0.9312, MAE 0.0412, RMSE
+    0.0533" or "test mAP 0.9120, F1 0.8571"."""
+    if "r2" in row:
+        return f"test R^2 {row['r2']:.4f}, MAE {row['mae']:.4g}, RMSE {row['rmse']:.4g}"
+    return f"test mAP {row['map']:.4f}, F1 {row['f1']:.4f}"
 
 
 def _progress_bar(run: Run, per_epoch: int):

@@ -22,8 +22,9 @@ class MetricsRecorder:
     """
 
     def __init__(self, out_dir: Path, formats: Sequence[str],
-                 history: Sequence[dict[str, float]] = ()) -> None:
+                 history: Sequence[dict[str, float]] = (), metric: str = "top1") -> None:
         self.out_dir = Path(out_dir)
+        self.metric = metric  # the score the curve plots: top1, r2 or map
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.formats = set(formats)
         self._restart_from(list(history))
@@ -46,7 +47,7 @@ class MetricsRecorder:
             for key, value in row.items():
                 if key not in ("epoch", "step"):
                     self._writer.add_scalar(key, value, int(row["step"]))
-        plot_learning_curve(history, self.out_dir / "learning_curve.png")
+        plot_learning_curve(history, self.out_dir / "learning_curve.png", metric=self.metric)
 
     def _restart_from(self, history: list[dict[str, float]]) -> None:
         """metrics.jsonl (and .csv) hold exactly `history`, what the checkpoint knows."""

@@ -32,9 +32,9 @@ def check_resumable(state: TrainCheckpoint, path: str | Path, cfg: TrainConfig,
 def check_recipe_resumable(recipe: dict[str, Any], path: str | Path) -> None:
     """Before a recipe's own checks (a warmup longer than the run, ...): refuse a checkpoint
     trained with another optimizer or model than `recipe` (a dict of training keys) names,
-    which is the real problem when both are wrong. The head, sized from the data, is compared
-    once the data is open (`check_resumable`); a fine-tuning recipe (`init_from`) takes the
-    model from the checkpoint."""
+    which is the real problem when both are wrong. The head (and for data=arrays the input
+    channels), sized from the data, is compared once the data is open (`check_resumable`); a
+    fine-tuning recipe (`init_from`) takes the model from the checkpoint."""
     if recipe.get("init_from"):
         return
     state = read_checkpoint(path)
@@ -43,7 +43,12 @@ def check_recipe_resumable(recipe: dict[str, Any], path: str | Path) -> None:
         config = model_config_of(recipe.get("model", TrainConfig.model))
     except (ConfigError, TypeError, ValueError):
         return  # TrainConfig names what is wrong with the model
-    check_same_model(state, path, config.replace(num_classes=state.trained.config.num_classes))
+    saved = state.trained.config
+    config = config.replace(num_classes=saved.num_classes)
+    model = recipe.get("model")
+    if recipe.get("data") == "arrays" and not (isinstance(model, dict) and "in_chans" in model):
+        config = config.replace(in_chans=saved.in_chans)  # data=arrays sizes the input too
+    check_same_model(state, path, config)
 
 
 def check_same_optimizer(state: TrainCheckpoint, path: str | Path, optimizer: str) -> None:

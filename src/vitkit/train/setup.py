@@ -3,9 +3,10 @@
 In order: the device (and the process group under torchrun); the model's config, from the
 recipe, from pretrained weights (`init_from`), or from the run's checkpoint when a
 fine-tuning run resumes; a check that the run fits in memory, before anything is allocated;
-the data, with the head sized to it; the model; the preprocessing; optimizer, EMA and
-augmentation; the feeds and the plan; the checkpoint's state on resume (re-planned when the
-length changed); the training step (DDP, compile).
+the data and the task its targets imply (a resumed run's own), with the head sized to them;
+the model; the preprocessing (float arrays: their per-channel statistics); optimizer, EMA
+and the augmentation the data and task allow; the feeds and the plan; the checkpoint's state
+on resume (re-planned when the length changed); the training step (DDP, compile).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from vitkit.data.augment import BatchAugment
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.runtime import check_device, configure_cpu
+from vitkit.tasks import Task, make_task
 from vitkit.train.budget import BudgetClock
 from vitkit.train.checkpoint import Position, TrainCheckpoint, read_checkpoint, write
 from vitkit.train.compiling import CompileClock
@@ -30,16 +32,17 @@ from vitkit.train.data import (
     TrainingData,
     augment_config,
     check_data_fits,
-    class_count,
     feed_data,
+    holds_float_images,
     open_data,
+    output_count,
 )
 from vitkit.train.distributed import DistInfo, init_distributed
 from vitkit.train.finetune import config_from_run, pretrained_model, read_init, target_config
 from vitkit.train.memory import check_fits_in_memory
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import RunPlan
-from vitkit.train.preprocessing import run_preprocess
+from vitkit.train.preprocessing import channel_stats, run_preprocess
 from vitkit.train.resume import check_resumable, replan_if_length_changed, restore
 from vitkit.train.step import TrainStep
 from vitkit.train.stopping import StopRequest
@@ -69,6 +72,7 @@ class Run:
     clock: BudgetClock
     stop: StopRequest = field(default_factory=StopRequest)
     scored_weights: str = "raw"  # "ema" while the EMA scored better at the last evaluation
+    task: Task = field(default_factory=make_task)  # what the head learns (vitkit.tasks)
 
     @property
     def out_dir(self) -> Path:
@@ -87,7 +91,7 @@ class Run:
             preprocess=self.preprocess, class_names=list(self.data.class_names),
             model=self.model.state_dict(),
             ema=self.ema.state_dict() if self.ema is not None else None,
-            weights=self.scored_weights)
+            weights=self.scored_weights, task=self.task.spec)
         return TrainCheckpoint(
             trained, optimizer=self.optimizer.state_dict(),
             position=replace(pos, elapsed=self.clock.used(pos)),
@@ -110,21 +114,24 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     config, init, saved_pre = model_source(cfg, state)
     check_fits_in_memory(config, cfg.batch_size, cfg.accum_steps, device,
                          info.world_size)  # before the data and model are made
-    train, test, config = open_data(cfg, config, Path(cfg.out_dir), info, train_data, test_data)
+    train, test, config, spec = open_data(cfg, config, Path(cfg.out_dir), info, train_data,
+                                          test_data, state.trained.task if state else None)
+    task = make_task(spec)
     torch.manual_seed(cfg.seed)
     if init is not None:
-        model = pretrained_model(init, cfg, class_count(train)).to(device)
+        model = pretrained_model(init, cfg, output_count(train, spec)).to(device)
         config = model.config
     else:
         model = VisionTransformer(config).to(device)
-    check_data_fits(config, train, resize=bool(cfg.init_from))
-    streamed = train.streamed
+    check_data_fits(config, train, resize=bool(cfg.init_from), task=spec)
+    streamed, float_images = train.streamed, holds_float_images(train)
     preprocess = run_preprocess(cfg, config, init.preprocess if init is not None else saved_pre,
-                                streamed)
+                                streamed, float_stats(train, state) if float_images else None)
     optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.betas,
                                 cfg.momentum)
     ema = make_ema(model, cfg.ema_decay)
-    augment = BatchAugment(augment_config(cfg, streamed), config.num_classes)
+    augment = BatchAugment(augment_config(cfg, streamed, spec, float_images),
+                           config.num_classes, task)
     generator = torch.Generator().manual_seed(cfg.seed)
     data = feed_data(cfg, train, test, config, preprocess, info, device)
     plan = RunPlan.create(config, data.order.batches_per_epoch(), cfg.epochs, cfg.total_steps,
@@ -139,10 +146,22 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     amp = amp_dtype(cfg.amp, device)
     step = TrainStep(cfg, model, ema, optimizer, augment, generator, preprocess, plan, info,
                      device, amp, compile_clock, global_batches=data.feed.global_batches,
-                     trained_size=tuple(model.config.img_size) if position.step else None)
+                     trained_size=tuple(model.config.img_size) if position.step else None,
+                     task=task)
     clock = BudgetClock(cfg.time_budget, cfg.eval_every, plan, compile_clock)
     return Run(cfg, info, device, model, ema, optimizer, generator, preprocess, data, plan,
-               position, step, amp, compile_clock, clock, scored_weights=scored_weights)
+               position, step, amp, compile_clock, clock, scored_weights=scored_weights,
+               task=task)
+
+
+def float_stats(train: Source, state: TrainCheckpoint | None
+                ) -> tuple[list[float], list[float]]:
+    """The per-channel mean and std float arrays are normalised with: the training images'
+    (`channel_stats`), or on resume the ones the run trained with, exactly."""
+    if state is not None and state.trained.preprocess.scale == 1:
+        saved = state.trained.preprocess
+        return list(saved.mean), list(saved.std)
+    return channel_stats(train)
 
 
 def pick_device(name: str) -> torch.device:

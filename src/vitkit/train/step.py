@@ -3,7 +3,7 @@
 Augment; move the model to the step's resolution (progressive resizing: the optimizer's
 moments of learned positions are resampled with them); resize, or resize and random-crop;
 shard an in-memory batch across ranks; micro-batches with gradient accumulation under
-autocast: loss, backward; clip; check that loss and gradients are finite on every rank
+autocast: the task's loss, backward; clip; check that loss and gradients are finite on every rank
 before anything is updated; the optimizer step; the EMA.
 """
 
@@ -18,11 +18,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 
-from vitkit.data.augment import BatchAugment, resize_batch, soft_cross_entropy
+from vitkit.data.augment import BatchAugment, resize_batch
 from vitkit.data.loader import shard
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
+from vitkit.tasks import Task, make_task
 from vitkit.train.checkpoint import Position
 from vitkit.train.compiling import CompileClock, compile_for_training
 from vitkit.train.config import TrainConfig
@@ -62,6 +63,7 @@ class TrainStep:
     global_batches: bool
     # the resolution the last step trained at (progressive resizing only moves up)
     trained_size: tuple[int, int] | None = None
+    task: Task = field(default_factory=make_task)  # its loss (classification: soft CE)
     train_model: nn.Module = field(init=False)
 
     def __post_init__(self) -> None:
@@ -73,7 +75,7 @@ class TrainStep:
         if len(labels) == 0:  # every record of a streamed batch was unreadable
             return StepOutcome(0.0, 0.0, updated=False)
         images, targets = self.augment(images, labels, self.generator, self.preprocess.mean,
-                                       self.preprocess.std)
+                                       self.preprocess.std, self.preprocess.scale)
         size = self.plan.resolution_at(position.step, position.total_steps)
         last = self.trained_size
         if last is not None and size[0] * size[1] < last[0] * last[1]:
@@ -116,7 +118,7 @@ class TrainStep:
             sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
             with sync, torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
                                       enabled=self.amp_dtype is not None):
-                loss = soft_cross_entropy(self.train_model(x).float(), y)
+                loss = self.task.loss(self.train_model(x).float(), y)
                 (loss * len(x) / len(images)).backward()
             total += loss.item() * len(x)
         self.compile_clock.stop()

@@ -46,11 +46,12 @@ def read_local(path: str | Path, source_img_size: Size | None = None, *,
 def save_pretrained(model: VisionTransformer, directory: str | Path,
                     preprocess: Preprocess | None = None,
                     class_names: list[str] | None = None) -> Path:
-    """Write vitkit's format: model.safetensors + config.json (config, preprocessing, classes)."""
+    """Write vitkit's format: model.safetensors + config.json (config, preprocessing, classes,
+    the task `model.task` the weights were trained for)."""
     class_names = class_names if class_names is not None else model.class_names
     return formats.vitkit.write(model.state_dict(), model.config,
                                 preprocess or preprocess_for(model), directory, class_names,
-                                model.weights_kind)
+                                model.weights_kind, getattr(model, "task", None))
 
 
 __all__ = ["ORIGINS", "POS_INTERPOLATIONS", "WeightsRecord", "build_model",

@@ -1,7 +1,8 @@
 """`WeightsRecord`: weights read from disk, as every reader returns them.
 
 A record is a model config, a vitkit state dict that fits it, the `Preprocess` its inputs
-need, the class names when the file names them, where it came from (`origin`) and which
+need, the class names when the file names them, the task it was trained for (`TaskSpec`;
+None: classification), where it came from (`origin`) and which
 weights of a run these are (`weights`). `build_model` turns one into a model;
 `vitkit.weights.formats` holds one adapter per file format that reads (and writes) them.
 """
@@ -17,6 +18,7 @@ import torch
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.preprocess import Preprocess
+from vitkit.tasks import TaskSpec
 
 # `WeightsRecord.origin`: every value, and the reader that sets it. The default
 # position-embedding resampling follows the origin (`vitkit.weights.resampling`).
@@ -48,6 +50,9 @@ class WeightsRecord:
     extra: dict[str, Any] = field(default_factory=dict)  # "train_config" of training files
     weights: str = "raw"  # one of WEIGHT_KINDS
     path: Path | None = None  # the file the tensors were read from
+    # what the weights were trained for (kind, output names, loss, target standardisation);
+    # None: classification, as every format but vitkit's own stores
+    task: TaskSpec | None = None
 
     def __post_init__(self) -> None:
         if self.origin not in ORIGINS:

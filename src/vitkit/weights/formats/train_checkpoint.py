@@ -7,7 +7,10 @@ A training checkpoint is one flat dict written with `torch.save` (atomically) an
     format        "vitkit-train-2" ("vitkit-train-1" files still read and resume)
     model_config  the model config at the resolution the tensors have
     preprocess    `Preprocess.to_dict()`, at the run's final resolution (v1: img_size/mean/std)
-    classes       class names of the training data
+    classes       class names of the training data (regression / multi-label: the target or
+                  label names)
+    task          `TaskSpec.to_dict()`: the task, its loss and target standardisation
+                  (absent or None in older files: classification)
     weights       "raw" or "ema": which weights scored at the last evaluation; the record
                   (`TrainedWeights.record`) holds those
     model, ema    the raw weights and the `AveragedModel` state (EMA off: None)
@@ -32,6 +35,7 @@ import torch
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError, VitkitError
 from vitkit.preprocess import Preprocess
+from vitkit.tasks import TaskSpec
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import Found
@@ -53,6 +57,7 @@ class TrainedWeights:
     ema: dict[str, Any] | None
     weights: str = "raw"
     format: str = FORMAT
+    task: TaskSpec | None = None  # None: classification (files written before tasks)
 
     def scored_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights `weights` names: the raw ones, or the EMA's averaged ones."""
@@ -75,14 +80,16 @@ class TrainedWeights:
                              self.preprocess.replace(img_size=list(self.config.img_size)),
                              "vitkit-train", list(self.class_names) or None,
                              extra={"train_config": train_config or {}}, weights=self.weights,
-                             path=path)
+                             path=path, task=self.task)
 
     def to_state(self) -> dict[str, Any]:
         """The model part's entries of the file, in the file's order (the checksum, which
         comes last, is `checksum()`)."""
         return {"format": FORMAT, "model_config": self.config.to_dict(),
                 "preprocess": self.preprocess.to_dict(), "classes": list(self.class_names),
-                "weights": self.weights, "model": self.model, "ema": self.ema}
+                "weights": self.weights,
+                "task": self.task.to_dict() if self.task is not None else None,
+                "model": self.model, "ema": self.ema}
 
     def checksum(self) -> str:
         return tensors_checksum(_checked_tensors(self.model, self.ema))
@@ -106,9 +113,11 @@ class TrainedWeights:
         with damaged_unless_readable(path):
             config = ViTConfig.from_dict(state["model_config"])
             check_config_fits(config, state["model"], path)
+            task = state.get("task")
             return cls(config, _preprocess(state.get("preprocess") or {}, config),
                        list(state.get("classes") or []), state["model"], state.get("ema"),
-                       state.get("weights", "raw"), version)
+                       state.get("weights", "raw"), version,
+                       TaskSpec.from_dict(dict(task)) if task is not None else None)
 
 
 @contextmanager

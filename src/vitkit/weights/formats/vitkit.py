@@ -1,6 +1,8 @@
 """vitkit's own format: a folder with model.safetensors (the state dict) and config.json
-(format, version, model config, preprocessing, class names, which weights, and the sha256
-of the tensors, `tensors_sha256`, checked on reading when present)."""
+(format, version, model config, preprocessing, class names, which weights, the task they were
+trained for (`task`: kind, output names, loss, target standardisation; absent or null in
+older folders: classification) and the sha256 of the tensors, `tensors_sha256`, checked on
+reading when present)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_known_keys, check_value
 from vitkit.preprocess import Preprocess, official_preprocess
+from vitkit.tasks import TaskSpec
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import CONFIG_FILE, Found, load_safetensors
@@ -48,11 +51,24 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
         verify_checksum(tensors, meta[CHECKSUM_KEY], weights)
     try:
         config, preprocess, class_names = _settings(meta, tensors, config_path)
+        task = _task(meta.get("task"))
     except ConfigError as exc:
         raise CheckpointError(f"{config_path} is not a valid vitkit config: {exc}. Fix the "
                               "file, or write the folder again with save_pretrained") from None
     return WeightsRecord(config, tensors, preprocess, "vitkit", class_names,
-                         weights=meta.get("weights", "raw"), path=weights)
+                         weights=meta.get("weights", "raw"), path=weights, task=task)
+
+
+def _task(saved: Any) -> TaskSpec | None:
+    """config.json's "task" (null or absent: classification), type-checked."""
+    if saved is None:
+        return None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"'task' is {_short(saved)}, expected an object")
+    try:
+        return TaskSpec.from_dict(saved)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"'task' is not a task ({exc})") from None
 
 
 def _settings(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
@@ -91,7 +107,7 @@ def _short(value: object) -> str:
 
 def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Preprocess,
           directory: str | Path, class_names: list[str] | None = None,
-          weights: str = "raw") -> Path:
+          weights: str = "raw", task: TaskSpec | None = None) -> Path:
     """Write the folder; returns it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -99,6 +115,7 @@ def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Pr
     save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": FORMAT_NAME})
     meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "model": config.to_dict(),
             "preprocess": preprocess.to_dict(), "class_names": class_names, "weights": weights,
+            "task": task.to_dict() if task is not None else None,
             CHECKSUM_KEY: tensors_checksum(tensors)}
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return directory
