@@ -54,6 +54,11 @@ class ImageDataset:
     def channels(self) -> int:
         return self.images.shape[1]
 
+    @property
+    def float_images(self) -> bool:
+        """True for float arrays in their own units (data=arrays), False for 8-bit pictures."""
+        return self.images.is_floating_point()
+
     def channel_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel (mean, std) of the images in the units `normalize` divides them into
         (uint8 pictures / 255, float arrays as held); see `channel_stats_of`."""

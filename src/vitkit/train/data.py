@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from vitkit.config import ViTConfig
@@ -212,12 +211,7 @@ def channels_from_arrays(cfg: TrainConfig, config: ViTConfig, train: Source) -> 
 
 def holds_float_images(train: Source) -> bool:
     """Whether `train` holds float arrays (data=arrays) rather than 8-bit pictures."""
-    images = None if train.streamed else getattr(train, "images", None)
-    if images is None:
-        return False
-    if isinstance(images, torch.Tensor):
-        return images.is_floating_point()
-    return np.issubdtype(np.asarray(images[:0]).dtype, np.floating)
+    return bool(getattr(train, "float_images", False))
 
 
 def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = None,

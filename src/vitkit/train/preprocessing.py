@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
-import torch
 
 from vitkit.config import ViTConfig
 from vitkit.data.transforms import evaluation_preprocess
 from vitkit.preprocess import Preprocess
 from vitkit.train.config import TrainConfig
-
-STATS_CHUNK = 4096  # images per pass of `channel_stats` (float64 sums, bounded memory)
 
 
 def run_preprocess(cfg: TrainConfig, config: ViTConfig, base: Preprocess | None,
@@ -38,32 +32,8 @@ def run_preprocess(cfg: TrainConfig, config: ViTConfig, base: Preprocess | None,
 
 
 def channel_stats(train: Any) -> tuple[list[float], list[float]]:
-    """Per-channel mean and (population) std of a data set's images, in their own units: a
-    `channel_stats()` of the data's own when it has one (memory-mapped arrays), else over
-    `train.images` (N, C, H, W) in chunks, summed in float64. A constant channel gets std 1
-    (its values all normalise to 0)."""
-    own = getattr(train, "channel_stats", None)
-    if callable(own):
-        mean, std = own()
-        return [float(m) for m in mean], [float(s) for s in std]
-    images = train.images
-    channels = images.shape[1]
-    total, squares, count = np.zeros(channels), np.zeros(channels), 0
-    for flat in _channel_chunks(images):
-        total += flat.sum(1).numpy()
-        count += flat.shape[1]
-    mean = total / max(count, 1)
-    for flat in _channel_chunks(images):  # a second pass: no cancellation in E[x^2] - E[x]^2
-        squares += (flat - torch.from_numpy(mean)[:, None]).pow(2).sum(1).numpy()
-    std = np.sqrt(squares / max(count, 1))
-    return mean.tolist(), np.where(std > 0, std, 1.0).tolist()
-
-
-def _channel_chunks(images: Any) -> Iterator[torch.Tensor]:
-    """(C, pixels) float64 views of `images` (N, C, H, W), `STATS_CHUNK` images at a time."""
-    channels = images.shape[1]
-    for start in range(0, len(images), STATS_CHUNK):
-        chunk = images[start:start + STATS_CHUNK]
-        chunk = chunk.double() if isinstance(chunk, torch.Tensor) else \
-            torch.from_numpy(np.asarray(chunk, dtype=np.float64))
-        yield chunk.transpose(0, 1).reshape(channels, -1)
+    """Per-channel mean and (population) std of a data set's float images, in their own units
+    (`channel_stats()` of the in-memory or memory-mapped arrays: float64, chunk by chunk). A
+    constant channel gets std 1 (its values all normalise to 0)."""
+    mean, std = train.channel_stats()
+    return [float(m) for m in mean], [float(s) for s in std]

@@ -58,6 +58,7 @@ class MappedArrays:
     """
 
     streamed = False  # one size and channel count, as held: not decoded as read
+    float_images = True  # read as float32 in the data's own units
     skipped = 0
 
     def __init__(self, source: ArrayFile, labels: torch.Tensor, classes: list[str],
