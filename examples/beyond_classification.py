@@ -127,7 +127,8 @@ def train_and_evaluate(data: Path, task: str, out: Path, epochs: int) -> tuple[d
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "vitkit.cli", "train", "data=arrays",
                     f"data_dir={data}", f"task={task}", f"model={model}", f"epochs={epochs}",
-                    "batch_size=128", "--out", str(out), "--overwrite"], check=True)
+                    "batch_size=128", "progress=false", "--out", str(out), "--overwrite"],
+                   check=True, stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - start
     subprocess.run([sys.executable, "-m", "vitkit.cli", "eval", str(out), "--out",
                     str(out / "eval")], check=True, stdout=subprocess.DEVNULL)
