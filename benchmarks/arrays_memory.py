@@ -136,6 +136,7 @@ def train_loop(data_dir: str, steps: int, batch: int, mode: str = "stream") -> d
 def train_cli(data_dir: str, steps: int, batch: int, out: Path) -> dict:
     from vitkit.cli import main
 
+    out.mkdir(parents=True, exist_ok=True)
     recipe = out / "recipe.json"
     recipe.write_text(json.dumps({"model": MODEL, "data": "arrays", "data_dir": data_dir,
                                   "data_mode": "stream", "batch_size": batch,
