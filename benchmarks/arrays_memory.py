@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -40,19 +39,11 @@ MODEL = {"width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64, "patch_size": 8
 
 
 def cpu_line() -> str:
-    """The CPU model, the ISA torch dispatches to, cores and torch version."""
-    import torch
+    """The CPU, its cores and speed-relevant instruction sets, torch (vitkit.runtime's one
+    line, as every benchmark prints it) and numpy."""
+    from vitkit.runtime import cpu_description
 
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            model = next((line.split(":", 1)[1].strip() for line in info
-                          if line.startswith("model name")), model)
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"CPU: {model}; ISA {torch.backends.cpu.get_cpu_capability()}; {cores} cores; "
-            f"torch {torch.__version__}, numpy {np.__version__}")
+    return f"{cpu_description()}, numpy {np.__version__}"
 
 
 # -- 1. the sets --------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.model.chunked_attention import chunked_attention
+from vitkit.runtime import cpu_description
 
 Attend = Callable[[torch.Tensor], torch.Tensor]  # qkv (B, T, 3, H, D) -> attention output
 
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
     torch.manual_seed(0)
+    print(cpu_description())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"median of {args.reps} calls")
     print(f"{'shape':<50}{'pass':<11}{'SDPA ms':>9}{'explicit ms':>13}{'chunked ms':>12}")

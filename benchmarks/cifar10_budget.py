@@ -78,6 +78,9 @@ def main() -> None:
     parser.add_argument("--report", nargs="+", type=Path, metavar="RUN_DIR",
                         help="only report on finished runs")
     args = parser.parse_args()
+    from vitkit.runtime import cpu_description
+
+    print(cpu_description(), flush=True)
     run_dirs = args.report
     if not run_dirs:
         if not args.data_dir:

@@ -357,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     if Path(__file__).resolve().parent.parent in [root, *root.parents]:
         parser.error(f"--root {root} is inside the repository: pick a folder outside it")
 
+    from vitkit.runtime import cpu_description
+
+    print(cpu_description(), flush=True)
     cores = len(os.sched_getaffinity(0))
     print(f"{count:,} training + {val_count:,} held-out JPEGs in {root}, {cores} CPU cores, "
           f"batch {args.batch}, {args.workers} loader workers, {args.size}px; load average "

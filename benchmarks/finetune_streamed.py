@@ -272,6 +272,9 @@ def main() -> None:
         settings = replace(settings, pretrain_args=(f"total_steps={args.pretrain_steps}",
                                                     f"warmup_steps={warmup}"))
     root = args.root / "quick" if args.quick else args.root
+    from vitkit.runtime import cpu_description
+
+    print(cpu_description(), flush=True)
     print("settings:", json.dumps(asdict(settings)), flush=True)
     rows = run_all(args.data_dir, root, settings, args.init, tuple(args.runs.split(",")))
     print(table(rows))

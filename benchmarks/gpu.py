@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vitkit import VisionTransformer
+from vitkit.runtime import cpu_description
 from vitkit.weights import load_state_dict_checked
 from vitkit.weights.formats.timm import config_from_timm_model
 
@@ -150,8 +151,10 @@ def main() -> None:
     device = torch.device("cuda")
     import timm
 
+    print(cpu_description(), flush=True)
     report: dict[str, object] = {
-        "gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
+        "cpu": cpu_description(), "gpu": torch.cuda.get_device_name(),
+        "capability": torch.cuda.get_device_capability(),
         "torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version(),
     }
     print(json.dumps(report))

@@ -29,7 +29,7 @@ from vitkit import apply_token_merging, create_model
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
 from vitkit.inference.merging import merge_schedule
 from vitkit.inference.quantize import quantize_int8
-from vitkit.runtime import configure_cpu
+from vitkit.runtime import configure_cpu, cpu_description
 from vitkit.summary import forward_flops, token_count
 
 Runner = Callable[[], object]
@@ -186,6 +186,9 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.speed or args.accuracy):
         parser.error("ask for --speed and/or --accuracy WEIGHTS ...")
+    configure_cpu(args.threads)
+    torch.set_num_threads(args.threads)
+    print(cpu_description(), flush=True)
     if args.speed:
         speed(args)
     if args.accuracy:

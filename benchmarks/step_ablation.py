@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import vitkit.model.layers
 from vitkit import VisionTransformer, create_model
 from vitkit.model.chunked_attention import use_chunked_attention
-from vitkit.runtime import configure_cpu
+from vitkit.runtime import configure_cpu, cpu_description
 from vitkit.train.config import load_train_config
 from vitkit.train.optim import build_adamw
 
@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="steps per timed repetition")
     args = parser.parse_args()
     configure_cpu()
+    print(cpu_description(), flush=True)
     torch.manual_seed(0)
     model, batch = build(args.task)
     optimizer = build_adamw(model, lr=1e-3, weight_decay=0.05)

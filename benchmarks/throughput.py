@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
+from vitkit.runtime import cpu_description
 
 LIBRARIES = ("vitkit", "timm", "hf", "timm+runtime")
 COMPILED = ("vitkit+compile", "timm+compile")  # opt-in: each compiles for tens of seconds
@@ -218,7 +219,8 @@ def main() -> None:
     parser.add_argument("--tasks", default="infer,train")
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     args = parser.parse_args()
-
+    torch.set_num_threads(args.threads)
+    print(cpu_description(), flush=True)
     peak = MatmulPeak(args.threads)
     peak.sample(10)
     ctx = mp.get_context("spawn")

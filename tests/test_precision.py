@@ -1,13 +1,27 @@
 """`--precision` per machine (`vitkit.inference.precision`): the rules for CUDA and the bf16
-CPUs, the measured int8 choice (never slower than fp32 by its own timing), and its memory."""
+CPUs, the measured int8 choice (never slower than fp32 by its own timing), and its memory;
+the verbs that take it (eval, predict, benchmark) on a digits model trained here, and
+training's amp=auto. AMX machines are mocked (their flags): bf16 arithmetic runs as this CPU
+runs it, so only the choice is tested, never a speed."""
+
+import json
+import logging
+from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 import vitkit
+from vitkit.cli import main
+from vitkit.data.sources import open_source
 from vitkit.errors import ConfigError
 from vitkit.inference import precision as precision_module
 from vitkit.inference.precision import apply_precision, choose_precision, fast_bf16_cpu
+from vitkit.runtime import cpu_description
+from vitkit.train.config import load_train_config
+from vitkit.train.loop import run_loop
+from vitkit.train.setup import amp_dtype, build_run
 
 CPU = torch.device("cpu")
 
@@ -64,3 +78,137 @@ def test_unknown_and_misplaced_precisions_are_refused() -> None:
         choose_precision("fp16", CPU)
     with pytest.raises(ConfigError, match="int8 is a CPU path"):
         choose_precision("int8", torch.device("cuda"))
+
+
+# -- the verbs: eval, predict, benchmark (--precision), and training's amp=auto -----------------
+AMX = frozenset({"avx2", "avx512f", "amx_tile", "amx_bf16", "amx_int8"})
+NO_AMX = frozenset({"avx2", "fma"})
+# Two epochs of the digits recipe at its width (64), 2 layers, 4x4 patches (4 tokens): ~80%
+# test top-1 in a few seconds, enough for agreement between precisions to mean something.
+RUN = ["epochs=2", "warmup_epochs=0", "lr=0.003", "model.patch_size=4", "model.depth=2",
+       "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("digits")
+    run_loop(build_run(load_train_config("digits", [*RUN, f"out_dir={out}"])))
+    return out
+
+
+def _eval(run: Path, out: Path, *flags: str) -> dict:
+    assert main(["eval", str(run), "--out", str(out), *flags]) == 0
+    return json.loads((out / "eval.json").read_text())
+
+
+def _amx_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pretend this CPU has AMX (the choice only: the bf16 arithmetic runs as it does here)."""
+    monkeypatch.setattr(precision_module, "cpu_model_and_flags", lambda: ("Xeon (mock)", AMX))
+
+
+def test_eval_in_bf16_keeps_the_top1_and_records_the_precision(run, tmp_path, monkeypatch,
+                                                               caplog):
+    fp32 = _eval(run, tmp_path / "eval")
+    assert fp32["precision"] == "fp32" and "default" in fp32["precision_reason"]
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        bf16 = _eval(run, tmp_path / "eval", "--precision", "bf16")
+    assert "precision bf16 (asked)" in caplog.text
+    assert bf16["precision"] == "bf16" and bf16["int8"] is None
+    assert fp32["top1"] > 0.6 and abs(bf16["top1"] - fp32["top1"]) <= 0.01  # within 1 point
+    assert (tmp_path / "eval" / "eval-digits-test-bf16.json").is_file()
+    assert (tmp_path / "eval" / "eval-digits-test.json").is_file()  # fp32's report is kept
+    _amx_cpu(monkeypatch)
+    auto = _eval(run, tmp_path / "eval", "--precision", "auto", "--merge-tokens", "1")
+    assert auto["precision"] == "bf16" and "AMX" in auto["precision_reason"]
+    assert auto["merge_tokens"] == 1 and abs(auto["top1"] - fp32["top1"]) <= 0.05
+
+
+def _digit_pngs(folder: Path, count: int = 12) -> Path:
+    folder.mkdir()
+    for i, image in enumerate(open_source("digits")[1].images[:count]):
+        Image.fromarray(image[0].numpy()).save(folder / f"{i:02d}.png")
+    return folder
+
+
+def _predict_json(capsys, *argv: str) -> list[dict]:
+    assert main(["predict", *argv, "--json", "--topk", "3"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_predict_in_bf16_gives_the_classes_of_fp32_and_keeps_stdout_json(run, tmp_path, capsys,
+                                                                         caplog):
+    folder = _digit_pngs(tmp_path / "images")
+    fp32 = _predict_json(capsys, str(run), str(folder))
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        bf16 = _predict_json(capsys, str(run), str(folder), "--precision", "bf16")
+    assert "precision bf16 (asked)" in caplog.text  # on the log (stderr), not stdout
+    assert len(bf16) == len(fp32) == 12
+    assert [row["topk"][0]["index"] for row in bf16] == [row["topk"][0]["index"] for row in fp32]
+    assert all(abs(a["topk"][0]["prob"] - b["topk"][0]["prob"]) < 0.05
+               for a, b in zip(bf16, fp32, strict=True))
+
+
+def test_int8_with_another_precision_is_refused_and_its_fix_works(run, tmp_path, capsys):
+    folder = _digit_pngs(tmp_path / "images", 2)
+    for argv in (["eval", str(run), "--out", str(tmp_path / "e")],
+                 ["predict", str(run), str(folder)],
+                 ["benchmark", "cifar10-tutorial", *FAST_BENCHMARK]):
+        for other in ("bf16", "fp32"):
+            assert main([*argv, "--int8", "--precision", other]) == 2
+            err = capsys.readouterr().err
+            assert f"--int8 means --precision int8, but --precision {other} was given" in err
+            assert "drop --int8" in err
+    # the message's fix: --precision int8 (or --int8 alone) runs
+    report = _eval(run, tmp_path / "e", "--int8", "--precision", "int8")
+    assert report["precision"] == "int8" and report["int8"] == "torch"
+    assert (tmp_path / "e" / "eval-digits-test-int8.json").is_file()
+
+
+FAST_BENCHMARK = ["--batch-size", "4", "--warmup", "0", "--iters", "2"]
+
+
+def test_benchmark_auto_says_what_it_chose_and_on_which_cpu(capsys, monkeypatch):
+    assert main(["benchmark", "cifar10-tutorial", *FAST_BENCHMARK, "--precision", "auto"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == cpu_description()
+    choice = next(line for line in lines if line.strip().startswith("precision "))
+    if fast_bf16_cpu() is None:  # this CPU: int8 or fp32, by a measurement at batch 4
+        assert "no fast bf16 on this CPU; int8 measured" in choice and "at batch 4" in choice
+    _amx_cpu(monkeypatch)
+    assert main(["benchmark", "cifar10-tutorial", *FAST_BENCHMARK, "--precision", "auto",
+                 "--merge-tokens", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["cpu"] == cpu_description() and result["precision"] == "bf16"
+    assert "AMX" in result["precision_reason"]
+    assert result["engine"] == "torch, bf16 (torch.autocast), token merging r=2"
+    assert main(["benchmark", "cifar10-tutorial", "--engine", "onnxruntime", "--precision",
+                 "bf16"]) == 2
+    assert "runs on the torch engine only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("device", "flags", "width", "expected"), [
+    ("cpu", AMX, 192, "bf16"),  # the CIFAR-sized step: 1.18x faster in bf16 on AMX
+    ("cpu", AMX, 48, "fp32"),  # the tutorial step: 2.4x slower in bf16 even on AMX
+    ("cpu", AMX, 128, "bf16"),
+    ("cpu", NO_AMX, 192, "fp32"),
+    ("cpu", frozenset({"avx512_bf16"}), 192, "fp32"),  # AVX512-BF16 alone: not measured here
+    ("cuda", NO_AMX, 48, "bf16"),
+])
+def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, expected, caplog):
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        dtype = amp_dtype("auto", torch.device(device), width, flags)
+    assert (dtype == torch.bfloat16) == (expected == "bf16")
+    assert f"precision {expected} (amp=auto" in caplog.text
+    assert amp_dtype("off", torch.device(device), width, flags) is None
+    assert amp_dtype("bf16", torch.device(device), width, flags) == torch.bfloat16
+
+
+def test_the_shipped_recipes_train_in_fp32_on_a_cpu_without_amx():
+    for recipe in ("digits", "cifar10-tutorial", "cifar10"):
+        cfg = load_train_config(recipe, [])
+        assert cfg.amp == "auto"
+        width = cfg.model_config().width
+        assert amp_dtype(cfg.amp, CPU, width, NO_AMX) is None, recipe
+    # with AMX, only the models at least 128 wide switch to bf16
+    assert amp_dtype("auto", CPU, load_train_config("digits", []).model_config().width,
+                     AMX) is None

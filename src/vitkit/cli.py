@@ -134,6 +134,13 @@ def add_merge_tokens_argument(parser: argparse.ArgumentParser, note: str = "") -
                              f"0){note}")
 
 
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    """--precision fp32|bf16|int8|auto, the same flag on eval, predict and benchmark."""
+    from vitkit.inference.precision import PRECISION_HELP, PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
+
+
 def int8_engine(args: argparse.Namespace) -> str | None:
     """The eager int8 engine the flags ask for, or None for float."""
     from vitkit.inference.quantize import int8_engine as engine_for
@@ -249,7 +256,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     print_report(evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split,
                                      args.out, args.limit, args.batch_size, args.weights_dir,
-                                     args.merge_tokens, int8_engine(args)))
+                                     args.merge_tokens, int8_engine(args), args.precision))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -261,7 +268,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     inputs = [*args.inputs, *([sample_digit()] if args.sample else [])]
     report = predict_files(args.weights, inputs, args.topk, args.batch_size,
-                           args.weights_dir, args.merge_tokens, int8_engine(args))
+                           args.weights_dir, args.merge_tokens, int8_engine(args),
+                           args.precision)
     print_report(report, args.json)
     failed, total = report.failed, len(report.results)
     if len(failed) == total:
@@ -297,7 +305,7 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
 
     engine = int8_engine(args)
     options = EngineOptions(args.engine, args.compile, engine is not None, args.merge_tokens,
-                            args.threads, args.int8_engine)
+                            args.threads, args.int8_engine, args.precision)
     print_report(benchmark_report(args.model, args.img_size, args.batch_size, options,
                                   args.warmup, args.iters, args.weights_dir,
                                   sweep_table=args.sweep, variants=args.variants,
@@ -412,9 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", help="folder for the report and confusion_matrix.png "
                                         "(default: beside the weights; ./eval for a "
                                         "checkpoint name or hf-hub: repository). Each "
-                                        "evaluation keeps eval-DATA-SPLIT.json (-int8, -mergeR "
-                                        "for those paths); eval.json is the latest")
+                                        "evaluation keeps eval-DATA-SPLIT.json (-int8, -bf16, "
+                                        "-mergeR for those paths); eval.json is the latest")
     add_int8_arguments(evaluate, EAGER_INT8)
+    add_precision_argument(evaluate)
     add_merge_tokens_argument(evaluate)
     evaluate.set_defaults(run=cmd_eval)
 
@@ -430,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--json", action="store_true", help="one JSON object per line")
     predict.add_argument("--batch-size", type=int, default=32)
     add_int8_arguments(predict, EAGER_INT8)
+    add_precision_argument(predict)
     add_merge_tokens_argument(predict)
     predict.set_defaults(run=cmd_predict)
     export = verbs.add_parser("export", help="write ONNX (dynamic batch) and check it with "
@@ -481,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_int8_arguments(bench, "--engine torch: PyTorch's (vitkit.inference.quantize."
                               "quantize_int8); --engine onnxruntime: the exported graph's "
                               "(onnxruntime quantize_dynamic)")
+    add_precision_argument(bench)
     add_merge_tokens_argument(bench, "; --engine torch only")
     bench.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
                        help="torch (default) or onnxruntime (exported with vitkit export)")

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from vitkit.data.images import decode_image
 from vitkit.data.sources.digits import INPUT_NOTE, INVERTED_WARNING, looks_inverted
 from vitkit.data.sources.folder import IMAGE_EXTENSIONS
 from vitkit.errors import ConfigError, InputError
+from vitkit.inference.precision import apply_precision, choose_precision, requested_precision
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess, preprocess_for
 from vitkit.tasks import Task, task_of
@@ -280,7 +282,8 @@ def _fill(rows: Sequence[Prediction], outputs: torch.Tensor, task: Task,
 
 
 def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 5,
-            batch_size: int = 32, trained_on: str | None = None) -> list[Prediction]:
+            batch_size: int = 32, trained_on: str | None = None, precision: str | None = None,
+            int8: str | None = None) -> list[Prediction]:
     """Predictions for image files, folders and array files, one `Prediction` per image.
 
     Images go through `model.preprocess` (the official squash-resize to [-1, 1] when the
@@ -288,7 +291,10 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
     (`task_of`): top-k softmax classes (`topk` capped at the class count), regression values
     (de-standardised) or multi-label probabilities. `trained_on`: the data the weights were
     trained on (a vitkit run's `data`); for "digits", images that look dark on light get a
-    warning (`INVERTED_WARNING`).
+    warning (`INVERTED_WARNING`). `precision` (fp32, bf16, int8 or auto; None: fp32, or int8
+    with `int8`, an engine of `vitkit.inference.quantize`) is the number format the forward
+    runs in (`vitkit.inference.precision`; auto measures on the first batch); a requested
+    one is logged with the reason for the choice.
     """
     if topk < 1:
         raise InputError(f"topk must be >= 1, got {topk}")
@@ -302,6 +308,8 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
     k = min(topk, len(names)) if names else 0
     results: list[Prediction] = []
     inverted: list[str] = []
+    requested = requested_precision(precision, int8)
+    runner: torch.nn.Module | None = None
     was_training = model.training
     model.eval()
     try:
@@ -314,8 +322,12 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
                              if chunk[i][1].dtype == torch.uint8 and looks_inverted(chunk[i][1])]
             if good:
                 batch = preprocess.normalize(stack_images([chunk[i][1] for i in good]))
-                with torch.inference_mode():
-                    outputs = model(batch.to(device=param.device, dtype=param.dtype))
+                batch = batch.to(device=param.device, dtype=param.dtype)
+                if runner is None:
+                    runner, context = _in_precision(model, requested, batch, int8,
+                                                    precision is not None or int8 is not None)
+                with torch.inference_mode(), context():
+                    outputs = runner(batch)
                 _fill([rows[i] for i in good], outputs, task, names, k)
             results.extend(rows)
     finally:
@@ -328,11 +340,25 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
     return results
 
 
+def _in_precision(model: VisionTransformer, requested: str, batch: torch.Tensor,
+                  int8: str | None, say: bool
+                  ) -> tuple[torch.nn.Module, Callable[[], AbstractContextManager]]:
+    """The model to run and the context to run it in, in the precision chosen for `batch`
+    (logged when `say`)."""
+    chosen = choose_precision(requested, batch.device, model,
+                              batch if requested == "auto" else None)
+    if say:
+        log.info("%s", chosen.describe())
+    return apply_precision(model, chosen, batch.device, int8)
+
+
 def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int = 5,
                   batch_size: int = 32, weights_dir: str | Path | None = None,
-                  merge_tokens: int = 0, int8: str | None = None) -> Predictions:
+                  merge_tokens: int = 0, int8: str | None = None,
+                  precision: str | None = None) -> Predictions:
     """`predict` with weights any source `load_pretrained` reads, through the speed paths
-    (`merge_tokens` per layer, `int8` an engine of `vitkit.inference.quantize`). A wrong path
+    (`merge_tokens` per layer, then `precision`, `int8` an engine of
+    `vitkit.inference.quantize`). A wrong path
     fails before the model loads. Weights a vitkit run trained on the embedded digits get a
     note on the input they expect (`INPUT_NOTE`)."""
     from vitkit.catalog import read_weights
@@ -340,10 +366,11 @@ def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int =
     from vitkit.weights import build_model
 
     files = expand_inputs(inputs)
+    requested_precision(precision, int8)  # a contradiction refused before the model loads
     record = read_weights(weights, weights_dir)
-    model = speed_up(build_model(record), merge_tokens, int8)
+    model = speed_up(build_model(record), merge_tokens)
     trained_on = (record.train_config or {}).get("data")
     notes = [f"{INPUT_NOTE} (a sample: vitkit predict {weights} --sample)"] \
         if trained_on == "digits" else []
     return Predictions(predict(model, files, topk=topk, batch_size=batch_size,
-                               trained_on=trained_on), notes)
+                               trained_on=trained_on, precision=precision, int8=int8), notes)

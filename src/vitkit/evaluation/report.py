@@ -3,7 +3,7 @@ with more than 5 classes), loss, per-class accuracy, the JSON report and a confu
 PNG. Weights trained for regression report mae, rmse, r2 and per_output; for multi-label
 classification map, f1 and per_label (`vitkit.tasks`; no confusion matrix or top-k).
 
-Each evaluation keeps its own report, `eval-<data>-<split>[-int8][-mergeR].json` (a later
+Each evaluation keeps its own report, `eval-<data>-<split>[-int8|-bf16][-mergeR].json` (a later
 evaluation on other data or split, or through another speed path, does not overwrite it);
 `eval.json` and `confusion_matrix.png` are the latest evaluation's, as Hugging Face's
 Trainer keeps `eval_results.json`."""
@@ -15,12 +15,22 @@ import logging
 import re
 from pathlib import Path
 
+import torch
+
 from vitkit.catalog import read_weights
 from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
 from vitkit.evaluation.classify import evaluate, reports_top_k
 from vitkit.evaluation.splits import data_for, split_to_evaluate
 from vitkit.evaluation.task_eval import evaluate_task
+from vitkit.inference.precision import (
+    Precision,
+    apply_precision,
+    choose_precision,
+    measurement_batch,
+    requested_precision,
+)
+from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
 from vitkit.inference.speedup import speed_up
 from vitkit.report import Report
 from vitkit.tasks import Task, make_task
@@ -52,14 +62,16 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                         split: str = "test", out: str | Path | None = None,
                         limit: int | None = None, batch_size: int = 500,
                         weights_dir: str | Path | None = None, merge_tokens: int = 0,
-                        int8: str | None = None) -> Report:
+                        int8: str | None = None, precision: str | None = None) -> Report:
     """Evaluate weights (any format `load_pretrained` reads) and write the report to
     `eval_report_name(...)` and eval.json (the latest), and confusion_matrix.png; returns the
     report (its data is the JSON's).
 
     `merge_tokens` (ToMe, per layer) and `int8` (an engine of `vitkit.inference.quantize`)
     evaluate the model through those speed paths (`vitkit.inference.speedup.speed_up`);
-    eval.json records both.
+    `precision` (fp32, bf16, int8 or auto; None: fp32, or int8 with `int8`) the number
+    format, merging first (`vitkit.inference.precision`; auto measures on min(batch_size, 8)
+    random images). eval.json records each, with the precision's reason.
 
     The data defaults to a training checkpoint's own (data, folder and image limit); other
     weights need `data`. Images go through the weights' preprocessing (mean/std) and are
@@ -70,7 +82,9 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     weights = read_weights(path, weights_dir)
     model = build_model(weights)
     config = model.config
-    fast = speed_up(model, merge_tokens, int8)
+    fast, chosen = _in_precision(speed_up(model, merge_tokens), precision, int8, batch_size)
+    int8 = (int8 or INT8_DEFAULT) if chosen.name == "int8" else None
+    autocast = torch.bfloat16 if chosen.name == "bf16" else None
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
                                  config.in_chans)
@@ -84,20 +98,23 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
     out_dir = Path(out) if out else default_out_dir(path, weights.path)
     head = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
-            "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8}
-    speed = "".join([f", int8 ({int8})" if int8 else "",
+            "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8,
+            "precision": chosen.name, "precision_reason": chosen.reason}
+    speed = "".join([f", int8 ({int8})" if int8 else "", ", bf16" if autocast else "",
                      f", {merge_tokens} tokens merged per layer" if merge_tokens else ""])
+    if precision is not None or int8:
+        log.info("%s", chosen.describe())
     if task.kind != "classification":
         scored = evaluate_task(fast, dataset, task, weights.preprocess, batch_size,
-                               image_size=config.img_size)
+                               image_size=config.img_size, autocast_dtype=autocast)
         report = {**head, "task": task.kind, "images": scored.count,
                   "loss": scored.metrics["test_loss"],
                   **{k: v for k, v in scored.metrics.items() if k != "test_loss"}}
-        return _write_report(report, out_dir, data, split, merge_tokens, int8,
+        return _write_report(report, out_dir, data, split, merge_tokens, chosen.name,
                              task_lines(task, report, f"{data} {split}, {scored.count} "
                                                       f"images{speed}"))
     result = evaluate(fast, dataset, config.num_classes, weights.preprocess, batch_size,
-                      image_size=config.img_size)
+                      image_size=config.img_size, autocast_dtype=autocast)
     classes = list(dataset.classes) if len(dataset.classes) == config.num_classes else \
         list(weights.class_names or [f"class {i}" for i in range(config.num_classes)])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +124,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
               "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
               "confusion": result.confusion.tolist()}
     text = json.dumps(report, indent=2) + "\n"
-    kept = out_dir / eval_report_name(data, split, merge_tokens, int8)
+    kept = out_dir / eval_report_name(data, split, merge_tokens, chosen.name)
     kept.write_text(text)
     (out_dir / LATEST_REPORT).write_text(text)
     png = plot_confusion(result.confusion, classes, out_dir / "confusion_matrix.png",
@@ -159,22 +176,37 @@ def task_lines(task: Task, report: dict, title: str) -> list[str]:
 
 
 def _write_report(report: dict, out_dir: Path, data: str, split: str, merge_tokens: int,
-                  int8: str | None, lines: list[str]) -> Report:
+                  precision: str, lines: list[str]) -> Report:
     """Write the kept report and eval.json (the latest); the printed text ends naming them."""
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=2) + "\n"
-    kept = out_dir / eval_report_name(data, split, merge_tokens, int8)
+    kept = out_dir / eval_report_name(data, split, merge_tokens, precision)
     kept.write_text(text)
     (out_dir / LATEST_REPORT).write_text(text)
     lines.append(f"wrote {kept} (and {LATEST_REPORT}, the latest)")
     return Report("\n".join(lines), report)
 
 
+def _in_precision(model: torch.nn.Module, precision: str | None, int8: str | None,
+                  batch_size: int) -> tuple[torch.nn.Module, Precision]:
+    """The model to evaluate (an int8 copy for int8) and the precision chosen (auto: measured
+    on min(batch_size, 8) random images of the model's shape)."""
+    requested = requested_precision(precision, int8)
+    device = next(model.parameters()).device
+    config = model.config
+    batch = measurement_batch(config.in_chans, config.img_size, batch_size) \
+        if requested == "auto" else None
+    chosen = choose_precision(requested, device, model, batch)
+    return apply_precision(model, chosen, device, int8)[0], chosen
+
+
 def eval_report_name(data: str, split: str, merge_tokens: int = 0,
-                     int8: str | None = None) -> str:
+                     precision: str | None = None) -> str:
     """"eval-digits-test.json", "eval-hf_ylecun_mnist-test-int8-merge8.json": one report per
-    data, split and speed path, so evaluations never overwrite each other."""
-    parts = [data, split, *(["int8"] if int8 else []),
+    data, split and speed path, so evaluations never overwrite each other. `precision`:
+    fp32 or None, bf16, or int8 (an int8 engine's name, "torch", also means int8)."""
+    label = None if precision in (None, "fp32") else "bf16" if precision == "bf16" else "int8"
+    parts = [data, split, *([label] if label else []),
              *([f"merge{merge_tokens}"] if merge_tokens else [])]
     return "eval-" + "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", part).strip("_")
                               for part in parts) + ".json"

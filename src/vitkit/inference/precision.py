@@ -16,6 +16,10 @@ and `apply_precision` gives the model and the context to run it in. What `auto` 
 A measured choice is remembered per CPU, torch build, model shape and batch size in
 `<cache root>/precision.json` (`vitkit.files.cache_root`), so only the first call pays for
 it. Each choice carries a one-line reason that the verbs print.
+
+`--int8` (and `--int8-engine E`) means `--precision int8` (with that engine); with another
+`--precision` it is refused (`requested_precision`). Training's `amp=auto` decides by the
+machine and the model's width (`training_precision`).
 """
 
 from __future__ import annotations
@@ -36,12 +40,19 @@ from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
 from vitkit.inference.quantize import quantize_int8
 from vitkit.runtime import cpu_model_and_flags
 
-__all__ = ["PRECISIONS", "Precision", "apply_precision", "choose_precision", "fast_bf16_cpu"]
+__all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "choose_precision",
+           "fast_bf16_cpu", "measurement_batch", "requested_precision", "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
 INT8_MARGIN = 1.1
 ROUNDS = 3
+MEASURE_BATCH = 8  # at most this many images in auto's measurement (eval, benchmark)
+AMP_MIN_WIDTH = 128  # bf16 training on an AMX CPU pays from this width on (see training_precision)
+PRECISION_HELP = ("number format: fp32 (default), bf16 (autocast), int8 (dynamic int8 Linear "
+                  "layers, as --int8) or auto (the fastest for this machine and model: bf16 on "
+                  "CUDA and AMX/AVX512-BF16 CPUs, int8 where a short measurement finds it "
+                  "faster, else fp32; says what it chose)")
 
 
 @dataclass(frozen=True)
@@ -95,11 +106,14 @@ def _int8_speedup(model: nn.Module, batch: torch.Tensor) -> float:
     return min(fp32) / min(int8)
 
 
-def choose_precision(requested: str, device: torch.device, model: nn.Module | None = None,
-                     batch: torch.Tensor | None = None,
+def choose_precision(requested: str | None, device: torch.device,
+                     model: nn.Module | None = None, batch: torch.Tensor | None = None,
                      flags: frozenset[str] | None = None) -> Precision:
-    """The precision to run `model` in on `device`; `auto` decides by the machine and, where
-    no rule is clear, by timing `model` on `batch` (see the module docstring)."""
+    """The precision to run `model` in on `device` (`requested` None: the default, fp32);
+    `auto` decides by the machine and, where no rule is clear, by timing `model` on `batch`
+    (see the module docstring)."""
+    if requested is None:
+        return Precision("fp32", "the default; --precision auto chooses per machine")
     if requested not in PRECISIONS:
         raise ConfigError(f"--precision {requested!r} is not one of {', '.join(PRECISIONS)}")
     if requested == "int8" and device.type != "cpu":
@@ -130,7 +144,7 @@ def choose_precision(requested: str, device: torch.device, model: nn.Module | No
                                    f"fp32 on this model at batch {len(batch)}")
     else:
         choice = Precision("fp32", f"no fast bf16 on this CPU; int8 measured only "
-                                   f"{speedup:.2f}x fp32 here")
+                                   f"{speedup:.2f}x fp32 on this model at batch {len(batch)}")
     _remember(key, choice)
     return choice
 
@@ -139,6 +153,8 @@ def _measurement_key(model: nn.Module, batch: torch.Tensor) -> str:
     config = getattr(model, "config", None)
     shape = (f"{config.width}x{config.depth}x{config.mlp_dim}/p{config.patch_size}"
              if config is not None else type(model).__name__)
+    merged = {getattr(block, "merge_r", 0) for block in getattr(model, "blocks", [])}
+    shape += f"/merge{max(merged)}" if merged and max(merged) else ""  # ToMe: fewer tokens
     return "|".join([cpu_model_and_flags()[0], torch.__version__, str(torch.get_num_threads()),
                      shape, "x".join(str(d) for d in batch.shape)])
 
@@ -163,12 +179,58 @@ def _remember(key: str, choice: Precision) -> None:
         write_atomic(_store(), lambda stream: stream.write(text))
 
 
-def apply_precision(model: nn.Module, precision: Precision, device: torch.device
+def requested_precision(precision: str | None, int8: str | None = None) -> str | None:
+    """The precision the flags ask for (None: none, the default fp32): `--precision` (None:
+    not given), where `int8` is the engine `--int8 [--int8-engine E]` asks for (None: not
+    given). `--int8` means int8, so with another `--precision` it is refused."""
+    if int8 is not None and precision not in (None, "int8"):
+        raise ConfigError(f"--int8 means --precision int8, but --precision {precision} was "
+                          f"given too: drop --int8 (and --int8-engine) to run in {precision}, "
+                          "or drop --precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise ConfigError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return "int8" if int8 is not None else precision
+
+
+def measurement_batch(in_chans: int, img_size: tuple[int, int] | list[int],
+                      batch_size: int) -> torch.Tensor:
+    """Random images of the model's shape for auto's measurement: min(batch_size, 8) of them
+    (the timing does not depend on the pixels)."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(min(batch_size, MEASURE_BATCH), in_chans, *img_size, generator=generator)
+
+
+def training_precision(amp: str, device: torch.device, width: int,
+                       flags: frozenset[str] | None = None) -> Precision:
+    """What `amp=auto|bf16|off` trains in: bf16 with amp=bf16; with amp=auto, bf16 on CUDA
+    and on a CPU with AMX for a model at least `AMP_MIN_WIDTH` wide, else fp32. Measured on a
+    Xeon with AMX: bf16 autocast made the width-48 tutorial step 2.4x slower (casts dominate
+    small matmuls) and the width-192 CIFAR step 1.18x faster; without AMX, CPU bf16 is
+    emulated and slower."""
+    if amp == "bf16":
+        return Precision("bf16", "amp=bf16")
+    if amp != "auto":
+        return Precision("fp32", f"amp={amp}")
+    if device.type == "cuda":
+        return Precision("bf16", "amp=auto on CUDA: bf16 autocast")
+    if device.type != "cpu":
+        return Precision("fp32", f"amp=auto on {device.type}: fp32")
+    if fast_bf16_cpu(flags) != "amx":
+        return Precision("fp32", "amp=auto: this CPU has no AMX, so bf16 would be slower")
+    if width < AMP_MIN_WIDTH:
+        return Precision("fp32", f"amp=auto: width {width} < {AMP_MIN_WIDTH}, where bf16 casts "
+                                 "cost more than AMX saves")
+    return Precision("bf16", f"amp=auto: the CPU has AMX and the model is {width} wide "
+                             f"(>= {AMP_MIN_WIDTH})")
+
+
+def apply_precision(model: nn.Module, precision: Precision, device: torch.device,
+                    int8_engine: str | None = None
                     ) -> tuple[nn.Module, Callable[[], contextlib.AbstractContextManager]]:
-    """The model to run (an int8 copy for int8) and a factory of the context to run it in
-    (bf16 autocast for bf16)."""
+    """The model to run (an int8 copy for int8, by `int8_engine`, default torch's) and a
+    factory of the context to run it in (bf16 autocast for bf16)."""
     if precision.name == "int8":
-        return quantize_int8(model, INT8_DEFAULT), contextlib.nullcontext
+        return quantize_int8(model, int8_engine or INT8_DEFAULT), contextlib.nullcontext
     if precision.name == "bf16":
         @contextlib.contextmanager
         def autocast() -> Iterator[None]:

@@ -99,7 +99,8 @@ class TrainConfig:
     # the convention of the weights' format ("official" = vit_jax's for official .npz files)
     pos_interpolation: str = "auto"
     ema_decay: float | None = 0.0  # 0 or None = no weight EMA
-    amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+    # auto: bf16 on CUDA, and on a CPU with AMX for width >= 128; else off | bf16 | off
+    amp: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int | None = None
     # torch.compile the model for the training steps (inductor; CPU needs a C++ compiler).

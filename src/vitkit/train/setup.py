@@ -11,6 +11,7 @@ on resume (re-planned when the length changed); the training step (DDP, compile)
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vitkit.config import ViTConfig
 from vitkit.data.augment import BatchAugment
+from vitkit.inference.precision import training_precision
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.runtime import check_device, configure_cpu
@@ -48,6 +50,8 @@ from vitkit.train.step import TrainStep
 from vitkit.train.stopping import StopRequest
 from vitkit.weights import WeightsRecord
 from vitkit.weights.formats.train_checkpoint import TrainedWeights
+
+log = logging.getLogger("vitkit.train")
 
 
 @dataclass
@@ -143,7 +147,7 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
         scored_weights = state.trained.weights
         replan_if_length_changed(cfg, state.train_config, plan, position)
     compile_clock = CompileClock(cfg.compile)
-    amp = amp_dtype(cfg.amp, device)
+    amp = amp_dtype(cfg.amp, device, model.config.width)
     step = TrainStep(cfg, model, ema, optimizer, augment, generator, preprocess, plan, info,
                      device, amp, compile_clock, global_batches=data.feed.global_batches,
                      trained_size=tuple(model.config.img_size) if position.step else None,
@@ -203,8 +207,12 @@ def make_ema(model: VisionTransformer, decay: float) -> AveragedModel | None:
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
-def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast with amp=bf16, or amp=auto on a GPU; else None (fp32)."""
-    if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
+def amp_dtype(amp: str, device: torch.device, width: int,
+              flags: frozenset[str] | None = None) -> torch.dtype | None:
+    """bf16 autocast or None (fp32) for amp=bf16|off|auto; auto decides by the device, the
+    CPU's instruction sets (`flags`: this CPU's when None) and the model's width
+    (`vitkit.inference.precision.training_precision`), and logs what it chose and why."""
+    chosen = training_precision(amp, device, width, flags)
+    if amp == "auto":
+        log.info("%s", chosen.describe())
+    return torch.bfloat16 if chosen.name == "bf16" else None

@@ -1,9 +1,11 @@
-"""What runs the model: eager PyTorch, torch.compile, or an onnxruntime session; int8 and
-token merging applied first. Each engine gives a zero-argument callable per batch size that
-runs one batch of random images."""
+"""What runs the model: eager PyTorch, torch.compile, or an onnxruntime session; token merging
+applied first, then the precision (`--precision`, `--int8`: `vitkit.inference.precision`).
+Each engine gives a zero-argument callable per batch size that runs one batch of random
+images."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +15,14 @@ import torch
 from torch import nn
 
 from vitkit.errors import ConfigError
+from vitkit.inference.precision import (
+    MEASURE_BATCH,
+    apply_precision,
+    choose_precision,
+    measurement_batch,
+    requested_precision,
+)
+from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
 from vitkit.model.vit import VisionTransformer
 
 ENGINES = ("torch", "onnxruntime")
@@ -26,8 +36,15 @@ class EngineOptions:
     merge_tokens: int = 0
     threads: int | None = None
     int8_engine: str | None = None  # the eager int8 implementation (default: quantize's)
+    precision: str | None = None  # fp32 | bf16 | int8 | auto (None: fp32, or int8 with int8)
+
+    def requested(self) -> str | None:
+        """The precision asked for (`requested_precision`: --int8 means int8)."""
+        int8 = self.int8_engine or (INT8_DEFAULT if self.int8 else None)
+        return requested_precision(self.precision, int8)
 
     def check(self) -> None:
+        requested = self.requested()  # --int8 with another --precision: refused
         if self.engine not in ENGINES:
             raise ConfigError(f"unknown engine {self.engine!r}: use --engine "
                               + " or --engine ".join(ENGINES))
@@ -42,13 +59,22 @@ class EngineOptions:
             raise ConfigError("--int8-engine applies to the torch engine only (onnxruntime "
                               "quantises the graph itself): drop --int8-engine, or use "
                               "--engine torch")
+        if self.engine != "torch" and requested in ("bf16", "auto"):
+            raise ConfigError(f"--precision {requested} runs on the torch engine only "
+                              "(onnxruntime takes fp32 or int8): use --engine torch")
         if self.merge_tokens < 0:
             raise ConfigError(f"--merge-tokens must be >= 0 (tokens merged per block), got "
                               f"{self.merge_tokens}")
 
-    def describe(self) -> str:
+    def describe(self, chosen: str | None = None) -> str:
+        """"torch, int8 (...), token merging r=8"; `chosen`: the precision auto chose."""
+        precision = chosen or self.requested()
         parts = [self.engine + (" (torch.compile)" if self.compile else "")]
-        if self.int8:
+        if precision == "bf16":
+            parts.append("bf16 (torch.autocast)")
+        elif precision == "auto":
+            parts.append("precision auto")
+        elif precision == "int8":
             engine = f", {self.int8_engine}" if self.int8_engine else ""
             parts.append("int8 (onnxruntime quantize_dynamic)" if self.engine == "onnxruntime"
                          else f"int8 (vitkit.inference.quantize.quantize_int8{engine})")
@@ -63,7 +89,9 @@ Runner = Callable[[], object]
 class Engine:
     """Prepared once; `runner(batch)` gives a callable that runs one batch."""
 
-    def __init__(self, model: VisionTransformer, options: EngineOptions) -> None:
+    def __init__(self, model: VisionTransformer, options: EngineOptions,
+                 batch_size: int = MEASURE_BATCH) -> None:
+        """`batch_size`: the batch auto measures at (min(batch_size, 8) images)."""
         options.check()
         self.options = options
         self.in_chans, self.img_size = model.config.in_chans, tuple(model.config.img_size)
@@ -75,13 +103,18 @@ class Engine:
             check_merge_count(model.config, options.merge_tokens)
             model = apply_token_merging(model, options.merge_tokens)
         module: nn.Module = model.eval()
-        self.session = None
+        self.session, self.context = None, contextlib.nullcontext
+        requested = options.requested()
         if options.engine == "onnxruntime":
-            self.session = _onnx_session(model, options.threads, options.int8)
-        elif options.int8:
-            from vitkit.inference.quantize import DEFAULT, quantize_int8
-
-            module = quantize_int8(model, options.int8_engine or DEFAULT)
+            self.precision = choose_precision(requested, torch.device("cpu"))
+            self.session = _onnx_session(model, options.threads, requested == "int8")
+        else:
+            device = next(model.parameters()).device
+            batch = measurement_batch(self.in_chans, self.img_size, batch_size) \
+                if requested == "auto" else None
+            self.precision = choose_precision(requested, device, model, batch)
+            module, self.context = apply_precision(model, self.precision, device,
+                                                   options.int8_engine)
         if options.compile:
             module = torch.compile(module)
         self.module = module
@@ -97,9 +130,12 @@ class Engine:
             return lambda: self.session.run(None, feed)
 
         def run() -> torch.Tensor:
-            with torch.no_grad():
+            with torch.no_grad(), self.context():
                 return self.module(images)
         return run
+
+    def describe(self) -> str:
+        return self.options.describe(self.precision.name)
 
 
 def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = False):

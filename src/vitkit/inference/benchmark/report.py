@@ -22,6 +22,7 @@ from vitkit.inference.benchmark.sweep import (
     parse_resolutions,
     sweep,
 )
+from vitkit.runtime import cpu_description
 
 
 @dataclass(frozen=True)
@@ -33,16 +34,17 @@ class SweepReport:
     figure: Path
 
     def format(self) -> str:
-        return f"{format_sweep(self.rows, self.peak)}\nwrote {self.figure}"
+        return f"{cpu_description()}\n{format_sweep(self.rows, self.peak)}\nwrote {self.figure}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": [row.to_dict() for row in self.rows], "peak_gflops": self.peak.gflops,
-                "figure": str(self.figure)}
+        return {"cpu": cpu_description(), "rows": [row.to_dict() for row in self.rows],
+                "peak_gflops": self.peak.gflops, "figure": str(self.figure)}
 
     def json_lines(self) -> str:
-        """One JSON object per row, with the peak (`vitkit benchmark --sweep --json`)."""
-        return "\n".join(json.dumps({**row.to_dict(), "peak_gflops": self.peak.gflops})
-                         for row in self.rows)
+        """One JSON object per row, with the peak and the CPU (`vitkit benchmark --sweep
+        --json`)."""
+        return "\n".join(json.dumps({**row.to_dict(), "peak_gflops": self.peak.gflops,
+                                     "cpu": cpu_description()}) for row in self.rows)
 
 
 def benchmark_report(model: str | None, img_size: Size | None = None, batch_size: int = 8,

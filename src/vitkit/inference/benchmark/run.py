@@ -15,6 +15,7 @@ from vitkit.inference.benchmark.peak import MatmulPeak, mfu
 from vitkit.inference.benchmark.source import Size, load_benchmark_model
 from vitkit.inference.benchmark.timing import Timing, time_calls
 from vitkit.inference.merging import merge_schedule
+from vitkit.runtime import cpu_description
 from vitkit.summary import forward_flops, token_count
 
 
@@ -40,6 +41,9 @@ class BenchmarkResult:
     peak_gflops: float
     peak_method: str
     mfu: float
+    precision: str  # what ran: fp32, bf16 or int8 (--precision auto: what it chose)
+    precision_reason: str
+    cpu: str  # vitkit.runtime.cpu_description(): figures compare only on the same kind of CPU
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,8 +73,9 @@ class BenchmarkResult:
         notes = [f"peak memory: {self.memory_method}",
                  "FLOPs: 2 per multiply-add of the stem, encoder and head matmuls "
                  "(vitkit.summary.forward_flops); MFU = FLOPs per image x images/s / peak"]
-        return "\n".join([head, *(f"  {label:<{width}}{value}" for label, value in rows),
-                          *notes])
+        return "\n".join([self.cpu, head, f"  precision {self.precision} "
+                          f"({self.precision_reason})",
+                          *(f"  {label:<{width}}{value}" for label, value in rows), *notes])
 
 
 def check_counts(batch_size: int, warmup: int, iters: int) -> None:
@@ -113,14 +118,14 @@ def benchmark(source: str, img_size: Size | None = None, batch_size: int = 8,
     weights = weights_mib(model)
     peak = peak or MatmulPeak(options.threads, warmup=1)
     peak.sample(3)
-    engine = Engine(model, options)
+    engine = Engine(model, options, batch_size)
     timing, memory = throughput(engine, batch_size, warmup, iters)
     lat = time_calls(engine.runner(1), warmup, iters) if latency else None
     peak.sample(1)
     images_per_s = batch_size / timing.median
     return BenchmarkResult(
         model=config.name or source, weights=origin, img_size=tuple(config.img_size),
-        batch_size=batch_size, engine=options.describe(), threads=torch.get_num_threads(),
+        batch_size=batch_size, engine=engine.describe(), threads=torch.get_num_threads(),
         warmup=warmup, iters=iters, images_per_s=images_per_s,
         batch_ms_median=1e3 * timing.median,
         latency_ms_median=1e3 * lat.median if lat else None,
@@ -128,4 +133,5 @@ def benchmark(source: str, img_size: Size | None = None, batch_size: int = 8,
         first_call_s=timing.first_call_s, peak_memory_mib=memory.mib,
         memory_method=memory.method, weights_mib=weights, gflops_per_image=flops / 1e9,
         peak_gflops=peak.gflops, peak_method=peak.describe(),
-        mfu=mfu(flops, images_per_s, peak.gflops))
+        mfu=mfu(flops, images_per_s, peak.gflops), precision=engine.precision.name,
+        precision_reason=engine.precision.reason, cpu=cpu_description())

@@ -78,7 +78,7 @@ def measure_cell(variant: str, resolution: int, batch_size: int, options: Engine
     config = model.config
     flops = forward_flops(config, stem=model.patch_embed)
     weights = weights_mib(model) * 2**20
-    engine = Engine(model, options)
+    engine = Engine(model, options, batch_size)
     with peak_rss_growth() as single:
         engine.runner(1)()
     timing, memory = throughput(engine, batch_size, warmup, iters)
