@@ -14,7 +14,7 @@ by mAP, scored with mAP and F1).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -56,28 +56,35 @@ class LogisticProbe:
         return np.argmax(x @ self.weight + self.bias, axis=1)
 
 
-def fit_logistic(x: ArrayLike, y: ArrayLike, num_classes: int, weight_decay: float,
-                 max_iter: int = 1000, tolerance: float = 1e-9) -> LogisticProbe:
-    """Minimise mean cross-entropy + weight_decay / 2 * ||W||^2 with full-batch L-BFGS."""
-    features = torch.from_numpy(as_matrix(x))
-    labels = torch.from_numpy(as_labels(y))
-    weight = torch.zeros(features.shape[1], num_classes, dtype=torch.float64, requires_grad=True)
-    bias = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
+def _fit_linear_lbfgs(features: torch.Tensor, targets: torch.Tensor, outputs: int,
+                      loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                      weight_decay: float, max_iter: int, tolerance: float) -> LogisticProbe:
+    """Minimise loss_of(x @ W + b, targets) + weight_decay / 2 * ||W||^2 with full-batch
+    L-BFGS (strong Wolfe line search), from zero weights."""
+    weight = torch.zeros(features.shape[1], outputs, dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(outputs, dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=max_iter, history_size=20,
                                   tolerance_grad=tolerance, tolerance_change=1e-14,
                                   line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        loss = F.cross_entropy(features @ weight + bias, labels) \
+        loss = loss_of(features @ weight + bias, targets) \
             + 0.5 * weight_decay * weight.pow(2).sum()
         loss.backward()
         return loss
 
-    with _threads_for(features.numel() * num_classes):
+    with _threads_for(features.numel() * outputs):
         optimizer.step(closure)
     iterations = optimizer.state[weight].get("n_iter", 0)
     return LogisticProbe(weight.detach().numpy(), bias.detach().numpy(), int(iterations))
+
+
+def fit_logistic(x: ArrayLike, y: ArrayLike, num_classes: int, weight_decay: float,
+                 max_iter: int = 1000, tolerance: float = 1e-9) -> LogisticProbe:
+    """Minimise mean cross-entropy + weight_decay / 2 * ||W||^2 with full-batch L-BFGS."""
+    return _fit_linear_lbfgs(torch.from_numpy(as_matrix(x)), torch.from_numpy(as_labels(y)),
+                             num_classes, F.cross_entropy, weight_decay, max_iter, tolerance)
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float, seed: int
@@ -237,26 +244,10 @@ def fit_binary_logistic(x: ArrayLike, y: ArrayLike, weight_decay: float,
                         max_iter: int = 1000, tolerance: float = 1e-9) -> LogisticProbe:
     """One-vs-rest logistic regression of (N, K) 0/1 labels: mean binary cross-entropy +
     weight_decay / 2 * ||W||^2, full-batch L-BFGS (the labels' problems are independent)."""
-    features = torch.from_numpy(as_matrix(x))
     labels = torch.from_numpy(_as_targets(y))
-    weight = torch.zeros(features.shape[1], labels.shape[1], dtype=torch.float64,
-                         requires_grad=True)
-    bias = torch.zeros(labels.shape[1], dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=max_iter, history_size=20,
-                                  tolerance_grad=tolerance, tolerance_change=1e-14,
-                                  line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(features @ weight + bias, labels) \
-            + 0.5 * weight_decay * weight.pow(2).sum()
-        loss.backward()
-        return loss
-
-    with _threads_for(features.numel() * labels.shape[1]):
-        optimizer.step(closure)
-    iterations = optimizer.state[weight].get("n_iter", 0)
-    return LogisticProbe(weight.detach().numpy(), bias.detach().numpy(), int(iterations))
+    return _fit_linear_lbfgs(torch.from_numpy(as_matrix(x)), labels, labels.shape[1],
+                             F.binary_cross_entropy_with_logits, weight_decay, max_iter,
+                             tolerance)
 
 
 def multilabel_probe(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike,
