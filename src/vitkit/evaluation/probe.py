@@ -212,32 +212,50 @@ def _check_holdout(count: int, what: str) -> None:
                          f"{count}: use more training data")
 
 
-def ridge_probe(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike, y_test: ArrayLike,
-                names: list[str] | None = None, alphas: tuple[float, ...] = RIDGE_ALPHAS,
-                seed: int = 0) -> TargetProbeResult:
-    """Ridge regression of (N,) or (N, K) real targets on frozen features: alpha picked by the
-    mean R^2 on a seeded random 10% of the training split (ties: the larger alpha), refitted
-    on the whole training split, scored on the test split with the regression task's metrics
-    (R^2, MAE, RMSE as scikit-learn computes them). Features are standardised with the
-    statistics of the split each probe is fitted on, as the classification probe does."""
+def _tuned_target_probe(kind: str, names: list[str] | None, x_train: ArrayLike,
+                        y_train: ArrayLike, x_test: ArrayLike, y_test: ArrayLike,
+                        grid: tuple[float, ...],
+                        fit_predict: Callable[[np.ndarray, np.ndarray, float, np.ndarray],
+                                              np.ndarray],
+                        seed: int, what: str) -> TargetProbeResult:
+    """The probe of regression or multi-label targets: the regularisation picked from `grid`
+    by the task's primary metric on a seeded random 10% of the training split (ties: the
+    larger value), refitted on the whole training split and scored on the test split.
+    `fit_predict(x_fit, y_fit, value, x_apply)` fits on standardised features and returns the
+    outputs for `x_apply`. Features are standardised with the statistics of the split each
+    probe is fitted on, as the classification probe does."""
     from vitkit.tasks import TaskSpec, make_task
 
     x_train, x_test = as_matrix(x_train), as_matrix(x_test)
     y_train, y_test = _as_targets(y_train), _as_targets(y_test)
-    _check_holdout(len(y_train), "ridge regression")
-    task = make_task(TaskSpec("regression", names=names))
+    _check_holdout(len(y_train), what)
+    task = make_task(TaskSpec(kind, names=names))
     fit, held = random_holdout(len(y_train), HOLDOUT_FRACTION, seed)
     x_fit, x_held = standardize(x_train[fit], x_train[held])
     heldout = {}
-    for alpha in alphas:
-        predicted = fit_ridge(x_fit, y_train[fit], alpha).predict(x_held)
-        heldout[alpha] = task.metrics(torch.from_numpy(predicted),
-                                      torch.from_numpy(y_train[held]))["r2"]
-    best = max(sorted(alphas, reverse=True), key=lambda a: heldout[a])
+    for value in grid:
+        outputs = fit_predict(x_fit, y_train[fit], value, x_held)
+        heldout[value] = task.metrics(torch.from_numpy(outputs),
+                                      torch.from_numpy(y_train[held]))[task.primary_metric]
+    best = max(sorted(grid, reverse=True), key=lambda value: heldout[value])
     x_all, x_eval = standardize(x_train, x_test)
-    predictions = fit_ridge(x_all, y_train, best).predict(x_eval)
-    metrics = task.metrics(torch.from_numpy(predictions), torch.from_numpy(y_test))
-    return TargetProbeResult("regression", metrics, best, heldout, predictions)
+    outputs = fit_predict(x_all, y_train, best, x_eval)
+    metrics = task.metrics(torch.from_numpy(outputs), torch.from_numpy(y_test))
+    return TargetProbeResult(kind, metrics, best, heldout, outputs)
+
+
+def ridge_probe(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike, y_test: ArrayLike,
+                names: list[str] | None = None, alphas: tuple[float, ...] = RIDGE_ALPHAS,
+                seed: int = 0) -> TargetProbeResult:
+    """Ridge regression of (N,) or (N, K) real targets on frozen features, alpha picked by the
+    held-out R^2 (`_tuned_target_probe`), scored with the regression task's metrics (R^2,
+    MAE, RMSE as scikit-learn computes them)."""
+    def fit_predict(x: np.ndarray, y: np.ndarray, alpha: float, apply: np.ndarray
+                    ) -> np.ndarray:
+        return fit_ridge(x, y, alpha).predict(apply)
+
+    return _tuned_target_probe("regression", names, x_train, y_train, x_test, y_test, alphas,
+                               fit_predict, seed, "ridge regression")
 
 
 def fit_binary_logistic(x: ArrayLike, y: ArrayLike, weight_decay: float,
@@ -254,27 +272,14 @@ def multilabel_probe(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike,
                      y_test: ArrayLike, names: list[str] | None = None,
                      weight_decays: tuple[float, ...] = WEIGHT_DECAYS,
                      seed: int = 0) -> TargetProbeResult:
-    """One-vs-rest logistic regression of (N, K) 0/1 labels on frozen features: weight decay
-    picked by the mAP on a seeded random 10% of train (ties: the larger), refitted on the
-    whole training split, scored on the test split with the multi-label task's metrics (mAP
-    as scikit-learn's macro average precision, F1 at 0.5, per-label AP)."""
-    from vitkit.tasks import TaskSpec, make_task
+    """One-vs-rest logistic regression of (N, K) 0/1 labels on frozen features, weight decay
+    picked by the held-out mAP (`_tuned_target_probe`), scored with the multi-label task's
+    metrics (mAP as scikit-learn's macro average precision, F1 at 0.5, per-label AP); the
+    outputs are logits."""
+    def fit_predict(x: np.ndarray, y: np.ndarray, weight_decay: float, apply: np.ndarray
+                    ) -> np.ndarray:
+        probe = fit_binary_logistic(x, y, weight_decay)
+        return apply @ probe.weight + probe.bias
 
-    x_train, x_test = as_matrix(x_train), as_matrix(x_test)
-    y_train, y_test = _as_targets(y_train), _as_targets(y_test)
-    _check_holdout(len(y_train), "multi-label")
-    task = make_task(TaskSpec("multilabel", names=names))
-    fit, held = random_holdout(len(y_train), HOLDOUT_FRACTION, seed)
-    x_fit, x_held = standardize(x_train[fit], x_train[held])
-    heldout = {}
-    for wd in weight_decays:
-        probe = fit_binary_logistic(x_fit, y_train[fit], wd)
-        logits = x_held @ probe.weight + probe.bias
-        heldout[wd] = task.metrics(torch.from_numpy(logits),
-                                   torch.from_numpy(y_train[held]))["map"]
-    best = max(sorted(weight_decays, reverse=True), key=lambda wd: heldout[wd])
-    x_all, x_eval = standardize(x_train, x_test)
-    probe = fit_binary_logistic(x_all, y_train, best)
-    logits = x_eval @ probe.weight + probe.bias
-    metrics = task.metrics(torch.from_numpy(logits), torch.from_numpy(y_test))
-    return TargetProbeResult("multilabel", metrics, best, heldout, logits)
+    return _tuned_target_probe("multilabel", names, x_train, y_train, x_test, y_test,
+                               weight_decays, fit_predict, seed, "multi-label")
