@@ -32,11 +32,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitkit.errors import ConfigError, DataError
+from vitkit.errors import ConfigError, DataError, InputError
 from vitkit.fieldtypes import check_known_keys
 
 __all__ = ["LOSSES", "TASKS", "Classification", "Multilabel", "Regression", "Task", "TaskSpec",
-           "average_precision", "infer_task", "make_task", "task_of"]
+           "average_precision", "infer_task", "make_task", "one_hot_smooth",
+           "soft_cross_entropy", "task_of"]
 
 TASKS = ("classification", "regression", "multilabel")
 LOSSES = {"classification": ("cross_entropy",), "regression": ("mse", "huber", "l1"),
@@ -146,13 +147,10 @@ class Classification(Task):
 
     def training_targets(self, labels: torch.Tensor, num_outputs: int,
                          label_smoothing: float = 0.0) -> torch.Tensor:
-        smooth = label_smoothing / num_outputs
-        targets = torch.full((len(labels), num_outputs), smooth, dtype=torch.float32,
-                             device=labels.device)
-        return targets.scatter_(1, labels.long()[:, None], 1.0 - label_smoothing + smooth)
+        return one_hot_smooth(labels, num_outputs, label_smoothing)
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return torch.sum(-targets * F.log_softmax(outputs, dim=-1), dim=-1).mean()
+        return soft_cross_entropy(outputs, targets)
 
     def decode(self, outputs: torch.Tensor) -> torch.Tensor:
         return outputs.float().softmax(-1)
@@ -269,6 +267,24 @@ class Multilabel(Task):
         return {"test_loss": float(loss), "map": float(ap.mean()), "f1": float(f1.mean()),
                 "per_label": {self.output_name(j): {"ap": float(ap[j]), "f1": float(f1[j])}
                               for j in range(len(ap))}}
+
+
+def one_hot_smooth(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0
+                   ) -> torch.Tensor:
+    """Float (B, num_classes) targets: `1 - smoothing + smoothing / num_classes` on the true
+    class, `smoothing / num_classes` elsewhere."""
+    if labels.dim() != 1:
+        raise InputError(f"labels must be (B,), got {tuple(labels.shape)}")
+    if not 0.0 <= smoothing <= 1.0:
+        raise InputError(f"smoothing must be in [0, 1], got {smoothing}")
+    off = smoothing / num_classes
+    out = torch.full((labels.shape[0], num_classes), off, device=labels.device)
+    return out.scatter_(1, labels.long()[:, None], 1.0 - smoothing + off)
+
+
+def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean over the batch of `-(targets * log_softmax(logits)).sum(-1)`."""
+    return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 
 def average_precision(scores: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,10 @@ handful of op groups, never over samples or pixels) and draws all its randomness
 `torch.Generator` passed as `generator`, so the same generator state gives the same output.
 
 Contents: `random_crop`, `random_flip`, `trivial_augment` (with `apply_op` and `op_magnitude`
-to run one named op), `random_erasing`, `mixup_cutmix`, `one_hot_smooth`, `soft_cross_entropy`,
-`normalize` (`vitkit.preprocess.normalize`), and `BatchAugment`, which chains them from
-an `AugmentConfig`.
+to run one named op), `random_erasing`, `mixup_cutmix`, `one_hot_smooth` and
+`soft_cross_entropy` (the classification task's, from `vitkit.tasks`), `normalize`
+(`vitkit.preprocess.normalize`), and `BatchAugment`, which chains them from an
+`AugmentConfig`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from vitkit.errors import InputError
 from vitkit.preprocess import normalize
-from vitkit.tasks import Task
+from vitkit.tasks import Task, make_task, one_hot_smooth, soft_cross_entropy
 
 __all__ = [
     "OPS",
@@ -477,24 +478,6 @@ def mixup_cutmix(images: torch.Tensor, targets: torch.Tensor, generator: torch.G
     return mixed, mixed_targets
 
 
-def one_hot_smooth(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0
-                   ) -> torch.Tensor:
-    """Float (B, num_classes) targets: `1 - smoothing + smoothing / num_classes` on the true
-    class, `smoothing / num_classes` elsewhere."""
-    if labels.dim() != 1:
-        raise InputError(f"labels must be (B,), got {tuple(labels.shape)}")
-    if not 0.0 <= smoothing <= 1.0:
-        raise InputError(f"smoothing must be in [0, 1], got {smoothing}")
-    off = smoothing / num_classes
-    out = torch.full((labels.shape[0], num_classes), off)
-    return out.scatter_(1, labels.long()[:, None], 1.0 - smoothing + off)
-
-
-def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean over the batch of `-(targets * log_softmax(logits)).sum(-1)`."""
-    return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
-
-
 # ---------------------------------------------------------------------------------------------
 # The whole pipeline
 
@@ -531,7 +514,7 @@ class BatchAugment:
                  ) -> None:
         self.config = config
         self.num_classes = num_classes
-        self.task = task  # None: classification
+        self.task = task or make_task("classification")
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator,
                  mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor,
@@ -553,10 +536,7 @@ class BatchAugment:
         if cfg.random_erasing > 0:
             images = random_erasing(images, generator, p=cfg.random_erasing)
         x = normalize(images, mean, std, scale)
-        if self.task is None:
-            targets = one_hot_smooth(labels, self.num_classes, cfg.label_smoothing)
-        else:
-            targets = self.task.training_targets(labels, self.num_classes, cfg.label_smoothing)
+        targets = self.task.training_targets(labels, self.num_classes, cfg.label_smoothing)
         if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
             x, targets = mixup_cutmix(x, targets, generator, cfg.mixup_alpha, cfg.cutmix_alpha)
         return x, targets
