@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitkit.data.sources.mapped import first_nonfinite
 from vitkit.errors import InputError
 
 __all__ = ["ARRAY_EXTENSIONS", "ArrayImages", "is_array_file", "read_array_images"]
@@ -55,9 +56,9 @@ class ArrayImages:
         part = np.asarray(self.array[start:stop])
         if part.dtype != np.uint8:
             part = part.astype(np.float32)
-            bad = np.flatnonzero(~np.isfinite(part).reshape(len(part), -1).all(1))
-            if len(bad):
-                raise InputError(f"{self.name(start + int(bad[0]))} holds NaN or inf values; "
+            bad = first_nonfinite(part)
+            if bad is not None:
+                raise InputError(f"{self.name(start + bad)} holds NaN or inf values; "
                                  "fix or drop that image")
         return torch.from_numpy(np.ascontiguousarray(part if part.flags.writeable
                                                      else part.copy()))
