@@ -23,7 +23,6 @@ and a run store (`to_dict` / `from_dict`); models built from a record carry it a
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -377,7 +376,3 @@ def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
     return TaskSpec("regression", names=names, loss=loss, target_mean=mean.tolist(),
                     target_std=std.tolist())
 
-
-def finite_or_none(value: float) -> float | None:
-    """JSON has no NaN: a metric that is not finite is written as null."""
-    return value if math.isfinite(value) else None
