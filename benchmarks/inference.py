@@ -3,8 +3,11 @@
 Speed (`--speed`): ViT-B/16 at 224, batch 8, random weights, every configuration in this one
 process (the same threads and allocator setting for all: `vitkit.runtime.configure_cpu`),
 timed in rotating order, one call per configuration per round; medians. Rows: timm fp32,
-vitkit fp32, vitkit int8 (torch's dynamic int8, the `--int8` default), ToMe at several r,
-int8 + ToMe, and ONNX Runtime fp32 / int8 (the graphs `vitkit export [--int8]` writes).
+vitkit fp32, vitkit int8 by each engine of `vitkit.inference.quantize` (torch's x86 kernels,
+oneDNN, ONNX Runtime; `--int8` runs the fastest of them, measured), ToMe at several r,
+int8 + ToMe, bf16 autocast, `--precision auto` as the verbs resolve it here (alone and with
+the largest ToMe r: the issue's "fastest path") and ONNX Runtime fp32 (the graph `vitkit
+export` writes).
 
 Accuracy (`--accuracy WEIGHTS ...`): each trained model's test top-1 and images/s at fp32,
 int8 and token merging r = 1, 2, ... (the ToMe curve), evaluated as `vitkit eval` does.
@@ -17,6 +20,7 @@ int8 and token merging r = 1, 2, ... (the ToMe curve), evaluated as `vitkit eval
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
@@ -28,14 +32,15 @@ import torch
 from vitkit import apply_token_merging, create_model
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
 from vitkit.inference.merging import merge_schedule
-from vitkit.inference.quantize import quantize_int8
+from vitkit.inference.quantize import available_engines, quantize_int8
 from vitkit.runtime import configure_cpu, cpu_description
 from vitkit.summary import forward_flops, token_count
 
 Runner = Callable[[], object]
 
 
-def speed_rows(batch: int, merge: list[int], with_onnx: bool) -> dict[str, tuple[Runner, int]]:
+def speed_rows(batch: int, merge: list[int], with_onnx: bool,
+               with_bf16: bool = True) -> dict[str, tuple[Runner, int]]:
     """Label -> (one batch of B/16 at 224, tokens merged per layer)."""
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
@@ -44,7 +49,7 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool) -> dict[str, tuple
     timm_model = TimmViT(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
                          num_classes=1000).eval()
     model = create_model("B/16").eval()  # random weights: the speed does not depend on them
-    int8 = quantize_int8(model)
+    int8 = quantize_int8(model, "torch")
 
     def run(module: torch.nn.Module) -> Runner:
         def call() -> object:
@@ -62,27 +67,57 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool) -> dict[str, tuple
         return call
 
     rows = {"timm fp32": (run(timm_model), 0), "vitkit fp32": (run(model), 0),
-            "vitkit int8": (run(int8), 0)}
+            "vitkit int8 (torch)": (run(int8), 0)}
+    for engine in available_engines(model):
+        if engine != "torch" and (with_onnx or engine != "onnxruntime"):
+            rows[f"vitkit int8 ({engine})"] = (run(quantize_int8(model, engine)), 0)
     for r in merge:
         rows[f"vitkit ToMe r={r}"] = (merged(model, r), r)
         rows[f"vitkit int8 + ToMe r={r}"] = (merged(int8, r), r)
+    if with_bf16:
+        def bf16() -> object:
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(images)
+        rows["vitkit bf16 (autocast)"] = (bf16, 0)
+    rows.update(_auto_rows(model, images, max(merge, default=0)))
     if with_onnx:
         rows.update(_onnx_rows(model, images))
+    return rows
+
+
+def _auto_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, int]]:
+    """`--precision auto` as the verbs resolve it here, alone and with ToMe r (the issue's
+    fastest path): the model after merging, then auto's precision measured on it."""
+    from vitkit.inference.precision import apply_precision, choose_precision
+
+    cpu = torch.device("cpu")
+    rows = {}
+    for merge in sorted({0, r}):
+        merged_model = apply_token_merging(copy.deepcopy(model), merge)
+        chosen = choose_precision("auto", cpu, merged_model, images)
+        module, context = apply_precision(merged_model, chosen, cpu)
+        label = f"vitkit auto -> {chosen.name}" + (f" ({chosen.engine})" if chosen.engine
+                                                   else "") + (f" + ToMe r={merge}" if merge
+                                                               else "")
+
+        def call(module=module, context=context) -> object:
+            with torch.inference_mode(), context():
+                return module(images)
+        rows[label] = (call, merge)
     return rows
 
 
 def _onnx_rows(model, images: torch.Tensor) -> dict[str, tuple[Runner, int]]:
     import onnxruntime as ort
 
-    from vitkit.export import export_onnx, export_onnx_int8
+    from vitkit.export import export_onnx
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     options.inter_op_num_threads = 1
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
-        for label, write in (("onnxruntime fp32", export_onnx),
-                             ("onnxruntime int8", export_onnx_int8)):
+        for label, write in (("onnxruntime fp32", export_onnx),):
             path = write(model, Path(folder) / f"{label.split()[1]}.onnx")
             session = ort.InferenceSession(str(path), options,
                                            providers=["CPUExecutionProvider"])
@@ -97,7 +132,7 @@ def speed(args: argparse.Namespace) -> None:
     peak = MatmulPeak(args.threads)
     peak.sample(5)
     merge = [int(r) for r in args.merge.split(",") if r]
-    rows = speed_rows(args.batch, merge, not args.no_onnx)
+    rows = speed_rows(args.batch, merge, not args.no_onnx, not args.no_bf16)
     for runner, _ in rows.values():
         runner()  # warm up
     times: dict[str, list[float]] = {label: [] for label in rows}
@@ -111,13 +146,13 @@ def speed(args: argparse.Namespace) -> None:
     print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
           f"{peak.gflops:.0f} GFLOP/s; ViT-B/16 at 224, batch {args.batch}, medians of "
           f"{args.reps} rotating rounds, one process (same settings for every row)")
-    print(f"{'configuration':<26}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}"
+    print(f"{'configuration':<44}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}"
           f"{'vs vitkit':>10}{'GFLOPs/img':>12}")
     for label, samples in times.items():
         med = statistics.median(samples)
         flops = forward_flops(config, tokens_per_layer=merge_schedule(
             config, rows[label][1], token_count(config))) / 1e9
-        print(f"{label:<26}{med * 1e3:>10.1f}{args.batch / med:>10.2f}"
+        print(f"{label:<44}{med * 1e3:>10.1f}{args.batch / med:>10.2f}"
               f"{fp32['timm fp32'] / med:>8.2f}x{fp32['vitkit fp32'] / med:>9.2f}x"
               f"{flops:>12.1f}")
 
@@ -183,6 +218,8 @@ def main() -> None:
     parser.add_argument("--merge", default="8,12,16", help="ToMe r values of the speed table")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-onnx", action="store_true")
+    parser.add_argument("--no-bf16", action="store_true",
+                        help="leave out the bf16 autocast row (slow where bf16 is emulated)")
     args = parser.parse_args()
     if not (args.speed or args.accuracy):
         parser.error("ask for --speed and/or --accuracy WEIGHTS ...")

@@ -100,8 +100,13 @@ def test_benchmark_on_onnxruntime_reports_the_same_measurements(capsys):
 
 
 def test_benchmark_int8_runs_the_quantized_model(capsys):
+    from vitkit.inference.quantize import available_engines
+
     result = run_json(capsys, "cifar10-tutorial", "--int8", *FAST)
-    assert "int8 (vitkit.inference.quantize" in result["engine"] and result["images_per_s"] > 0
+    engine = result["engine"].split("int8 (", 1)[1].split(" engine)")[0]  # the one measured fastest
+    assert engine in available_engines() and result["images_per_s"] > 0
+    assert f"engine {engine}" not in result["precision_reason"]  # measured, not asked
+    assert "int8 engines measured" in result["precision_reason"]
 
 
 def test_benchmark_int8_on_onnxruntime_times_the_quantized_graph(capsys):
@@ -225,7 +230,7 @@ def test_int8_engine_picks_the_eager_implementation_and_is_refused_on_onnxruntim
     """--int8-engine means what it means on eval and predict: the PyTorch int8 implementation
     (it implies --int8); onnxruntime quantises its graph itself."""
     result = run_json(capsys, "cifar10-tutorial", "--int8-engine", "torch", *FAST)
-    assert "int8 (vitkit.inference.quantize.quantize_int8, torch)" in result["engine"]
+    assert "int8 (torch engine)" in result["engine"]
     code, _, err = run_cli(capsys, "cifar10-tutorial", "--int8-engine", "torch", "--engine",
                            "onnxruntime", *FAST)
     assert code == 2 and "--int8-engine applies to the torch engine only" in err

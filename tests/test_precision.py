@@ -18,6 +18,7 @@ from vitkit.data.sources import open_source
 from vitkit.errors import ConfigError
 from vitkit.inference import precision as precision_module
 from vitkit.inference.precision import apply_precision, choose_precision, fast_bf16_cpu
+from vitkit.inference.quantize import available_engines, quantize_int8
 from vitkit.runtime import cpu_description
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import run_loop
@@ -43,23 +44,82 @@ def test_auto_takes_bf16_on_amx_and_on_cuda_and_says_why() -> None:
     assert choose_precision("auto", torch.device("cuda")).name == "bf16"
 
 
+def _fake_timings(speed: dict[str, float], calls: list) -> object:
+    """A stand-in for precision._timings: each runner's seconds are 1 / its speed (fp32: 1)."""
+    def timings(runners):
+        calls.append(sorted(runners))
+        return {name: 1.0 / speed.get(name, 1.0) for name in runners}
+    return timings
+
+
 def test_auto_without_fast_bf16_measures_and_remembers(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-
-    def measured(model, batch):
-        calls.append(batch.shape)
-        return 0.9  # int8 slower than fp32 here
-
-    monkeypatch.setattr(precision_module, "_int8_speedup", measured)
+    calls: list = []
+    # every int8 engine slower than fp32 here
+    monkeypatch.setattr(precision_module, "_timings",
+                        _fake_timings({"torch": 0.9, "onednn": 0.8, "onnxruntime": 0.7,
+                                       "torchao": 0.5, "int8": 0.9}, calls))
     model, batch = tiny(), torch.randn(2, 3, 16, 16)
     first = choose_precision("auto", CPU, model, batch, flags=frozenset({"avx2"}))
-    assert first.name == "fp32" and "0.90x" in first.reason
+    assert first.name == "fp32" and "0.90x" in first.reason and "torch" in first.reason
+    measured = len(calls)
     again = choose_precision("auto", CPU, model, batch, flags=frozenset({"avx2"}))
-    assert again.name == "fp32" and "measured before" in again.reason and len(calls) == 1
-    monkeypatch.setattr(precision_module, "_int8_speedup", lambda model, batch: 2.0)
+    assert again.name == "fp32" and "measured before" in again.reason
+    assert len(calls) == measured  # remembered: nothing timed again
+    monkeypatch.setattr(precision_module, "_timings",
+                        _fake_timings({"torch": 2.0, "int8": 2.0}, calls))
     other_batch = choose_precision("auto", CPU, model, torch.randn(4, 3, 16, 16),
                                    flags=frozenset({"avx2"}))
     assert other_batch.name == "int8" and "2.0x" in other_batch.reason
+    assert other_batch.engine == "torch"
+
+
+def test_int8_engine_is_the_fastest_measured_remembered_and_pinnable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if "onednn" not in available_engines():
+        pytest.skip("this torch build has no oneDNN quantized engine")
+    calls: list = []
+    monkeypatch.setattr(precision_module, "_timings",
+                        _fake_timings({"torch": 1.5, "onednn": 2.5, "onnxruntime": 2.0}, calls))
+    model, batch = tiny(), torch.randn(2, 3, 16, 16)
+    chosen = choose_precision("int8", CPU, model, batch)
+    assert chosen.engine == "onednn" and "(onednn)" in chosen.describe()
+    assert "onednn 2.50x" in chosen.reason and "torch 1.50x" in chosen.reason  # each engine
+    assert calls[0] == sorted(["fp32", *available_engines(model)])
+    again = choose_precision("int8", CPU, model, batch)
+    assert again.engine == "onednn" and "measured before" in again.reason and len(calls) == 1
+    pinned = choose_precision("int8", CPU, model, batch, int8_engine="torch")
+    assert pinned.engine == "torch" and len(calls) == 1  # a pinned engine is not measured
+
+
+def test_every_int8_engine_runs_the_model_close_to_fp32_and_keeps_its_attributes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # ONNX Runtime's export goes here
+    model, batch = tiny(), torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        reference = model(batch)
+        for engine in available_engines(model):
+            quantized = quantize_int8(model, engine)
+            out = quantized(batch).float()
+            assert out.shape == reference.shape, engine
+            assert (out - reference).abs().max().item() <= 0.05, engine
+            assert quantized.config == model.config, engine
+    assert list(tmp_path.iterdir()) == []  # no graph left behind
+
+
+def test_onnxruntime_int8_answers_a_regression_model_in_its_own_units() -> None:
+    from vitkit.tasks import TaskSpec
+
+    if "onnxruntime" not in available_engines():
+        pytest.skip("onnx/onnxruntime not installed (pip install 'vitkit[export]')")
+    model = tiny()
+    model.task = TaskSpec(kind="regression", names=["a", "b", "c"], loss="mse",
+                          target_mean=[10.0, -5.0, 0.5], target_std=[3.0, 0.1, 2.0])
+    batch = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():  # the graph de-standardises; the wrapper gives the forward's values
+        out, reference = quantize_int8(model, "onnxruntime")(batch), model(batch)
+    assert (out - reference).abs().max().item() <= 0.05
 
 
 def test_each_precision_runs_the_model_close_to_fp32() -> None:
@@ -67,7 +127,8 @@ def test_each_precision_runs_the_model_close_to_fp32() -> None:
     with torch.no_grad():
         reference = model(batch)
         for name, tolerance in (("fp32", 0.0), ("bf16", 0.05), ("int8", 0.05)):
-            runner, context = apply_precision(model, choose_precision(name, CPU), CPU)
+            chosen = choose_precision(name, CPU, model, batch)
+            runner, context = apply_precision(model, chosen, CPU)
             with context():
                 out = runner(batch).float()
             assert (out - reference).abs().max().item() <= tolerance, name
@@ -160,7 +221,7 @@ def test_int8_with_another_precision_is_refused_and_its_fix_works(run, tmp_path,
             assert "drop --int8" in err
     # the message's fix: --precision int8 (or --int8 alone) runs
     report = _eval(run, tmp_path / "e", "--int8", "--precision", "int8")
-    assert report["precision"] == "int8" and report["int8"] == "torch"
+    assert report["precision"] == "int8" and report["int8"] in available_engines()
     assert (tmp_path / "e" / "eval-digits-test-int8.json").is_file()
 
 
@@ -173,7 +234,8 @@ def test_benchmark_auto_says_what_it_chose_and_on_which_cpu(capsys, monkeypatch)
     assert lines[0] == cpu_description()
     choice = next(line for line in lines if line.strip().startswith("precision "))
     if fast_bf16_cpu() is None:  # this CPU: int8 or fp32, by a measurement at batch 4
-        assert "no fast bf16 on this CPU; int8 measured" in choice and "at batch 4" in choice
+        assert "no fast bf16 on this CPU; int8 engines measured" in choice
+        assert "at batch 4" in choice
     _amx_cpu(monkeypatch)
     assert main(["benchmark", "cifar10-tutorial", *FAST_BENCHMARK, "--precision", "auto",
                  "--merge-tokens", "2", "--json"]) == 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitkit import InputError, create_model
+from vitkit import ConfigError, InputError, create_model
 from vitkit.config import STEMS as CONFIG_STEMS
 from vitkit.model.stems import STEMS, ConvStem, PatchStem, ResNetStem, build_stem
 from vitkit.summary import forward_flops, summarize
@@ -24,6 +24,8 @@ CIFAR10_MODEL = ("Ti/4", {k: v for k, v in RECIPE.items() if k != "variant"})  #
 SMALL_STEMS = {
     "patch": ("Ti/16", {}),
     "conv": ("Ti/4", {"stem": "conv", "stem_channels": (8, 16, 24)}),
+    "conv, strides placed": ("Ti/8", {"stem": "conv", "stem_channels": (8, 16, 16, 24),
+                                      "stem_strides": (2, 1, 2, 2)}),
     "R50": ("R50+Ti/16", {}),
     "R26/32": ("R26+Ti/32", {}),
     "root-only R": ("R+Ti/32", {}),
@@ -53,6 +55,24 @@ def test_stem_state_dict_names_are_those_the_checkpoint_readers_use():
                 "patch_embed.backbone.stages.0.blocks.0.downsample.conv.weight",
                 "patch_embed.backbone.stages.2.blocks.8.norm3.weight", "patch_embed.proj.bias"):
         assert key in hybrid
+
+
+def test_conv_stem_strides_place_the_downsampling_and_a_wrong_list_says_how():
+    stem = meta_model("Ti/8", stem="conv", stem_channels=(8, 16, 16, 24),
+                      stem_strides=(2, 1, 2, 2)).patch_embed
+    assert [conv.stride for conv in stem._convs()] == [(2, 2), (1, 1), (2, 2), (2, 2)]
+    shapes, grid = stem.conv_shapes((32, 32))
+    assert [shape.out_size for shape in shapes[:4]] == [(16, 16), (16, 16), (8, 8), (4, 4)]
+    assert grid == (4, 4)
+    default = meta_model("Ti/8", stem="conv", stem_channels=(8, 16, 16, 24)).patch_embed
+    assert [conv.stride for conv in default._convs()] == [(1, 1), (2, 2), (2, 2), (2, 2)]
+    with pytest.raises(ConfigError, match=r"e\.g\. \[1, 2, 2, 2\]") as info:
+        meta_model("Ti/8", stem="conv", stem_channels=(8, 16, 16, 24), stem_strides=(2, 2, 1, 1))
+    assert "log2(patch_size)=3 of them 2" in str(info.value)
+    example = json.loads(str(info.value).rsplit("e.g. ", 1)[1])  # the message's fix works
+    fixed = meta_model("Ti/8", stem="conv", stem_channels=(8, 16, 16, 24), stem_strides=example)
+    assert fixed.config.stem_strides == (1, 2, 2, 2)
+    assert type(fixed.config).from_dict(json.loads(fixed.config.to_json())) == fixed.config
 
 
 @pytest.mark.parametrize("kind", SMALL_STEMS)
@@ -258,7 +278,8 @@ def test_stems_say_which_sizes_they_take():
              for label, (name, overrides) in SMALL_STEMS.items()}
     # Patches must be whole; padded convs and a 1x1 projection on a SAME map take any size;
     # an 8x8 projection on the root-only map needs whole 32-pixel tokens.
-    assert sizes == {"patch": 16, "conv": 1, "R50": 1, "R26/32": 1, "root-only R": 32}
+    assert sizes == {"patch": 16, "conv": 1, "conv, strides placed": 1, "R50": 1, "R26/32": 1,
+                     "root-only R": 32}
     conv = create_model("Ti/4", img_size=16, depth=1, stem="conv", stem_channels=(8, 16),
                         dynamic_img_size=True).eval()
     assert conv(torch.randn(1, 3, 13, 18)).shape == (1, 1000)  # ceil: 4x5 tokens

@@ -71,6 +71,7 @@ class ViTConfig:
     in_chans: int = 3
     stem: str = "patch"  # "patch": one P x P projection; "conv": a small CNN (hybrid)
     stem_channels: tuple[int, ...] = ()  # conv stem: 3x3 conv widths, the last log2(P) stride 2
+    stem_strides: tuple[int, ...] = ()  # conv stem: each conv's stride (1 or 2); () = as above
     resnet_layers: tuple[int, ...] = ()  # resnet stem: units per stage, (3, 4, 9) for R50
     resnet_width: int = 64  # resnet stem: root width (x 2 per stage, x 4 in the bottlenecks)
     num_classes: int = 1000
@@ -153,13 +154,7 @@ class ViTConfig:
                 f"image size that is a multiple of {patch} (e.g. {near}) or a patch size that "
                 "divides both sides.")
         if self.stem == "conv":
-            halvings = self.patch_size.bit_length() - 1
-            if 1 << halvings != self.patch_size or len(self.stem_channels) < halvings:
-                raise ConfigError(
-                    f"stem='conv' halves the resolution once per stride-2 conv, so patch_size "
-                    f"must be a power of 2 and stem_channels must list at least log2(patch_size)"
-                    f" widths; got patch_size={self.patch_size}, "
-                    f"stem_channels={list(self.stem_channels)}")
+            self._validate_conv_stem()
         if self.stem == "resnet":
             stride = 4 * 2 ** max(len(self.resnet_layers) - 1, 0)
             if self.patch_size % stride:
@@ -178,11 +173,36 @@ class ViTConfig:
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{key} must be in [0, 1), got {getattr(self, key)}")
 
+    def _validate_conv_stem(self) -> None:
+        halvings = self.patch_size.bit_length() - 1
+        if 1 << halvings != self.patch_size or len(self.stem_channels) < halvings:
+            raise ConfigError(
+                f"stem='conv' halves the resolution once per stride-2 conv, so patch_size "
+                f"must be a power of 2 and stem_channels must list at least log2(patch_size)"
+                f" widths; got patch_size={self.patch_size}, "
+                f"stem_channels={list(self.stem_channels)}")
+        strides = self.stem_strides
+        if strides and (len(strides) != len(self.stem_channels) or set(strides) - {1, 2}
+                        or strides.count(2) != halvings):
+            example = [1] * (len(self.stem_channels) - halvings) + [2] * halvings
+            raise ConfigError(
+                f"stem_strides={list(strides)} must give each of the {len(self.stem_channels)} "
+                f"stem convs a stride of 1 or 2, with log2(patch_size)={halvings} of them 2 "
+                f"(their product is the patch size {self.patch_size}), e.g. {example}")
+
+    def conv_stem_strides(self) -> tuple[int, ...]:
+        """The stride of each conv of a conv stem: `stem_strides`, or the last log2(P) 2."""
+        if self.stem_strides:
+            return self.stem_strides
+        halvings = self.patch_size.bit_length() - 1
+        return (1,) * (len(self.stem_channels) - halvings) + (2,) * halvings
+
     # -- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["img_size"] = list(self.img_size)
         data["stem_channels"] = list(self.stem_channels)
+        data["stem_strides"] = list(self.stem_strides)
         data["resnet_layers"] = list(self.resnet_layers)
         return data
 

@@ -346,10 +346,10 @@ def _in_precision(model: VisionTransformer, requested: str, batch: torch.Tensor,
     """The model to run and the context to run it in, in the precision chosen for `batch`
     (logged when `say`)."""
     chosen = choose_precision(requested, batch.device, model,
-                              batch if requested == "auto" else None)
+                              batch if requested in ("auto", "int8") else None, int8_engine=int8)
     if say:
         log.info("%s", chosen.describe())
-    return apply_precision(model, chosen, batch.device, int8)
+    return apply_precision(model, chosen, batch.device)
 
 
 def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int = 5,

@@ -30,7 +30,6 @@ from vitkit.inference.precision import (
     measurement_batch,
     requested_precision,
 )
-from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
 from vitkit.inference.speedup import speed_up
 from vitkit.report import Report
 from vitkit.tasks import Task, make_task
@@ -83,7 +82,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     model = build_model(weights)
     config = model.config
     fast, chosen = _in_precision(speed_up(model, merge_tokens), precision, int8, batch_size)
-    int8 = (int8 or INT8_DEFAULT) if chosen.name == "int8" else None
+    int8 = chosen.engine if chosen.name == "int8" else None  # the engine that ran
     autocast = torch.bfloat16 if chosen.name == "bf16" else None
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
@@ -195,9 +194,9 @@ def _in_precision(model: torch.nn.Module, precision: str | None, int8: str | Non
     device = next(model.parameters()).device
     config = model.config
     batch = measurement_batch(config.in_chans, config.img_size, batch_size) \
-        if requested == "auto" else None
-    chosen = choose_precision(requested, device, model, batch)
-    return apply_precision(model, chosen, device, int8)[0], chosen
+        if requested in ("auto", "int8") else None
+    chosen = choose_precision(requested, device, model, batch, int8_engine=int8)
+    return apply_precision(model, chosen, device)[0], chosen
 
 
 def eval_report_name(data: str, split: str, merge_tokens: int = 0,

@@ -9,9 +9,14 @@ and `apply_precision` gives the model and the context to run it in. What `auto` 
   2.1x for torch's dynamic int8.
 - A CPU with AVX512-BF16 but no AMX: bf16 when a matmul at the model's width measures at least
   `BF16_MARGIN` faster in bf16 than in fp32, else as below.
-- Otherwise: dynamic int8 (`vitkit.inference.quantize`) when one forward pass of the model at
-  the batch size measures at least `INT8_MARGIN` faster than fp32 (timed alternately, best of
-  `ROUNDS`), else fp32. So `auto` is never slower than fp32 by its own measurement.
+- Otherwise: dynamic int8 (`vitkit.inference.quantize`) by its fastest engine here when one
+  forward pass of the model at the batch size measures at least `INT8_MARGIN` faster than fp32
+  (timed alternately, best of `ROUNDS`), else fp32. So `auto` is never slower than fp32 by its
+  own measurement.
+
+int8's engine (torch's x86 kernels, oneDNN, ONNX Runtime, torchao: `vitkit.inference.quantize`)
+is likewise measured, not assumed (`choose_int8_engine`): which is fastest depends on the CPU
+(VNNI, AMX) and the model. `--int8-engine E` pins one.
 
 A measured choice is remembered per CPU, torch build, model shape and batch size in
 `<cache root>/precision.json` (`vitkit.files.cache_root`), so only the first call pays for
@@ -36,12 +41,13 @@ from torch import nn
 
 from vitkit.errors import ConfigError
 from vitkit.files import cache_root, write_atomic
-from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
-from vitkit.inference.quantize import quantize_int8
+from vitkit.inference.quantize import AUTO as INT8_AUTO
+from vitkit.inference.quantize import available_engines, quantize_int8
 from vitkit.runtime import cpu_model_and_flags
 
-__all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "choose_precision",
-           "fast_bf16_cpu", "measurement_batch", "requested_precision", "training_precision"]
+__all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "choose_int8_engine",
+           "choose_precision", "fast_bf16_cpu", "measurement_batch", "requested_precision",
+           "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
@@ -50,20 +56,24 @@ ROUNDS = 3
 MEASURE_BATCH = 8  # at most this many images in auto's measurement (eval, benchmark)
 AMP_MIN_WIDTH = 128  # bf16 training on an AMX CPU pays from this width on (see training_precision)
 PRECISION_HELP = ("number format: fp32 (default), bf16 (autocast), int8 (dynamic int8 Linear "
-                  "layers, as --int8) or auto (the fastest for this machine and model: bf16 on "
+                  "layers by the fastest engine measured here, as --int8) or auto (the "
+                  "fastest for this machine and model: bf16 on "
                   "CUDA and AMX/AVX512-BF16 CPUs, int8 where a short measurement finds it "
                   "faster, else fp32; says what it chose)")
 
 
 @dataclass(frozen=True)
 class Precision:
-    """What the model runs in (`name`: fp32, bf16 or int8) and why (`reason`)."""
+    """What the model runs in (`name`: fp32, bf16 or int8), why (`reason`) and, for int8,
+    by which engine (`engine`, one of `vitkit.inference.quantize.ENGINES`)."""
 
     name: str
     reason: str
+    engine: str | None = None
 
     def describe(self) -> str:
-        return f"precision {self.name} ({self.reason})"
+        name = f"{self.name} ({self.engine})" if self.engine else self.name
+        return f"precision {name} ({self.reason})"
 
 
 def fast_bf16_cpu(flags: frozenset[str] | None = None) -> str | None:
@@ -94,24 +104,61 @@ def _bf16_matmul_speedup(width: int) -> float:
 
 
 @torch.no_grad()
-def _int8_speedup(model: nn.Module, batch: torch.Tensor) -> float:
-    quantized = quantize_int8(model, INT8_DEFAULT)
-    fp32, int8 = [], []
-    model(batch), quantized(batch)  # warm-up
-    for _ in range(ROUNDS):  # alternately, so a busy moment hits both
-        for runner, times in ((model, fp32), (quantized, int8)):
+def _timings(runners: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """The best of `ROUNDS` seconds of each runner, timed in turns so a busy moment hits all."""
+    for run in runners.values():
+        run()  # warm-up: kernels chosen, memory allocated
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(ROUNDS):
+        for name, run in runners.items():
             start = time.perf_counter()
-            runner(batch)
-            times.append(time.perf_counter() - start)
-    return min(fp32) / min(int8)
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(values) for name, values in times.items()}
+
+
+def choose_int8_engine(model: nn.Module, batch: torch.Tensor) -> tuple[str, str]:
+    """The fastest int8 engine installed for `model` on `batch` and a line of what each
+    measured against fp32 (remembered like `auto`'s choice)."""
+    measured = _int8_measurement(model, batch, None)
+    return measured["engine"], measured["reason"]
+
+
+def _int8_measurement(model: nn.Module, batch: torch.Tensor,
+                      engine: str | None) -> dict[str, object]:
+    """{"engine", "reason", "speedup"}: `engine` (None or "auto": every installed engine, the
+    fastest kept) timed against fp32 on `batch`; remembered per machine, model and batch."""
+    engines = available_engines(model) if engine in (None, INT8_AUTO) else [engine]
+    key = f"int8:{'|'.join(engines)}|" + _measurement_key(model, batch)
+    remembered = _remembered().get(key)
+    if remembered and remembered.get("engine") in engines:
+        return {**remembered, "reason": f"{remembered['reason']} (measured before)"}
+    seconds = _timings({"fp32": _runner(model, batch)}
+                       | {name: _runner(quantize_int8(model, name), batch) for name in engines})
+    fp32 = seconds.pop("fp32")
+    fastest = min(seconds, key=seconds.__getitem__)
+    each = ", ".join(f"{name} {fp32 / value:.2f}x" for name, value in seconds.items())
+    measured = {"engine": fastest, "speedup": fp32 / seconds[fastest],
+                "reason": f"int8 engines measured {each} fp32 on this model at batch "
+                          f"{len(batch)}" if len(engines) > 1 else
+                          f"int8 ({fastest}) measured {fp32 / seconds[fastest]:.2f}x fp32 on "
+                          f"this model at batch {len(batch)}"}
+    _remember(key, measured)
+    return measured
+
+
+def _runner(model: nn.Module, batch: torch.Tensor) -> Callable[[], object]:
+    return lambda: model(batch)
 
 
 def choose_precision(requested: str | None, device: torch.device,
                      model: nn.Module | None = None, batch: torch.Tensor | None = None,
-                     flags: frozenset[str] | None = None) -> Precision:
+                     flags: frozenset[str] | None = None,
+                     int8_engine: str | None = None) -> Precision:
     """The precision to run `model` in on `device` (`requested` None: the default, fp32);
     `auto` decides by the machine and, where no rule is clear, by timing `model` on `batch`
-    (see the module docstring)."""
+    (see the module docstring); int8's engine is `int8_engine`, or measured when that is None
+    or "auto"."""
     if requested is None:
         return Precision("fp32", "the default; --precision auto chooses per machine")
     if requested not in PRECISIONS:
@@ -119,6 +166,14 @@ def choose_precision(requested: str | None, device: torch.device,
     if requested == "int8" and device.type != "cpu":
         raise ConfigError("--precision int8 is a CPU path (dynamic int8 Linear layers); on "
                           f"{device.type} use --precision bf16 (or auto)")
+    if requested == "int8":
+        if int8_engine not in (None, INT8_AUTO):
+            return Precision("int8", f"asked, engine {int8_engine}", int8_engine)
+        if model is None or batch is None:
+            return Precision("int8", "asked; engine torch (no model to measure the others "
+                                     "on)", "torch")
+        measured = _int8_measurement(model, batch, None)
+        return Precision("int8", f"asked; {measured['reason']}", str(measured["engine"]))
     if requested != "auto":
         return Precision(requested, "asked")
     if device.type == "cuda":
@@ -134,19 +189,13 @@ def choose_precision(requested: str | None, device: torch.device,
                                      f"{speedup:.1f}x fp32")
     if model is None or batch is None:
         return Precision("fp32", "no fast bf16 on this CPU")
-    key = _measurement_key(model, batch)
-    remembered = _remembered().get(key)
-    if remembered:
-        return Precision(remembered["name"], remembered["reason"] + " (measured before)")
-    speedup = _int8_speedup(model, batch)
+    measured = _int8_measurement(model, batch, int8_engine)
+    engine, speedup = str(measured["engine"]), float(measured["speedup"])  # type: ignore[arg-type]
     if speedup >= INT8_MARGIN:
-        choice = Precision("int8", f"no fast bf16 on this CPU; int8 measured {speedup:.1f}x "
-                                   f"fp32 on this model at batch {len(batch)}")
-    else:
-        choice = Precision("fp32", f"no fast bf16 on this CPU; int8 measured only "
-                                   f"{speedup:.2f}x fp32 on this model at batch {len(batch)}")
-    _remember(key, choice)
-    return choice
+        return Precision("int8", f"no fast bf16 on this CPU; {measured['reason']}; int8 "
+                                 f"({engine}) is {speedup:.1f}x fp32", engine)
+    return Precision("fp32", f"no fast bf16 on this CPU; {measured['reason']}; the fastest, "
+                             f"int8 ({engine}), only {speedup:.2f}x fp32")
 
 
 def _measurement_key(model: nn.Module, batch: torch.Tensor) -> str:
@@ -163,7 +212,7 @@ def _store() -> Path:
     return cache_root() / "precision.json"
 
 
-def _remembered() -> dict[str, dict[str, str]]:
+def _remembered() -> dict[str, dict]:
     try:
         data = json.loads(_store().read_text())
     except (OSError, ValueError):
@@ -171,9 +220,9 @@ def _remembered() -> dict[str, dict[str, str]]:
     return data if isinstance(data, dict) else {}
 
 
-def _remember(key: str, choice: Precision) -> None:
+def _remember(key: str, entry: dict) -> None:
     data = _remembered()
-    data[key] = {"name": choice.name, "reason": choice.reason}
+    data[key] = entry
     text = json.dumps(data, indent=1).encode()
     with contextlib.suppress(OSError):  # a read-only cache: measure again next time
         write_atomic(_store(), lambda stream: stream.write(text))
@@ -224,13 +273,12 @@ def training_precision(amp: str, device: torch.device, width: int,
                              f"(>= {AMP_MIN_WIDTH})")
 
 
-def apply_precision(model: nn.Module, precision: Precision, device: torch.device,
-                    int8_engine: str | None = None
+def apply_precision(model: nn.Module, precision: Precision, device: torch.device
                     ) -> tuple[nn.Module, Callable[[], contextlib.AbstractContextManager]]:
-    """The model to run (an int8 copy for int8, by `int8_engine`, default torch's) and a
-    factory of the context to run it in (bf16 autocast for bf16)."""
+    """The model to run (an int8 copy by `precision.engine` for int8) and a factory of the
+    context to run it in (bf16 autocast for bf16)."""
     if precision.name == "int8":
-        return quantize_int8(model, int8_engine or INT8_DEFAULT), contextlib.nullcontext
+        return quantize_int8(model, precision.engine or "torch"), contextlib.nullcontext
     if precision.name == "bf16":
         @contextlib.contextmanager
         def autocast() -> Iterator[None]:

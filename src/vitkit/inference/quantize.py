@@ -1,22 +1,26 @@
-"""Dynamic int8 quantisation for CPU inference: the Linear layers' weights stored as int8,
-activations quantised per batch on the fly.
+"""Int8 for CPU inference: the Linear layers' weights stored as int8, activations quantised
+per batch on the fly, by one of four engines.
 
-Engines, measured on B/16 at 224 (2 shared CPU cores, torch 2.14, torchao 0.18; time vs fp32
-eager, same run, interleaved):
-  "torch"    torch's eager `torch.ao.quantization.quantize_dynamic` (x86/fbgemm kernels): the
-             default; 2.5x faster at batch 8, 1.7x at batch 1; nothing to install.
-  "torchao"  torchao's `Int8DynamicActivationInt8WeightConfig` (`pip install 'vitkit[int8]'`):
-             slower than fp32 in eager mode here (0.7x) but about half the logit error of
-             "torch" (max |diff| 0.06 vs 0.14); kept for that.
-For ONNX files, `vitkit.export.quantize_onnx_int8` runs ONNX Runtime's `quantize_dynamic` on an
-exported graph (`vitkit export --int8`): the fastest of all here, 3.1x (batch 8) and 4.7x
-(batch 1) vs fp32 eager torch.
+  "torch"        torch's eager `quantize_dynamic` with its x86 (fbgemm) kernels.
+  "onednn"       the same with weights packed for oneDNN, whose int8 kernels use VNNI and AMX
+                 where the CPU has them.
+  "onnxruntime"  the model exported to ONNX and quantised by ONNX Runtime's `quantize_dynamic`,
+                 run in an ONNX Runtime session (`vitkit.inference.onnx_int8`; needs
+                 `pip install 'vitkit[export]'`).
+  "torchao"      torchao's `Int8DynamicActivationInt8WeightConfig` (`pip install 'vitkit[int8]'`).
+  "auto"         the fastest of those installed, measured on the model at the batch size
+                 (`vitkit.inference.precision.choose_int8_engine`); the default.
+
+Each engine's speed on this machine is printed by `benchmarks/int8_engines.py`; docs/speed.md
+quotes it per CPU.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
+import sys
 import warnings
 from typing import Any
 
@@ -25,11 +29,12 @@ from torch import nn
 
 from vitkit.errors import ConfigError
 
-ENGINES = ("torch", "torchao")
-DEFAULT = "torch"
+ENGINES = ("torch", "onednn", "onnxruntime", "torchao")
+AUTO = "auto"
+DEFAULT = AUTO  # measured per machine and model
 TORCHAO_HINT = "pip install 'vitkit[int8]' (or pip install torchao)"
 
-__all__ = ["DEFAULT", "ENGINES", "int8_engine", "quantize_int8"]
+__all__ = ["AUTO", "DEFAULT", "ENGINES", "available_engines", "int8_engine", "quantize_int8"]
 
 
 def _require_torchao() -> Any:
@@ -37,20 +42,50 @@ def _require_torchao() -> Any:
         return importlib.import_module("torchao.quantization")
     except ImportError as exc:
         raise ConfigError(f"int8 engine 'torchao' needs the torchao package, which is not "
-                          f"installed: {TORCHAO_HINT}, or use engine '{DEFAULT}' (built into "
+                          f"installed: {TORCHAO_HINT}, or use engine 'torch' (built into "
                           "torch)") from exc
 
 
-def quantize_int8(model: nn.Module, engine: str = DEFAULT) -> nn.Module:
-    """A copy of `model` in eval mode with every `nn.Linear` quantised to dynamic int8 (CPU).
+def available_engines(model: nn.Module | None = None) -> list[str]:
+    """The int8 engines this install can run `model` with: torch always, onednn where torch
+    was built with it, onnxruntime where onnx/onnxruntime are installed and the model has no
+    token merging (the exported graph has a fixed token count), torchao where installed."""
+    from vitkit.inference.onnx_int8 import onnxruntime_available
+
+    engines = ["torch"]
+    if "onednn" in torch.backends.quantized.supported_engines:
+        engines.append("onednn")
+    merged = any(getattr(block, "merge_r", 0) for block in getattr(model, "blocks", []))
+    if onnxruntime_available() and not merged:
+        engines.append("onnxruntime")
+    if installed("torchao"):
+        engines.append("torchao")
+    return engines
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be imported (False too where sys.modules blocks it with None)."""
+    try:
+        return sys.modules.get(module, True) is not None and \
+            importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def quantize_int8(model: nn.Module, engine: str = "torch") -> nn.Module:
+    """A copy of `model` in eval mode with every `nn.Linear` in dynamic int8 (CPU), by
+    `engine` (one of ENGINES, or "auto": the fastest, measured on random images of the
+    model's shape by `choose_int8_engine`).
 
     The copy keeps the model's class and attributes (config, preprocessing, class names,
-    token merging), so it predicts and evaluates like the original; the patch embedding
-    (a convolution), LayerNorms and position embeddings stay float32. `model` is unchanged.
+    token merging), so it predicts and evaluates like the original; the stem's convolutions,
+    LayerNorms and position embeddings stay float32. `model` is unchanged.
     """
+    if engine == AUTO:
+        engine = _fastest_engine(model)
     if engine not in ENGINES:
         raise ConfigError(f"unknown int8 engine {engine!r}: use one of {', '.join(ENGINES)} "
-                          f"(default {DEFAULT!r})")
+                          f"or {AUTO!r} (the fastest, measured)")
     device = next(model.parameters()).device
     if device.type != "cpu":
         raise ConfigError(f"int8 quantisation runs on the CPU, but the model is on {device}; "
@@ -60,12 +95,29 @@ def quantize_int8(model: nn.Module, engine: str = DEFAULT) -> nn.Module:
         quantized = copy.deepcopy(model).float().eval()
         quantization.quantize_(quantized, quantization.Int8DynamicActivationInt8WeightConfig())
         return quantized
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
-        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).float().eval(),
-                                                      {nn.Linear}, dtype=torch.qint8)
+    if engine == "onnxruntime":
+        from vitkit.inference.onnx_int8 import OnnxRuntimeInt8
+
+        return OnnxRuntimeInt8(copy.deepcopy(model).float().eval())
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "onednn" if engine == "onednn" else before
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
+            return torch.ao.quantization.quantize_dynamic(
+                copy.deepcopy(model).float().eval(), {nn.Linear}, dtype=torch.qint8)
+    finally:  # the weights stay packed for their engine; the global setting is restored
+        torch.backends.quantized.engine = before
+
+
+def _fastest_engine(model: nn.Module) -> str:
+    from vitkit.inference.precision import choose_int8_engine, measurement_batch
+
+    config = model.config
+    return choose_int8_engine(model, measurement_batch(config.in_chans, config.img_size, 8))[0]
 
 
 def int8_engine(int8: bool, engine: str | None = None) -> str | None:
-    """The engine `--int8 [--int8-engine E]` asks for (E implies int8), or None for float."""
+    """The engine `--int8 [--int8-engine E]` asks for (E implies int8; "auto" by default), or
+    None for float."""
     return engine or (DEFAULT if int8 else None)

@@ -142,8 +142,9 @@ class PatchStem(Stem):
 
 
 class ConvStem(Stem):
-    """A hybrid's tokenizer: 3x3 convolutions (BatchNorm, ReLU), the last log2(P) of them with
-    stride 2, then a 1x1 projection to `width` ("early convolutions", Xiao et al. 2021).
+    """A hybrid's tokenizer: 3x3 convolutions (BatchNorm, ReLU), log2(P) of them with stride 2
+    (by default the last ones), then a 1x1 projection to `width` ("early convolutions", Xiao
+    et al. 2021).
 
     At sizes that are multiples of P it gives the patch grid; other sizes give ceil(size / P)
     tokens per side (each 3x3 conv pads by one pixel).
@@ -152,13 +153,11 @@ class ConvStem(Stem):
     kind = "conv"
 
     def __init__(self, patch_size: int, in_chans: int, width: int,
-                 channels: tuple[int, ...]) -> None:
+                 channels: tuple[int, ...], strides: tuple[int, ...]) -> None:
         super().__init__(patch_size)
-        halvings = patch_size.bit_length() - 1
         layers: list[nn.Module] = []
         previous = in_chans
-        for index, out in enumerate(channels):
-            stride = 2 if index >= len(channels) - halvings else 1
+        for out, stride in zip(channels, strides, strict=True):
             layers += [nn.Conv2d(previous, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out),
                        nn.ReLU(inplace=True)]
             previous = out
@@ -167,7 +166,8 @@ class ConvStem(Stem):
 
     @classmethod
     def from_config(cls, config: ViTConfig) -> ConvStem:
-        return cls(config.patch_size, config.in_chans, config.width, config.stem_channels)
+        return cls(config.patch_size, config.in_chans, config.width, config.stem_channels,
+                   config.conv_stem_strides())
 
     def feature_map(self, images: torch.Tensor) -> torch.Tensor:
         return self.proj(self.convs(images))

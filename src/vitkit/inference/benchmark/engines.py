@@ -66,8 +66,9 @@ class EngineOptions:
             raise ConfigError(f"--merge-tokens must be >= 0 (tokens merged per block), got "
                               f"{self.merge_tokens}")
 
-    def describe(self, chosen: str | None = None) -> str:
-        """"torch, int8 (...), token merging r=8"; `chosen`: the precision auto chose."""
+    def describe(self, chosen: str | None = None, int8_engine: str | None = None) -> str:
+        """"torch, int8 (onednn engine), token merging r=8"; `chosen`: the precision auto
+        chose, `int8_engine` the int8 engine chosen."""
         precision = chosen or self.requested()
         parts = [self.engine + (" (torch.compile)" if self.compile else "")]
         if precision == "bf16":
@@ -75,9 +76,8 @@ class EngineOptions:
         elif precision == "auto":
             parts.append("precision auto")
         elif precision == "int8":
-            engine = f", {self.int8_engine}" if self.int8_engine else ""
             parts.append("int8 (onnxruntime quantize_dynamic)" if self.engine == "onnxruntime"
-                         else f"int8 (vitkit.inference.quantize.quantize_int8{engine})")
+                         else f"int8 ({int8_engine or self.int8_engine or 'auto'} engine)")
         if self.merge_tokens:
             parts.append(f"token merging r={self.merge_tokens}")
         return ", ".join(parts) if len(parts) > 1 else parts[0] + ", fp32"
@@ -111,10 +111,10 @@ class Engine:
         else:
             device = next(model.parameters()).device
             batch = measurement_batch(self.in_chans, self.img_size, batch_size) \
-                if requested == "auto" else None
-            self.precision = choose_precision(requested, device, model, batch)
-            module, self.context = apply_precision(model, self.precision, device,
-                                                   options.int8_engine)
+                if requested in ("auto", "int8") else None
+            self.precision = choose_precision(requested, device, model, batch,
+                                              int8_engine=options.int8_engine)
+            module, self.context = apply_precision(model, self.precision, device)
         if options.compile:
             module = torch.compile(module)
         self.module = module
@@ -135,7 +135,7 @@ class Engine:
         return run
 
     def describe(self) -> str:
-        return self.options.describe(self.precision.name)
+        return self.options.describe(self.precision.name, self.precision.engine)
 
 
 def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = False):

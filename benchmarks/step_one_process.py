@@ -1,0 +1,101 @@
+"""The training step of vitkit and timm, model for model, measured the way an independent
+harness does: one process, plain torch settings (no allocator tuning unless `--runtime`), both
+models built with the same architecture and fed the same tensors, the same optimizer
+(`torch.optim.AdamW` over all parameters), rounds interleaved in rotating order; medians.
+
+`benchmarks/throughput.py` runs each library in its own worker process instead; this script
+is the check that its "model for model" ratio holds when the two share a process and its
+settings (docs/speed.md, "Two ways to measure the step").
+
+    python benchmarks/step_one_process.py [--tasks tutorial,train] [--reps 15] [--runtime]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from vitkit.runtime import cpu_description
+
+# name: (batch, patch, width, depth, heads, classes), 32x32 images, MLP 4 x width
+TASKS = {"tutorial": (256, 4, 48, 4, 4, 10), "train": (128, 4, 192, 6, 3, 10)}
+
+
+def models(task: str) -> dict[str, torch.nn.Module]:
+    """vitkit's and timm's ViT of `task`, both with a class token pooled at the end."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    from vitkit import create_model
+
+    _, patch, width, depth, heads, classes = TASKS[task]
+    torch.manual_seed(0)
+    vitkit = create_model(f"Ti/{patch}", img_size=32, patch_size=patch, width=width,
+                          depth=depth, num_heads=heads, mlp_dim=4 * width, num_classes=classes)
+    timm = TimmViT(img_size=32, patch_size=patch, embed_dim=width, depth=depth, num_heads=heads,
+                   mlp_ratio=4.0, num_classes=classes)
+    return {"vitkit": vitkit, "timm": timm}
+
+
+def step(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
+         ) -> Callable[[], None]:
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+
+    def run() -> None:
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return run
+
+
+def measure(task: str, reps: int, iters: int) -> dict[str, float]:
+    batch, *_, classes = TASKS[task]
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, 32, 32, generator=generator)
+    labels = torch.randint(0, classes, (batch,), generator=generator)
+    runs = {name: step(model, images, labels) for name, model in models(task).items()}
+    for run in runs.values():
+        run(), run()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    order = list(runs)
+    for rep in range(reps):
+        for name in order[rep % 2:] + order[:rep % 2]:
+            start = time.perf_counter()
+            for _ in range(iters):
+                runs[name]()
+            times[name].append((time.perf_counter() - start) / iters)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="tutorial,train")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--runtime", action="store_true",
+                        help="apply vitkit's process setting (vitkit.runtime.configure_cpu) "
+                             "first: it then holds for both models")
+    args = parser.parse_args()
+    print(cpu_description(), flush=True)
+    if args.runtime:
+        from vitkit.runtime import configure_cpu
+
+        configure_cpu()
+    print(f"one process, {torch.get_num_threads()} threads, "
+          f"{'vitkit runtime' if args.runtime else 'plain settings'}, torch.optim.AdamW for "
+          f"both, medians of {args.reps} interleaved rounds of {args.iters} steps")
+    for task in args.tasks.split(","):
+        seconds = measure(task, args.reps, args.iters)
+        batch = TASKS[task][0]
+        ours, theirs = seconds["vitkit"], seconds["timm"]
+        print(f"{task:<9} vitkit {ours * 1e3:7.1f} ms ({batch / ours:6.0f} img/s)  timm "
+              f"{theirs * 1e3:7.1f} ms  vitkit/timm {theirs / ours:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""ONNX Runtime's dynamic int8 as a PyTorch module: the model exported with vitkit's exporter,
+quantised with `onnxruntime.quantization.quantize_dynamic` (`vitkit.export.export_onnx_int8`)
+and run in an in-memory `InferenceSession` (its VNNI/AMX int8 kernels where the CPU has them).
+
+`OnnxRuntimeInt8(model)` answers `forward(images)` like `model` (logits; a regression model's
+standardised outputs, as its own forward gives) and every other attribute (config,
+preprocessing, task, class names) from `model`, so eval and predict take it as they take the
+model. No file is left behind: the graph is read into memory and its folder deleted.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitkit.export import export_onnx_int8, require
+from vitkit.export.onnx import destandardisation
+
+__all__ = ["OnnxRuntimeInt8", "onnxruntime_available"]
+
+
+def onnxruntime_available() -> bool:
+    """Whether onnx and onnxruntime are installed (`pip install 'vitkit[export]'`)."""
+    from vitkit.inference.quantize import installed
+
+    return installed("onnx") and installed("onnxruntime")
+
+
+class OnnxRuntimeInt8(nn.Module):
+    """`model` as an int8 ONNX Runtime session (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, threads: int | None = None) -> None:
+        super().__init__()
+        ort = require("onnxruntime")
+        self.float_model = model.eval()  # attributes are answered from it (see __getattr__)
+        with tempfile.TemporaryDirectory(prefix="vitkit-int8-") as folder:
+            path = export_onnx_int8(model, Path(folder) / "model.onnx", dynamic_batch=True,
+                                    dynamic_size=False)
+            graph = path.read_bytes()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        self.input_name = self.session.get_inputs()[0].name
+        self.standardise = destandardisation(model)  # (std, mean): the graph outputs units
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        feed = {self.input_name: images.detach().float().cpu().contiguous().numpy()}
+        outputs = torch.from_numpy(self.session.run(None, feed)[0])
+        if self.standardise is not None:
+            std, mean = self.standardise
+            outputs = (outputs - mean) / std
+        return outputs
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["float_model"], name)
