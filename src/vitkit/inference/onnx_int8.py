@@ -20,7 +20,18 @@ from torch import nn
 from vitkit.export import export_onnx_int8, require
 from vitkit.export.onnx import destandardisation
 
-__all__ = ["OnnxRuntimeInt8", "onnxruntime_available"]
+__all__ = ["OnnxRuntimeInt8", "cpu_session", "onnxruntime_available"]
+
+
+def cpu_session(graph: bytes | str | Path, threads: int | None = None) -> Any:
+    """An ONNX Runtime CPU session of `graph` (a file or its bytes) with `threads` intra-op
+    threads (default torch's) and one inter-op thread, as vitkit runs every ONNX graph."""
+    ort = require("onnxruntime")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    source = graph if isinstance(graph, bytes) else str(graph)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def onnxruntime_available() -> bool:
@@ -35,16 +46,12 @@ class OnnxRuntimeInt8(nn.Module):
 
     def __init__(self, model: nn.Module, threads: int | None = None) -> None:
         super().__init__()
-        ort = require("onnxruntime")
         self.float_model = model.eval()  # attributes are answered from it (see __getattr__)
         with tempfile.TemporaryDirectory(prefix="vitkit-int8-") as folder:
             path = export_onnx_int8(model, Path(folder) / "model.onnx", dynamic_batch=True,
                                     dynamic_size=False)
             graph = path.read_bytes()
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(graph, threads)
         self.input_name = self.session.get_inputs()[0].name
         self.standardise = destandardisation(model)  # (std, mean): the graph outputs units
 

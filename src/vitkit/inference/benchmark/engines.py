@@ -141,14 +141,10 @@ class Engine:
 def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = False):
     """Export with vitkit's exporter (int8: then onnxruntime's dynamic quantisation) to a
     temporary file and open it in onnxruntime."""
-    from vitkit.export import export_onnx, export_onnx_int8, require
+    from vitkit.export import export_onnx, export_onnx_int8
+    from vitkit.inference.onnx_int8 import cpu_session
 
-    ort = require("onnxruntime")
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
     with tempfile.TemporaryDirectory(prefix="vitkit-benchmark-") as folder:
         write = export_onnx_int8 if int8 else export_onnx
         path = write(model, Path(folder) / "model.onnx", dynamic_batch=True, dynamic_size=False)
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return cpu_session(path, threads)
