@@ -5,9 +5,9 @@ process (the same threads and allocator setting for all: `vitkit.runtime.configu
 timed in rotating order, one call per configuration per round; medians. Rows: timm fp32,
 vitkit fp32, vitkit int8 by each engine of `vitkit.inference.quantize` (torch's x86 kernels,
 oneDNN, ONNX Runtime; `--int8` runs the fastest of them, measured), ToMe at several r,
-int8 + ToMe, bf16 autocast, `--precision auto` as the verbs resolve it here (alone and with
-the largest ToMe r: the issue's "fastest path") and ONNX Runtime fp32 (the graph `vitkit
-export` writes).
+int8 + ToMe by each engine that merges tokens, bf16 autocast, `--precision auto` as the verbs
+resolve it here (alone and with the largest ToMe r: the issue's "fastest path") and ONNX
+Runtime fp32 (the graph `vitkit export` writes).
 
 Accuracy (`--accuracy WEIGHTS ...`): each trained model's test top-1 and images/s at fp32,
 int8 and token merging r = 1, 2, ... (the ToMe curve), evaluated as `vitkit eval` does.
@@ -49,7 +49,6 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool,
     timm_model = TimmViT(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12,
                          num_classes=1000).eval()
     model = create_model("B/16").eval()  # random weights: the speed does not depend on them
-    int8 = quantize_int8(model, "torch")
 
     def run(module: torch.nn.Module) -> Runner:
         def call() -> object:
@@ -66,14 +65,16 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool,
             return out
         return call
 
-    rows = {"timm fp32": (run(timm_model), 0), "vitkit fp32": (run(model), 0),
-            "vitkit int8 (torch)": (run(int8), 0)}
-    for engine in available_engines(model):
-        if engine != "torch" and (with_onnx or engine != "onnxruntime"):
-            rows[f"vitkit int8 ({engine})"] = (run(quantize_int8(model, engine)), 0)
+    rows = {"timm fp32": (run(timm_model), 0), "vitkit fp32": (run(model), 0)}
+    int8 = {engine: quantize_int8(model, engine) for engine in available_engines(model)
+            if with_onnx or engine != "onnxruntime"}
+    for engine, module in int8.items():
+        rows[f"vitkit int8 ({engine})"] = (run(module), 0)
     for r in merge:
         rows[f"vitkit ToMe r={r}"] = (merged(model, r), r)
-        rows[f"vitkit int8 + ToMe r={r}"] = (merged(int8, r), r)
+        for engine in available_engines(apply_token_merging(copy.deepcopy(model), r)):
+            if engine in int8:  # ONNX Runtime's graph cannot merge tokens
+                rows[f"vitkit int8 ({engine}) + ToMe r={r}"] = (merged(int8[engine], r), r)
     if with_bf16:
         def bf16() -> object:
             with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):

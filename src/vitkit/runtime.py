@@ -56,6 +56,19 @@ def configure_cpu(threads: int | None = None) -> None:
     tune_cpu_allocator()
 
 
+def avoid_cudnn_attention(device: torch.device) -> bool:
+    """For training on CUDA: turn off SDPA's cuDNN backend (flash and memory-efficient
+    attention stay). Returns whether this call turned it off. In vitkit's CIFAR-10 runs on an
+    H100 (torch 2.11, 64 tokens, bf16 autocast) gradients turned NaN while losses stayed
+    finite, and fp32 trained clean; upstream reports the same of cuDNN's bf16 attention
+    backward on H100/H200 (pytorch/pytorch#196678: sequences of 128k + 64 tokens, the
+    default backend since 2.11; huggingface/trl#7181). Not yet confirmed on a GPU here."""
+    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
+
+
 def check_device(name: str) -> None:
     """Refuse a `device=` setting this machine cannot run: unknown names ("gpu"), CUDA
     without a GPU, a GPU index past the last one, MPS off Apple silicon."""

@@ -4,15 +4,15 @@
 and `apply_precision` gives the model and the context to run it in. What `auto` picks:
 
 - CUDA: bf16 autocast (tensor cores).
-- A CPU with AMX (`amx_bf16`): bf16 autocast. On such a Xeon a 2048x2048 matmul runs at ~2,100
-  GFLOP/s in bf16 against ~320 in fp32, and B/16 at batch 8 measured 3.8x fp32 in bf16 against
-  2.1x for torch's dynamic int8.
-- A CPU with AVX512-BF16 but no AMX: bf16 when a matmul at the model's width measures at least
-  `BF16_MARGIN` faster in bf16 than in fp32, else as below.
-- Otherwise: dynamic int8 (`vitkit.inference.quantize`) by its fastest engine here when one
-  forward pass of the model at the batch size measures at least `INT8_MARGIN` faster than fp32
-  (timed alternately, best of `ROUNDS`), else fp32. So `auto` is never slower than fp32 by its
-  own measurement.
+- A CPU with fast bf16 (AMX, or AVX512-BF16 where a matmul at the model's width measures at
+  least `BF16_MARGIN` faster in bf16): bf16 autocast and every int8 engine are timed against
+  fp32 on the model at the batch, and the fastest is kept. Neither wins by rule: on one AMX
+  Xeon (2 threads, B/16, batch 8) bf16 autocast measured 2.5-2.9x fp32 and oneDNN's int8
+  3.7x, where another AMX machine measured bf16 at 3.8x and torch's int8 at 2.1x. Without a
+  model to time (no batch), AMX means bf16.
+- Otherwise: dynamic int8 (`vitkit.inference.quantize`) by its fastest engine here.
+In every measured case the fastest path must beat fp32 by `INT8_MARGIN` (timed alternately,
+best of `ROUNDS`), else fp32 runs: `auto` is never slower than fp32 by its own measurement.
 
 int8's engine (torch's x86 kernels, oneDNN, ONNX Runtime, torchao: `vitkit.inference.quantize`)
 is likewise measured, not assumed (`choose_int8_engine`): which is fastest depends on the CPU
@@ -57,9 +57,9 @@ MEASURE_BATCH = 8  # at most this many images in auto's measurement (eval, bench
 AMP_MIN_WIDTH = 128  # bf16 training on an AMX CPU pays from this width on (see training_precision)
 PRECISION_HELP = ("number format: fp32 (default), bf16 (autocast), int8 (dynamic int8 Linear "
                   "layers by the fastest engine measured here, as --int8) or auto (the "
-                  "fastest for this machine and model: bf16 on "
-                  "CUDA and AMX/AVX512-BF16 CPUs, int8 where a short measurement finds it "
-                  "faster, else fp32; says what it chose)")
+                  "fastest for this machine and model: bf16 on CUDA; on CPUs the fastest of "
+                  "bf16 (AMX/AVX512-BF16 only) and int8 by a short measurement, else fp32; "
+                  "says what it chose)")
 
 
 @dataclass(frozen=True)
@@ -124,27 +124,40 @@ def choose_int8_engine(model: nn.Module, batch: torch.Tensor) -> tuple[str, str]
     return measured["engine"], measured["reason"]
 
 
-def _int8_measurement(model: nn.Module, batch: torch.Tensor,
-                      engine: str | None) -> dict[str, object]:
+def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
+                      with_bf16: bool = False) -> dict[str, object]:
     """{"engine", "reason", "speedup"}: `engine` (None or "auto": every installed engine, the
-    fastest kept) timed against fp32 on `batch`; remembered per machine, model and batch."""
+    fastest kept), and bf16 autocast when `with_bf16` (then "engine" may be "bf16"), timed
+    against fp32 on `batch`; remembered per machine, model and batch."""
     engines = available_engines(model) if engine in (None, INT8_AUTO) else [engine]
-    key = f"int8:{'|'.join(engines)}|" + _measurement_key(model, batch)
+    paths = ["bf16", *engines] if with_bf16 else engines
+    key = f"int8:{'|'.join(paths)}|" + _measurement_key(model, batch)
     remembered = _remembered().get(key)
-    if remembered and remembered.get("engine") in engines:
+    if remembered and remembered.get("engine") in paths:
         return {**remembered, "reason": f"{remembered['reason']} (measured before)"}
-    seconds = _timings({"fp32": _runner(model, batch)}
-                       | {name: _runner(quantize_int8(model, name), batch) for name in engines})
+    runners = {"fp32": _runner(model, batch)}
+    if with_bf16:
+        runners["bf16"] = _bf16_runner(model, batch)
+    seconds = _timings(runners | {name: _runner(quantize_int8(model, name), batch)
+                                  for name in engines})
     fp32 = seconds.pop("fp32")
     fastest = min(seconds, key=seconds.__getitem__)
     each = ", ".join(f"{name} {fp32 / value:.2f}x" for name, value in seconds.items())
+    what = "bf16 and int8 engines" if with_bf16 else "int8 engines"
     measured = {"engine": fastest, "speedup": fp32 / seconds[fastest],
-                "reason": f"int8 engines measured {each} fp32 on this model at batch "
-                          f"{len(batch)}" if len(engines) > 1 else
+                "reason": f"{what} measured {each} fp32 on this model at batch "
+                          f"{len(batch)}" if len(paths) > 1 else
                           f"int8 ({fastest}) measured {fp32 / seconds[fastest]:.2f}x fp32 on "
                           f"this model at batch {len(batch)}"}
     _remember(key, measured)
     return measured
+
+
+def _bf16_runner(model: nn.Module, batch: torch.Tensor) -> Callable[[], object]:
+    def run() -> object:
+        with torch.autocast(batch.device.type, dtype=torch.bfloat16):
+            return model(batch)
+    return run
 
 
 def _runner(model: nn.Module, batch: torch.Tensor) -> Callable[[], object]:
@@ -179,23 +192,27 @@ def choose_precision(requested: str | None, device: torch.device,
     if device.type == "cuda":
         return Precision("bf16", "CUDA: bf16 autocast")
     kind = fast_bf16_cpu(flags)
-    if kind == "amx":
-        return Precision("bf16", "the CPU has AMX: bf16 matmuls in hardware")
     width = getattr(getattr(model, "config", None), "width", 768)
+    bf16_why = "the CPU has AMX" if kind == "amx" else None
     if kind == "avx512_bf16":
         speedup = _bf16_matmul_speedup(width)
         if speedup >= BF16_MARGIN:
-            return Precision("bf16", f"AVX512-BF16: a bf16 matmul at width {width} measured "
-                                     f"{speedup:.1f}x fp32")
+            bf16_why = f"AVX512-BF16 (a bf16 matmul at width {width} measured {speedup:.1f}x)"
     if model is None or batch is None:
+        if bf16_why:
+            return Precision("bf16", f"{bf16_why}: bf16 matmuls in hardware")
         return Precision("fp32", "no fast bf16 on this CPU")
-    measured = _int8_measurement(model, batch, int8_engine)
+    measured = _int8_measurement(model, batch, int8_engine, with_bf16=bf16_why is not None)
     engine, speedup = str(measured["engine"]), float(measured["speedup"])  # type: ignore[arg-type]
-    if speedup >= INT8_MARGIN:
-        return Precision("int8", f"no fast bf16 on this CPU; {measured['reason']}; int8 "
-                                 f"({engine}) is {speedup:.1f}x fp32", engine)
-    return Precision("fp32", f"no fast bf16 on this CPU; {measured['reason']}; the fastest, "
-                             f"int8 ({engine}), only {speedup:.2f}x fp32")
+    why = bf16_why or "no fast bf16 on this CPU"
+    if speedup < INT8_MARGIN:
+        fastest = "bf16" if engine == "bf16" else f"int8 ({engine})"
+        return Precision("fp32", f"{why}; {measured['reason']}; the fastest, {fastest}, only "
+                                 f"{speedup:.2f}x fp32")
+    if engine == "bf16":
+        return Precision("bf16", f"{why}; {measured['reason']}; bf16 is {speedup:.1f}x fp32")
+    return Precision("int8", f"{why}; {measured['reason']}; int8 ({engine}) is {speedup:.1f}x "
+                             "fp32", engine)
 
 
 def _measurement_key(model: nn.Module, batch: torch.Tensor) -> str:

@@ -23,7 +23,7 @@ from vitkit.data.augment import BatchAugment
 from vitkit.inference.precision import training_precision
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
-from vitkit.runtime import check_device, configure_cpu
+from vitkit.runtime import avoid_cudnn_attention, check_device, configure_cpu
 from vitkit.tasks import Task, make_task
 from vitkit.train.budget import BudgetClock
 from vitkit.train.checkpoint import Position, TrainCheckpoint, read_checkpoint, write
@@ -114,6 +114,9 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     """Everything a run of `cfg` needs, from its checkpoint when `resume` names one
     (`train_data`/`test_data`: data to use instead of the config's source)."""
     device, info = join_devices(cfg)
+    if avoid_cudnn_attention(device):
+        log.info("cuDNN attention off for training: its bf16 backward gave NaN gradients on an "
+                 "H100 (flash and memory-efficient attention serve instead; docs/speed.md)")
     state = read_checkpoint(resume) if resume else None
     config, init, saved_pre = model_source(cfg, state)
     check_fits_in_memory(config, cfg.batch_size, cfg.accum_steps, device,
