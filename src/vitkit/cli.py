@@ -519,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=cmd_benchmark)
 
     add_frozen_feature_verbs(verbs)
+    from vitkit.serve.command import add_serve_verb  # argparse only: FastAPI loads on use
+    add_serve_verb(verbs, add_weights_argument, add_precision_argument, add_merge_tokens_argument,
+                   lambda parser: add_int8_arguments(parser, EAGER_INT8))
     return parser
 
 

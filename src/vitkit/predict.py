@@ -30,20 +30,31 @@ from typing import Any
 
 import torch
 
-from vitkit.data.arrayfiles import ARRAY_EXTENSIONS, is_array_file, read_array_images
+from vitkit.data.arrayfiles import (
+    ARRAY_EXTENSIONS,
+    ArrayImages,
+    is_array_file,
+    read_array_images,
+)
 from vitkit.data.augment import resize_batch
 from vitkit.data.classnames import imagenet_class_names
 from vitkit.data.images import decode_image
 from vitkit.data.sources.digits import INPUT_NOTE, INVERTED_WARNING, looks_inverted
 from vitkit.data.sources.folder import IMAGE_EXTENSIONS
 from vitkit.errors import ConfigError, InputError
-from vitkit.inference.precision import apply_precision, choose_precision, requested_precision
+from vitkit.inference.precision import (
+    Precision,
+    apply_precision,
+    choose_precision,
+    requested_precision,
+)
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess, preprocess_for
 from vitkit.tasks import Task, task_of
 
-__all__ = ["Prediction", "Predictions", "class_names_for", "expand_inputs", "output_names",
-           "predict", "predict_files", "read_inputs"]
+__all__ = ["Prediction", "Predictions", "array_items", "class_names_for", "expand_inputs",
+           "fill_predictions", "in_precision", "input_batch", "output_names", "predict",
+           "predict_files", "read_inputs", "run_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -217,18 +228,13 @@ def _open(path: Path, preprocess: Preprocess) -> torch.Tensor | str:
 Item = tuple[str, "torch.Tensor | str"]
 
 
-def _array_items(path: Path, preprocess: Preprocess) -> Iterator[Item]:
-    """("file.npy[i]", (C, H, W) image at the model's size) per image of an array file, or
-    (file, why it cannot be read)."""
-    try:
-        arrays = read_array_images(path, preprocess.channels, preprocess.scale)
-    except InputError as exc:
-        yield str(path), str(exc)
-        return
+def array_items(arrays: ArrayImages, preprocess: Preprocess) -> Iterator[Item]:
+    """("file.npy[i]", (C, H, W) image at the model's size) per image of an array file read
+    by `read_array_images`, or (that name, why the image cannot be used: NaN or inf)."""
     size = tuple(arrays.array.shape[-2:])
     if size != tuple(preprocess.img_size):
         log.info("%s: images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
-                 "antialiased when shrinking)", path, *size, *preprocess.img_size)
+                 "antialiased when shrinking)", arrays.path, *size, *preprocess.img_size)
     for index in range(len(arrays)):
         try:
             image = arrays.tensor(index, index + 1)
@@ -238,6 +244,16 @@ def _array_items(path: Path, preprocess: Preprocess) -> Iterator[Item]:
         if size != tuple(preprocess.img_size):
             image = resize_batch(image.float(), preprocess.img_size)
         yield arrays.name(index), image[0]
+
+
+def _array_items(path: Path, preprocess: Preprocess) -> Iterator[Item]:
+    """`array_items` of an array file, or (file, why it cannot be read)."""
+    try:
+        arrays = read_array_images(path, preprocess.channels, preprocess.scale)
+    except InputError as exc:
+        yield str(path), str(exc)
+        return
+    yield from array_items(arrays, preprocess)
 
 
 def read_inputs(files: Sequence[Path], preprocess: Preprocess) -> Iterator[Item]:
@@ -268,9 +284,25 @@ def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([image.float() for image in images])
 
 
-def _fill(rows: Sequence[Prediction], outputs: torch.Tensor, task: Task,
-          names: list[str] | None, k: int) -> None:
-    """Put the outputs of a batch into its rows: top-k classes, or the task's report."""
+def input_batch(images: Sequence[torch.Tensor], preprocess: Preprocess,
+                like: torch.Tensor) -> torch.Tensor:
+    """The model's input for (C, H, W) images at its size: stacked, normalised by
+    `preprocess`, on the device and in the dtype of `like` (a parameter of the model)."""
+    batch = preprocess.normalize(stack_images(images))
+    return batch.to(device=like.device, dtype=like.dtype)
+
+
+def run_batch(runner: torch.nn.Module, context: Callable[[], AbstractContextManager],
+              batch: torch.Tensor) -> torch.Tensor:
+    """The outputs of `runner` (the model in its precision, `in_precision`) on `batch`."""
+    with torch.inference_mode(), context():
+        return runner(batch)
+
+
+def fill_predictions(rows: Sequence[Prediction], outputs: torch.Tensor, task: Task,
+                     names: list[str] | None, k: int) -> None:
+    """Put the outputs of a batch into its rows: top-k classes (`k` of them, `names` the
+    class names), or the task's report."""
     if task.kind == "classification":
         top_p, top_i = outputs.float().softmax(dim=-1).topk(k, dim=-1)
         for row, p_row, i_row in zip(rows, top_p.tolist(), top_i.tolist(), strict=True):
@@ -321,14 +353,12 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
                 inverted += [chunk[i][0] for i in good
                              if chunk[i][1].dtype == torch.uint8 and looks_inverted(chunk[i][1])]
             if good:
-                batch = preprocess.normalize(stack_images([chunk[i][1] for i in good]))
-                batch = batch.to(device=param.device, dtype=param.dtype)
+                batch = input_batch([chunk[i][1] for i in good], preprocess, param)
                 if runner is None:
-                    runner, context = _in_precision(model, requested, batch, int8,
-                                                    precision is not None or int8 is not None)
-                with torch.inference_mode(), context():
-                    outputs = runner(batch)
-                _fill([rows[i] for i in good], outputs, task, names, k)
+                    runner, context, _ = in_precision(model, requested, batch, int8,
+                                                      precision is not None or int8 is not None)
+                fill_predictions([rows[i] for i in good], run_batch(runner, context, batch),
+                                 task, names, k)
             results.extend(rows)
     finally:
         model.train(was_training)
@@ -340,16 +370,16 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
     return results
 
 
-def _in_precision(model: VisionTransformer, requested: str, batch: torch.Tensor,
-                  int8: str | None, say: bool
-                  ) -> tuple[torch.nn.Module, Callable[[], AbstractContextManager]]:
-    """The model to run and the context to run it in, in the precision chosen for `batch`
-    (logged when `say`)."""
+def in_precision(model: torch.nn.Module, requested: str | None, batch: torch.Tensor,
+                 int8: str | None, say: bool
+                 ) -> tuple[torch.nn.Module, Callable[[], AbstractContextManager], Precision]:
+    """The model to run, the context to run it in and the `Precision` chosen for `batch`
+    (logged when `say`); `vitkit serve` calls it once at start."""
     chosen = choose_precision(requested, batch.device, model,
                               batch if requested in ("auto", "int8") else None, int8_engine=int8)
     if say:
         log.info("%s", chosen.describe())
-    return apply_precision(model, chosen, batch.device)
+    return (*apply_precision(model, chosen, batch.device), chosen)
 
 
 def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int = 5,

@@ -17,6 +17,7 @@ uint8 arrays only, since floats would have to be guessed into 0-255.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +28,16 @@ import torch
 from vitkit.data.sources.mapped import first_nonfinite
 from vitkit.errors import InputError
 
-__all__ = ["ARRAY_EXTENSIONS", "ArrayImages", "is_array_file", "read_array_images"]
+__all__ = ["ARRAY_EXTENSIONS", "ArrayImages", "UnreadableArrayFile", "is_array_file",
+           "read_array_images"]
 
 ARRAY_EXTENSIONS = (".npy", ".npz")
 IMAGES_KEY = "images"
+
+
+class UnreadableArrayFile(InputError):
+    """The file is not a numpy .npy/.npz file (or is damaged), as opposed to one whose arrays
+    have the wrong shape or dtype for the model."""
 
 
 def is_array_file(path: str | Path) -> bool:
@@ -69,12 +76,15 @@ class ArrayImages:
             yield [self.name(i) for i in range(start, stop)], self.tensor(start, stop)
 
 
-def _load(path: Path) -> tuple[np.ndarray, bool]:
-    """(the array, whether it is a batch by definition: an .npz's `images`)."""
+def _load(path: Path, data: bytes | None = None) -> tuple[np.ndarray, bool]:
+    """(the array, whether it is a batch by definition: an .npz's `images`), from the file at
+    `path` or from its contents `data` (an upload; `path` names it)."""
+    source = path if data is None else io.BytesIO(data)
     try:
         if path.suffix.lower() == ".npy":
-            return np.load(path, mmap_mode="r", allow_pickle=False), False
-        with np.load(path, allow_pickle=False) as archive:
+            return np.load(source, mmap_mode="r" if data is None else None,
+                           allow_pickle=False), False
+        with np.load(source, allow_pickle=False) as archive:
             if IMAGES_KEY not in archive.files:
                 held = ", ".join(archive.files) or "nothing"
                 raise InputError(f"{path} has no '{IMAGES_KEY}' array (it holds {held}): save "
@@ -83,7 +93,7 @@ def _load(path: Path) -> tuple[np.ndarray, bool]:
     except InputError:
         raise
     except (OSError, ValueError, EOFError) as exc:
-        raise InputError(f"cannot read {path} as a numpy array file ({exc}); save it with "
+        raise UnreadableArrayFile(f"cannot read {path} as a numpy array file ({exc}); save it with "
                          "numpy.save or numpy.savez (no pickled objects)") from exc
 
 
@@ -118,11 +128,15 @@ def _as_nchw(array: np.ndarray, channels: int, batch: bool, path: Path) -> np.nd
                      f"model's); give (N, {channels}, H, W)")
 
 
-def read_array_images(path: str | Path, channels: int, scale: float = 1.0) -> ArrayImages:
+def read_array_images(path: str | Path, channels: int, scale: float = 1.0,
+                      data: bytes | None = None) -> ArrayImages:
     """The images of an .npy or .npz file for a model of `channels` input channels whose
-    preprocessing has `scale` (255: trained on 8-bit pictures, which takes uint8 only)."""
+    preprocessing has `scale` (255: trained on 8-bit pictures, which takes uint8 only); `data`:
+    the file's contents, read from memory (`path` then only names the file and its kind).
+    Raises `UnreadableArrayFile` for a file numpy cannot read, `InputError` for arrays that
+    do not fit the model."""
     path = Path(path)
-    array, batch = _load(path)
+    array, batch = _load(path, data)
     if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
             or array.dtype == np.bool_):
         raise InputError(f"{path}: images must be numbers, got dtype {array.dtype}")

@@ -1,0 +1,125 @@
+"""`vitkit serve WEIGHTS`: the verb's arguments and what it runs (uvicorn on `create_app`).
+
+This module imports only argparse at load time (cli.py builds its parser from here); FastAPI,
+uvicorn and the model load when the verb runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import logging
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["add_serve_verb", "cmd_serve", "is_loopback"]
+
+log = logging.getLogger(__name__)
+
+FlagAdder = Callable[[argparse.ArgumentParser], None]
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def add_serve_verb(verbs: Any, *shared: FlagAdder) -> argparse.ArgumentParser:
+    """The `serve` subparser; `shared` add the flags serve has in common with predict (the
+    weights, --precision, --int8/--int8-engine, --merge-tokens: cli.py's own adders)."""
+    serve = verbs.add_parser("serve", help="a local web page of the model's attention and a "
+                                           "JSON prediction API (docs/serve.md)")
+    for add in shared:
+        add(serve)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; "
+                            "another address needs --token)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--max-batch", type=_positive_int, default=8,
+                       help="inputs run through the model together at most (default 8; 1: no "
+                            "batching)")
+    serve.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
+                       help="how long the first queued request waits for others to batch "
+                            "with (default 5 ms)")
+    serve.add_argument("--max-upload-mb", type=_positive_float, default=20.0,
+                       help="largest request body, refused with 413 above (default 20 MB)")
+    serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/ routes "
+                                       "(needed when --host is not loopback)")
+    serve.add_argument("--threads", type=_positive_int,
+                       help="torch intra-op threads for the model (default: torch's)")
+    serve.set_defaults(run=cmd_serve)
+    return serve
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` listens on this machine only (127.x, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def _signals_end_quietly() -> Iterator[None]:
+    """uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown: in-flight requests finish)
+    and raises the signal again once done; this makes that second raise end the process with
+    status 0 instead of a KeyboardInterrupt or a death by signal."""
+    previous = {sig: signal.signal(sig, lambda *_: None)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load the weights, build the app and serve it until SIGINT/SIGTERM (exit 0)."""
+    import torch
+    import uvicorn
+
+    from vitkit.inference.quantize import int8_engine
+    from vitkit.serve.app import create_app
+    from vitkit.serve.service import ModelService
+
+    if not is_loopback(args.host) and not args.token:
+        print(f"vitkit serve: WARNING: listening on {args.host} without --token: anyone who "
+              "can reach this address can use the model. Pass --token TOKEN (clients send "
+              "'Authorization: Bearer TOKEN'), or bind 127.0.0.1.", file=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    service = ModelService.load(args.weights, weights_dir=args.weights_dir,
+                                precision=args.precision,
+                                int8=int8_engine(args.int8, args.int8_engine),
+                                merge_tokens=args.merge_tokens, batch_size=args.max_batch)
+    app = create_app(service, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                     token=args.token, max_upload_mb=args.max_upload_mb)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"vitkit serve: {service.name} ({service.task.kind}, {service.precision_name}) at "
+          f"http://{shown}:{args.port}/ (Ctrl-C to stop)", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level="info"))
+    with _signals_end_quietly():
+        server.run()
+    return 0 if server.started else 1

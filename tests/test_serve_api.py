@@ -1,0 +1,243 @@
+"""`vitkit serve`'s JSON API through FastAPI's TestClient: predictions equal `vitkit predict`'s
+on the same files (a classifier on images, a regression model on arrays), explain's maps, the
+bearer token, and a 4xx JSON error naming the problem for each kind of bad upload, after which
+the server still answers."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from serve_models import (
+    CLASSES,
+    TARGETS,
+    fields,
+    npy_bytes,
+    png_bytes,
+    save_classifier,
+    save_regressor,
+)
+from vitkit.predict import predict_files
+from vitkit.serve.app import create_app
+from vitkit.serve.service import ModelService
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    return save_classifier(tmp_path_factory.mktemp("serve") / "classifier")
+
+
+@pytest.fixture(scope="module")
+def regressor(tmp_path_factory):
+    return save_regressor(tmp_path_factory.mktemp("serve") / "regressor")
+
+
+@pytest.fixture(scope="module")
+def client(classifier):
+    app = create_app(ModelService.load(classifier), max_upload_mb=1.0)
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture(scope="module")
+def array_client(regressor):
+    with TestClient(create_app(ModelService.load(regressor))) as test_client:
+        yield test_client
+
+
+def _post(client, route, files, **data):
+    return client.post(route, files=[("file", item) for item in files], data=data)
+
+
+def _still_serves(client, inputs="images"):
+    sent = ("ok.png", png_bytes(7)) if inputs == "images" else ("ok.npy", npy_bytes(fields(1)[0]))
+    response = _post(client, "/api/predict", [sent])
+    assert response.status_code == 200, response.text
+    assert len(response.json()["predictions"]) == 1
+
+
+def test_predictions_equal_vitkit_predict_on_the_same_files(client, classifier, tmp_path):
+    images = [png_bytes(seed, size) for seed, size in ((0, (20, 24)), (1, (16, 16)),
+                                                       (2, (40, 9)))]
+    paths = []
+    for index, data in enumerate(images):
+        paths.append(tmp_path / f"image{index}.png")
+        paths[-1].write_bytes(data)
+    expected = [row.to_dict() for row in predict_files(classifier, paths, topk=3).results]
+    sent = [(path.name, data) for path, data in zip(paths, images, strict=True)]
+    response = _post(client, "/api/predict", sent, topk="3")
+    assert response.status_code == 200, response.text
+    got = response.json()["predictions"]
+    assert [row["path"] for row in got] == [p.name for p in paths]
+    for row, want in zip(got, expected, strict=True):
+        assert [t["index"] for t in row["topk"]] == [t["index"] for t in want["topk"]]
+        assert [t["label"] for t in row["topk"]] == [t["label"] for t in want["topk"]]
+        assert {t["label"] for t in row["topk"]} <= set(CLASSES)
+        np.testing.assert_allclose([t["prob"] for t in row["topk"]],
+                                   [t["prob"] for t in want["topk"]], atol=1e-5)
+
+
+def test_regression_values_on_arrays_equal_vitkit_predict(array_client, regressor, tmp_path):
+    batch, single = fields(3), fields(1, seed=5)[0]
+    np.save(tmp_path / "batch.npy", batch)
+    np.save(tmp_path / "single.npy", single)
+    expected = [row.to_dict() for row in
+                predict_files(regressor, [tmp_path / "batch.npy", tmp_path / "single.npy"])
+                .results]
+    response = _post(array_client, "/api/predict",
+                     [("batch.npy", npy_bytes(batch)), ("single.npy", npy_bytes(single))])
+    assert response.status_code == 200, response.text
+    got = response.json()["predictions"]
+    assert [row["path"] for row in got] == ["batch.npy[0]", "batch.npy[1]", "batch.npy[2]",
+                                            "single.npy[0]"]
+    np.testing.assert_allclose([row["values"] for row in got],
+                               [row["values"] for row in expected], rtol=1e-5, atol=1e-5)
+    assert all(row["names"] == TARGETS for row in got)
+
+
+def test_model_describes_the_served_model(client):
+    info = client.get("/api/model").json()
+    assert info["task"] == "classification" and info["inputs"] == "images"
+    assert info["grid"] == [4, 4] and info["depth"] == 2 and info["num_heads"] == 2
+    assert info["names"] == CLASSES and info["precision"] == "fp32"
+    assert info["preprocess"]["img_size"] == [16, 16] and info["config"]["width"] == 32
+    assert info["figures"] == ["attention_distance", "position_similarity", "filters"]
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def _explain(client, data=None, **fields_):
+    response = _post(client, "/api/explain", [("x.png", data or png_bytes(3))], **fields_)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_explain_map_is_the_grid_scaled_to_0_1_and_layer_and_head_change_it(client):
+    assert _explain(client)["discard_ratio"] == 0.9  # the default (a flat map on this model)
+    rollout = _explain(client, discard_ratio="0")
+    heat = np.array(rollout["map"])
+    assert heat.shape == (4, 4) and rollout["grid"] == [4, 4]
+    assert heat.min() == 0.0 and heat.max() == 1.0
+    assert (rollout["layer"], rollout["head"], rollout["fusion"]) == (2, "all", "mean")
+    assert rollout["overlay_png"].startswith("data:image/png;base64,")
+    assert rollout["prediction"]["path"] == "x.png" and len(rollout["prediction"]["topk"]) == 3
+    first = np.array(_explain(client, layer="1", discard_ratio="0")["map"])
+    head0 = np.array(_explain(client, layer="2", head="0")["map"])
+    head1 = np.array(_explain(client, layer="2", head="1")["map"])
+    assert not np.allclose(first, heat) and not np.allclose(head0, head1)
+    assert not np.allclose(_explain(client, discard_ratio="0", fusion="max")["map"], heat)
+    assert not np.allclose(_explain(client, discard_ratio="0.5")["map"], heat)
+
+
+def test_explain_on_an_array_model(array_client):
+    response = _post(array_client, "/api/explain", [("f.npy", npy_bytes(fields(1)[0]))])
+    assert response.status_code == 200, response.text
+    assert np.array(response.json()["map"]).shape == (4, 4)
+    assert response.json()["prediction"]["names"] == TARGETS
+
+
+@pytest.mark.parametrize(("fields_", "words"), [
+    ({"layer": "3"}, "layer must be 1..2"), ({"head": "2"}, "0..1"),
+    ({"head": "first"}, "head must be 'all'"), ({"discard_ratio": "1"}, "discard_ratio"),
+    ({"fusion": "median"}, "fusion must be one of mean, max, min"),
+    ({"layer": "two"}, "form field layer='two' is not a layer number")])
+def test_explain_refuses_bad_values(client, fields_, words):
+    response = _post(client, "/api/explain", [("x.png", png_bytes(3))], **fields_)
+    assert response.status_code == 400 and words in response.json()["error"]
+
+
+def _bomb() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("1", (10_000, 10_000)).save(buffer, "PNG")  # 100 M pixels, ~13 kB
+    return buffer.getvalue()
+
+
+def _pickled() -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    return buffer.getvalue()
+
+
+BAD_IMAGES = [
+    ("not an image", [("notes.png", b"just some text, not pixels")], 415, "not an image"),
+    ("empty", [("empty.png", b"")], 400, "empty file"),
+    ("truncated", [("cut.png", png_bytes(1)[:80])], 400, "cut short"),
+    ("bomb", [("bomb.png", _bomb())], 413, "decompression-bomb limit"),
+    ("array to an image model", [("x.npy", npy_bytes(np.zeros((3, 16, 16), np.uint8)))], 415,
+     "trained on pictures"),
+    ("too big", [("big.png", b"\x89PNG" + bytes(2 * 2**20))], 413, "--max-upload-mb"),
+]
+
+
+@pytest.mark.parametrize(("files", "status", "words"), [case[1:] for case in BAD_IMAGES],
+                         ids=[case[0] for case in BAD_IMAGES])
+def test_bad_image_uploads_get_their_4xx_and_the_server_keeps_serving(client, files, status,
+                                                                      words):
+    response = _post(client, "/api/predict", files)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]
+    _still_serves(client)
+
+
+BAD_ARRAYS = [
+    ("image to an array model", [("x.png", png_bytes(1))], 415, "trained on arrays"),
+    ("wrong channels", [("x.npy", npy_bytes(np.zeros((2, 3, 16, 16), np.float32)))], 422,
+     "channel"),
+    ("wrong rank", [("x.npy", npy_bytes(np.zeros((1, 1, 1, 16, 16), np.float32)))], 422,
+     "5 dimensions"),
+    ("strings", [("x.npy", npy_bytes(np.array([["a"] * 16] * 16)))], 422, "must be numbers"),
+    ("nan", [("x.npy", npy_bytes(np.full((16, 16), np.nan, np.float32)))], 422, "NaN"),
+    ("pickle", [("x.npy", _pickled())], 400, "no pickled objects"),
+    ("damaged", [("x.npy", npy_bytes(fields(2))[:100])], 400, "cannot read"),
+]
+
+
+@pytest.mark.parametrize(("files", "status", "words"), [case[1:] for case in BAD_ARRAYS],
+                         ids=[case[0] for case in BAD_ARRAYS])
+def test_bad_array_uploads_get_their_4xx_and_the_server_keeps_serving(array_client, files,
+                                                                      status, words):
+    response = _post(array_client, "/api/predict", files)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]
+    _still_serves(array_client, "arrays")
+
+
+def test_bad_requests_are_json_errors(client):
+    assert client.post("/api/predict", data={"topk": "3"}).status_code == 415  # no multipart
+    no_file = client.post("/api/predict", files={"other": ("a.txt", b"x", "text/plain")})
+    assert no_file.status_code == 400 and "'file' fields" in no_file.json()["error"]
+    topk = _post(client, "/api/predict", [("a.png", png_bytes())], topk="0")
+    assert topk.status_code == 400 and "topk" in topk.json()["error"]
+    missing = client.get("/api/nothing")
+    assert missing.status_code == 404 and "POST /api/predict" in missing.json()["error"]
+    two = _post(client, "/api/explain", [("a.png", png_bytes()), ("b.png", png_bytes(1))])
+    assert two.status_code == 400 and "takes 1" in two.json()["error"]
+    assert client.get("/api/figures/nothing.png").status_code == 404
+    _still_serves(client)
+
+
+def test_the_token_guards_the_api_but_not_healthz(classifier):
+    app = create_app(ModelService.load(classifier), token=TOKEN)
+    with TestClient(app) as client:
+        assert client.get("/healthz").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            refused = client.get("/api/model", headers=headers)
+            assert refused.status_code == 401 and "--token" in refused.json()["error"]
+        assert client.post("/api/predict", files=[("file", ("a.png", png_bytes()))]
+                           ).status_code == 401
+        assert client.get("/api/model", headers={"Authorization": f"Bearer {TOKEN}"}
+                          ).status_code == 200
+        assert client.get(f"/api/model?token={TOKEN}").status_code == 200
+        ok = client.post("/api/predict", files=[("file", ("a.png", png_bytes()))],
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+        assert ok.status_code == 200 and ok.json()["predictions"][0]["path"] == "a.png"
+
+
+def test_the_page_or_its_note(client):
+    response = client.get("/")
+    assert response.status_code == 200 and "<title>" in response.text.lower()

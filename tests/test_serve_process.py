@@ -1,0 +1,116 @@
+"""`python -m vitkit serve` as a real process on a free localhost port: a bounded load test (no
+errors, resident memory flat), and SIGTERM during a request: the request completes, the
+process exits 0 and leaves no temporary files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from serve_models import png_bytes, save_classifier
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+REQUESTS, CLIENTS = 400, 32
+RSS_GROWTH_MB = 40  # bound on resident-memory growth over the load, after a warm-up
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(weights: Path, tmp: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(SRC)}
+    process = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights),
+                                "--port", str(port), "--threads", "1", *flags], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited: {process.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise AssertionError("the server did not start in 60 s")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_load_gives_no_errors_and_flat_memory_then_sigterm_exits_0(tmp_path):
+    weights = save_classifier(tmp_path / "model")
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    process, url = _start(weights, tmp, "--max-batch", "8", "--max-wait-ms", "5")
+    try:
+        images = [png_bytes(seed) for seed in range(8)]
+        local = threading.local()
+
+        def one(index: int) -> int:
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(base_url=url, timeout=30)
+            response = local.client.post("/api/predict",
+                                         files={"file": (f"{index}.png", images[index % 8])})
+            ok = response.status_code == 200 and \
+                response.json()["predictions"][0]["path"] == f"{index}.png"
+            return 0 if ok else 1
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            warm = sum(pool.map(one, range(100)))
+            before = _rss_mb(process.pid)
+            errors = sum(pool.map(one, range(REQUESTS)))
+        after = _rss_mb(process.pid)
+        assert warm == 0 and errors == 0
+        assert after - before < RSS_GROWTH_MB, f"RSS grew {before:.0f} -> {after:.0f} MB"
+        batches = httpx.get(f"{url}/api/model").json()["batches"]
+        assert batches["largest"] > 1 and batches["inputs"] >= REQUESTS + 100
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert "Shutting down" in output or "Finished server process" in output
+    assert list(tmp.iterdir()) == []
+
+
+def test_sigterm_lets_an_in_flight_request_finish(tmp_path):
+    weights = save_classifier(tmp_path / "model")
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    # a lone request waits 1.5 s in the batcher for company: in flight when SIGTERM comes
+    process, url = _start(weights, tmp, "--max-wait-ms", "1500")
+    result: dict = {}
+
+    def slow() -> None:
+        response = httpx.post(f"{url}/api/predict", timeout=30,
+                              files={"file": ("slow.png", png_bytes(3))})
+        result["status"], result["json"] = response.status_code, response.json()
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    thread.join(30)
+    output = process.communicate(timeout=60)[0]
+    assert result["status"] == 200, result
+    assert result["json"]["predictions"][0]["path"] == "slow.png"
+    assert process.returncode == 0, output
+    assert list(tmp.iterdir()) == []
