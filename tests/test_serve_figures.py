@@ -105,6 +105,9 @@ def test_the_models_own_data_is_used_when_it_is_local():
     assert "generated images" in figures.distance_images(served, count=8)[1]
     served.train_config = {"data": "hf:someone/dataset"}  # never fetched from the hub
     assert "generated images" in figures.distance_images(served, count=8)[1]
+    del served.train_config
+    served.trained_on = "digits"  # what ModelService records of the run
+    assert "digits" in figures.distance_images(served, count=8)[1]
 
 
 def test_drawing_to_memory_writes_what_explain_writes_to_a_file(tmp_path):

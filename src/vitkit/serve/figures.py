@@ -90,12 +90,13 @@ def generated_images(preprocess: Preprocess, count: int = DISTANCE_IMAGES,
 
 
 def _train_config(service: Any) -> dict[str, Any] | None:
-    """The training config the weights record, if the service keeps it."""
+    """What the service knows of the training run: its `train_config` (the data and its
+    folder) when it keeps one, else `{"data": service.trained_on}` (`ModelService`)."""
     config = getattr(service, "train_config", None)
-    if config is None:
-        extra = getattr(getattr(service, "weights", None), "extra", None) or {}
-        config = extra.get("train_config")
-    return config if isinstance(config, dict) else None
+    if isinstance(config, dict):
+        return config
+    data = getattr(service, "trained_on", None)
+    return {"data": data} if isinstance(data, str) else None
 
 
 def distance_images(service: Any, count: int = DISTANCE_IMAGES) -> tuple[torch.Tensor, str]:
