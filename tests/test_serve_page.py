@@ -50,8 +50,9 @@ def _unavailable(reason: str) -> None:
     if REQUIRED:
         pytest.fail(f"{reason}, and VITKIT_REQUIRE_BROWSER=1 says the browser tests must run: "
                     "apt-get install chromium chromium-driver; pip install -e '.[dev]'")
-    pytest.skip(f"{reason}: the page's browser tests need Debian's chromium and "
-                "chromium-driver (apt-get install chromium chromium-driver)")
+    pytest.skip(f"{reason}: the page's browser tests need the serving app (fastapi, "
+                "uvicorn, selenium) and Debian's chromium and chromium-driver (apt-get "
+                "install chromium chromium-driver)")
 
 
 def _import(name: str):
