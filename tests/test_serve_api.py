@@ -118,7 +118,7 @@ def _explain(client, data=None, **fields_):
 
 
 def test_explain_map_is_the_grid_scaled_to_0_1_and_layer_and_head_change_it(client):
-    assert _explain(client)["discard_ratio"] == 0.9  # the default (a flat map on this model)
+    assert _explain(client)["discard_ratio"] == 0.0  # the default, as `vitkit explain`
     rollout = _explain(client, discard_ratio="0")
     heat = np.array(rollout["map"])
     assert heat.shape == (4, 4) and rollout["grid"] == [4, 4]

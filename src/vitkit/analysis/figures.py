@@ -2,9 +2,11 @@
 distance, position-embedding similarity, principal components of the pixel filters.
 
 Figures are laid out by hand in inches and saved at DPI pixels per inch with no cropping,
-so their pixel sizes follow from their contents (see each function). Attention maps are
-scaled per map (0 = the map's weakest patch, 1 = its strongest; `MAP_SCALING`) and a colour
-bar says so; a map with no contrast (all zero, or constant) is marked on its panel.
+so their pixel sizes follow from their contents (see each function). Each plot function
+writes a PNG to a path, or to a binary file object (an `io.BytesIO`: figures served from
+memory). Attention maps are scaled per map (0 = the map's weakest patch, 1 = its strongest;
+`MAP_SCALING`) and a colour bar says so; a map with no contrast (all zero, or constant) is
+marked on its panel.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import matplotlib
 
@@ -110,14 +113,18 @@ def _title(fig: plt.Figure, title: str) -> None:
              fontsize=8, linespacing=1.4)
 
 
-def _save(fig: plt.Figure, path: str | Path) -> Path:
-    fig.savefig(path, dpi=DPI)
+Target = str | Path | IO[bytes]  # where a figure goes: a file path or a binary file object
+
+
+def _save(fig: plt.Figure, path: Target) -> Path | IO[bytes]:
+    """Write the figure as PNG and close it; the path as a Path, or the file object."""
+    fig.savefig(path, dpi=DPI, format="png")
     plt.close(fig)
-    return Path(path)
+    return Path(path) if isinstance(path, str | Path) else path
 
 
-def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: str | Path,
-                 titles: Sequence[str] = (), title: str = "") -> Path:
+def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: Target,
+                 titles: Sequence[str] = (), title: str = "") -> Path | IO[bytes]:
     """A row per image: the image, its rollout map and the map over the image, under column
     headers; each row's name in a strip above it; a colour bar for the per-map scale.
 
@@ -152,8 +159,8 @@ def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: str | Path,
     return _save(fig, path)
 
 
-def plot_head_maps(image: torch.Tensor, maps: torch.Tensor, path: str | Path,
-                   title: str = "") -> Path:
+def plot_head_maps(image: torch.Tensor, maps: torch.Tensor, path: Target,
+                   title: str = "") -> Path | IO[bytes]:
     """Raw attention per layer (rows, labelled on the left) and head (columns, headed), the
     image first in each row; each map scaled on its own, as the colour bar says.
 
@@ -186,8 +193,8 @@ def plot_head_maps(image: torch.Tensor, maps: torch.Tensor, path: str | Path,
     return _save(fig, path)
 
 
-def plot_mean_distance(distances: torch.Tensor, path: str | Path, uniform: float | None = None,
-                       title: str = "", images: int | None = None) -> Path:
+def plot_mean_distance(distances: torch.Tensor, path: Target, uniform: float | None = None,
+                       title: str = "", images: int | None = None) -> Path | IO[bytes]:
     """Mean attention distance (px) against depth, a dot per head (the paper's Figure 7,
     right); a dashed line marks uniform attention; the number of images averaged over is
     in the title. Size: 500 x 400 px."""
@@ -225,8 +232,8 @@ def _mosaic(tiles: np.ndarray, gap: int = 1) -> np.ndarray:
     return out
 
 
-def plot_position_similarity(similarity: torch.Tensor, path: str | Path,
-                             title: str = "") -> Path:
+def plot_position_similarity(similarity: torch.Tensor, path: Target,
+                             title: str = "") -> Path | IO[bytes]:
     """A gh x gw grid of tiles, tile (i, j) the cosine similarity of patch (i, j)'s position
     embedding to every position (the paper's Figure 7, centre). One colour scale for all
     tiles: -1..1 as in the paper, or from the lowest value when all are positive (fixed
@@ -249,8 +256,8 @@ def plot_position_similarity(similarity: torch.Tensor, path: str | Path,
     return _save(fig, path)
 
 
-def plot_filter_components(components: torch.Tensor, path: str | Path,
-                           explained: Sequence[float] = (), title: str = "") -> Path:
+def plot_filter_components(components: torch.Tensor, path: Target,
+                           explained: Sequence[float] = (), title: str = "") -> Path | IO[bytes]:
     """Components (K, C, kh, kw) scaled to [0, 1], RGB tiles (grey for other channel counts),
     7 per row as in the paper's Figure 7, left, each labelled with its explained variance.
     Size: 7 * 90 px wide, ceil(K / 7) * 105 + 50 px high."""

@@ -33,15 +33,15 @@ from starlette.exceptions import HTTPException
 
 from vitkit.errors import VitkitError
 from vitkit.serve.batching import DynamicBatcher
+from vitkit.serve.figures import FIGURES, figure_png
 from vitkit.serve.service import ModelService
 from vitkit.serve.uploads import Form, UploadError, decode_files, read_form
 
-__all__ = ["FIGURE_NAMES", "STATIC", "create_app"]
+__all__ = ["STATIC", "create_app"]
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
-FIGURE_NAMES = ("attention_distance", "position_similarity", "filters")  # serve.figures.FIGURES
 ROUTES = ("GET /healthz, GET /api/model, POST /api/predict, POST /api/explain, "
           "GET /api/figures/NAME.png, GET /")
 NO_PAGE = ("<!doctype html><title>vitkit serve</title><p>This build of vitkit has no page "
@@ -108,7 +108,7 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
     @app.get("/api/model")
     async def model() -> dict[str, Any]:
         return {**service.describe(), "max_batch": max_batch, "max_wait_ms": max_wait_ms,
-                "max_upload_mb": max_upload_mb, "figures": list(FIGURE_NAMES),
+                "max_upload_mb": max_upload_mb, "figures": list(FIGURES),
                 "batches": {"run": batcher.stats.batches, "inputs": batcher.stats.inputs,
                             "largest": batcher.stats.largest}}
 
@@ -127,7 +127,7 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
         form = await read_form(request, max_bytes)
         layer = _field(form, "layer", None, int, "a layer number")
         head = form.fields.get("head", "").strip() or "all"
-        ratio = _field(form, "discard_ratio", 0.9, float, "a number in [0, 1)")
+        ratio = _field(form, "discard_ratio", 0.0, float, "a number in [0, 1)")
         fusion = form.fields.get("fusion", "").strip() or "mean"
         layer, head = service.check_explain(layer, head, ratio, fusion)
         items = await asyncio.to_thread(decode_files, form, service.preprocess,
@@ -141,15 +141,9 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
 
     @app.get("/api/figures/{name}.png")
     async def figure(name: str) -> Response:
-        try:
-            from vitkit.serve import figures
-        except ImportError:
-            return _error(404, "this build of vitkit has no figures module (vitkit.serve."
-                               "figures); use vitkit explain to draw the figures")
-        if name not in figures.FIGURES:
-            return _error(404, f"no figure {name!r}: the figures are "
-                               f"{', '.join(figures.FIGURES)}")
-        png = await batcher.run_alone(figures.figure_png, service, name)
+        if name not in FIGURES:
+            return _error(404, f"no figure {name!r}: the figures are {', '.join(FIGURES)}")
+        png = await batcher.run_alone(figure_png, service, name)
         return Response(png, media_type="image/png")
 
     _add_page(app)

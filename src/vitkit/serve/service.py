@@ -68,7 +68,7 @@ class ModelService:
     precision: Precision
     name: str
     merge_tokens: int = 0
-    trained_on: str | None = None
+    train_config: dict[str, Any] | None = None  # the run's recipe (its data and folder), if any
     task: Task = field(init=False)
     names: list[str] | None = field(init=False)
     preprocess: Preprocess = field(init=False)
@@ -94,15 +94,14 @@ class ModelService:
 
         requested_precision(precision, int8)  # a contradiction refused before the model loads
         record = read_weights(weights, weights_dir)
-        trained_on = (record.train_config or {}).get("data")
         return cls.from_model(build_model(record), name=display_name(weights),
                               precision=precision, int8=int8, merge_tokens=merge_tokens,
-                              trained_on=trained_on, batch_size=batch_size)
+                              train_config=record.train_config, batch_size=batch_size)
 
     @classmethod
     def from_model(cls, model: VisionTransformer, *, name: str = "model",
                    precision: str | None = None, int8: str | None = None,
-                   merge_tokens: int = 0, trained_on: str | None = None,
+                   merge_tokens: int = 0, train_config: dict[str, Any] | None = None,
                    batch_size: int = 8) -> ModelService:
         """Serve `model` (kept as the float model); the served copy is merged and put in its
         precision here, once."""
@@ -113,9 +112,15 @@ class ModelService:
         sample = sample.to(next(model.parameters()).device)
         runner, context, chosen = in_precision(served, requested_precision(precision, int8),
                                                sample, int8, True)
-        return cls(model, runner, context, chosen, name, merge_tokens, trained_on)
+        return cls(model, runner, context, chosen, name, merge_tokens, train_config)
 
     # -- what it is ------------------------------------------------------------------------
+    @property
+    def trained_on(self) -> str | None:
+        """The data the weights were trained on (`data=` of their run), when they say."""
+        data = (self.train_config or {}).get("data")
+        return data if isinstance(data, str) else None
+
     @property
     def inputs(self) -> str:
         """"images" for a model of 8-bit pictures, "arrays" for one trained on arrays
