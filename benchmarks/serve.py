@@ -2,13 +2,17 @@
 dynamic batching on (--max-batch 16 --max-wait-ms 5) against off (--max-batch 1, one request
 at a time through the model).
 
-Each mode starts its own server (`python -m vitkit serve`, a subprocess on a free localhost
-port); the clients are threads with their own httpx connection, each posting one image per
-request to /api/predict as fast as answers come. Each level is bounded by --requests and
---seconds, after --warmup untimed requests. Default model: Ti/16 at 224 with random weights
-(saved to a temporary folder, removed at the end); --weights serves any weights vitkit reads.
+Each mode has its own server (`python -m vitkit serve`, a subprocess on a free localhost
+port), both started up front; the clients are threads with their own httpx connection, each
+posting one image per request to /api/predict as fast as answers come. The two modes take
+turns level by level for --rounds rounds (on, off at 1 client, then off, on at 8, ...; the
+order alternates), so a slow moment of a shared machine hits both; each row pools its rounds'
+requests. Each level is bounded by --requests and --seconds per round, after --warmup untimed
+requests per server. The clients share the machine's cores with the server (localhost).
+Default model: Ti/16 at 224 with random weights (saved to a temporary folder, removed at the
+end); --weights serves any weights vitkit reads.
 
-    python benchmarks/serve.py [--weights PATH] [--requests 300] [--seconds 20]
+    python benchmarks/serve.py [--weights PATH] [--requests 200] [--seconds 15] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -108,44 +112,62 @@ def _load(url: str, clients: int, requests: int, seconds: float, image: bytes
     with ThreadPoolExecutor(clients) as pool:
         for _ in range(clients):
             pool.submit(client)
-    wall = time.perf_counter() - begin
-    ordered = sorted(latencies)
-    return {"requests": len(ordered), "errors": errors, "rps": len(ordered) / wall,
-            "p50": 1000 * statistics.median(ordered),
+    return {"latencies": latencies, "errors": errors, "wall": time.perf_counter() - begin}
+
+
+def _pooled(rounds: list[dict]) -> dict[str, float]:
+    """One row from the rounds of a level: requests per second over their summed time, the
+    latency percentiles of all their requests."""
+    ordered = sorted(x for one in rounds for x in one["latencies"])
+    wall = sum(one["wall"] for one in rounds)
+    return {"requests": len(ordered), "errors": sum(one["errors"] for one in rounds),
+            "rps": len(ordered) / wall, "p50": 1000 * statistics.median(ordered),
             "p99": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--weights", help="weights to serve (default: Ti/16, random, 224)")
-    parser.add_argument("--requests", type=int, default=300, help="per level (default 300)")
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="per level, at most (default 20)")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed requests per mode")
+    parser.add_argument("--requests", type=int, default=200,
+                        help="per level and round (default 200)")
+    parser.add_argument("--seconds", type=float, default=15.0,
+                        help="per level and round, at most (default 15)")
+    parser.add_argument("--rounds", type=int, default=2, help="turns of each level (default 2)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed requests per server")
     parser.add_argument("--threads", type=int, help="the server's torch threads")
     args = parser.parse_args()
 
     print(cpu_description())
     with tempfile.TemporaryDirectory() as folder:
         weights = Path(args.weights) if args.weights else _default_weights(Path(folder))
-        info = None
-        results: dict[tuple[str, int], dict[str, float]] = {}
-        for mode, flags in MODES.items():
-            process, url = _start(weights, flags, args.threads)
-            try:
-                info = httpx.get(f"{url}/api/model").json()
-                image = _image(max(info["img_size"]))
+        servers = {}
+        try:
+            for mode, flags in MODES.items():
+                servers[mode] = _start(weights, flags, args.threads)
+            info = httpx.get(f"{servers['on'][1]}/api/model").json()
+            image = _image(max(info["img_size"]))
+            for _, url in servers.values():
                 _load(url, 4, args.warmup, args.seconds, image)
+            rounds: dict[tuple[str, int], list[dict]] = {}
+            turn = 0
+            for _ in range(args.rounds):
                 for clients in CLIENTS:
-                    results[mode, clients] = _load(url, clients, args.requests, args.seconds,
-                                                   image)
-            finally:
+                    order = list(MODES) if turn % 2 == 0 else list(MODES)[::-1]
+                    turn += 1
+                    for mode in order:
+                        rounds.setdefault((mode, clients), []).append(
+                            _load(servers[mode][1], clients, args.requests, args.seconds, image))
+        finally:
+            for process, _ in servers.values():
                 process.send_signal(signal.SIGTERM)
                 process.wait(60)
-    print(f"model {info['name']} ({info['config']['width']} wide, {info['depth']} layers, "
+    results = {key: _pooled(value) for key, value in rounds.items()}
+    name = info["name"] if args.weights else "Ti/16 (random weights)"
+    print(f"model {name} ({info['config']['width']} wide, {info['depth']} layers, "
           f"{info['img_size'][0]}x{info['img_size'][1]}, {info['precision']}); one image per "
           f"request; batching on = --max-batch 16 --max-wait-ms 5, off = --max-batch 1; at most "
-          f"{args.requests} requests or {args.seconds:g} s per row")
+          f"{args.requests} requests or {args.seconds:g} s per level in each of {args.rounds} "
+          "alternating rounds")
     print(f"{'batching':<9}{'clients':>8}{'requests':>9}{'errors':>7}{'req/s':>8}"
           f"{'images/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'on/off req/s':>14}{'on/off p50':>11}")
     for clients in CLIENTS:
