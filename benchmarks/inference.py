@@ -129,7 +129,6 @@ def _onnx_rows(model, images: torch.Tensor) -> dict[str, tuple[Runner, int]]:
 
 def speed(args: argparse.Namespace) -> None:
     configure_cpu(args.threads)
-    torch.set_num_threads(args.threads)
     peak = MatmulPeak(args.threads)
     peak.sample(5)
     merge = [int(r) for r in args.merge.split(",") if r]
@@ -165,7 +164,6 @@ def accuracy(args: argparse.Namespace) -> None:
     from vitkit.weights import build_model
 
     configure_cpu(args.threads)
-    torch.set_num_threads(args.threads)
     for source in args.accuracy:
         weights = read_weights(source)
         model = build_model(weights).eval()
@@ -225,7 +223,6 @@ def main() -> None:
     if not (args.speed or args.accuracy):
         parser.error("ask for --speed and/or --accuracy WEIGHTS ...")
     configure_cpu(args.threads)
-    torch.set_num_threads(args.threads)
     print(cpu_description(), flush=True)
     if args.speed:
         speed(args)

@@ -7,7 +7,17 @@ models built with the same architecture and fed the same tensors, the same optim
 is the check that its "model for model" ratio holds when the two share a process and its
 settings (docs/speed.md, "Two ways to measure the step").
 
+`--set-threads N` calls `torch.set_num_threads(N)` first, as `throughput.py`'s workers (and
+many harnesses' `--threads`) do. That call is not neutral even when N is the default: PyTorch's
+`set_num_threads` also turns MKL's dynamic threading off (`mkl_set_dynamic(0)`), and then the
+small GEMMs that SDPA's CPU flash-attention kernel calls from inside its OpenMP threads run
+slower (the tutorial's attention forward and backward: 22 -> 32 ms on 2 cores). timm's
+attention is that kernel; vitkit's CPU training attention (chunked, its matmuls at top level)
+is not, so this one setting moves the ratio (docs/speed.md, "Two ways to measure the step").
+`MKL_DYNAMIC=FALSE` in the environment does the same without the call.
+
     python benchmarks/step_one_process.py [--tasks tutorial,train] [--reps 15] [--runtime]
+        [--set-threads N]
 """
 
 from __future__ import annotations
@@ -80,14 +90,21 @@ def main() -> None:
     parser.add_argument("--runtime", action="store_true",
                         help="apply vitkit's process setting (vitkit.runtime.configure_cpu) "
                              "first: it then holds for both models")
+    parser.add_argument("--set-threads", type=int, metavar="N",
+                        help="call torch.set_num_threads(N) first (which also turns MKL's "
+                             "dynamic threading off)")
     args = parser.parse_args()
+    if args.set_threads:
+        torch.set_num_threads(args.set_threads)
     print(cpu_description(), flush=True)
     if args.runtime:
         from vitkit.runtime import configure_cpu
 
         configure_cpu()
     print(f"one process, {torch.get_num_threads()} threads, "
-          f"{'vitkit runtime' if args.runtime else 'plain settings'}, torch.optim.AdamW for "
+          f"{'vitkit runtime' if args.runtime else 'plain settings'}"
+          f"{', torch.set_num_threads called' if args.set_threads else ''}, "
+          "torch.optim.AdamW for "
           f"both, medians of {args.reps} interleaved rounds of {args.iters} steps")
     for task in args.tasks.split(","):
         seconds = measure(task, args.reps, args.iters)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
-from vitkit.runtime import cpu_description
+from vitkit.runtime import cpu_description, set_threads
 
 LIBRARIES = ("vitkit", "timm", "hf", "timm+runtime")
 COMPILED = ("vitkit+compile", "timm+compile")  # opt-in: each compiles for tens of seconds
@@ -144,7 +144,7 @@ def build(library: str, task: Task):
 
 def worker(library: str, threads: int, conn) -> None:
     """Serve ('setup', task) / ('time', None) / ('stop', None) requests from the parent."""
-    torch.set_num_threads(threads)
+    set_threads(threads)  # a no-op at the default count: MKL's dynamic threading stays on
     if library != "timm" and library != "hf":
         from vitkit.runtime import configure_cpu
         configure_cpu(threads)
@@ -219,7 +219,7 @@ def main() -> None:
     parser.add_argument("--tasks", default="infer,train")
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     print(cpu_description(), flush=True)
     peak = MatmulPeak(args.threads)
     peak.sample(10)

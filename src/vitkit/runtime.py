@@ -49,10 +49,22 @@ def tune_cpu_allocator() -> bool:
     return ok
 
 
-def configure_cpu(threads: int | None = None) -> None:
-    """Set intra-op threads (default: all cores) and tune the allocator."""
-    if threads:
+def set_threads(threads: int | None) -> None:
+    """Run torch ops on `threads` intra-op threads; a no-op for None or the current count.
+
+    Calling `torch.set_num_threads` is not neutral even with the count it already has: it also
+    turns MKL's dynamic threading off, for good (PyTorch re-applies it as each thread joins a
+    parallel region). Then the small GEMMs that SDPA's CPU flash-attention kernel runs inside
+    its OpenMP threads get slower: attention forward and backward at the tutorial's shapes
+    measured 22 ms before the call and 30-31 ms after it, on 2 cores
+    (benchmarks/step_one_process.py --set-threads)."""
+    if threads and threads != torch.get_num_threads():
         torch.set_num_threads(threads)
+
+
+def configure_cpu(threads: int | None = None) -> None:
+    """Set intra-op threads (default: all cores; `set_threads`) and tune the allocator."""
+    set_threads(threads)
     tune_cpu_allocator()
 
 

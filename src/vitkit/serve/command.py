@@ -96,10 +96,10 @@ def _signals_end_quietly() -> Iterator[None]:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the weights, build the app and serve it until SIGINT/SIGTERM (exit 0)."""
-    import torch
     import uvicorn
 
     from vitkit.inference.quantize import int8_engine
+    from vitkit.runtime import set_threads
     from vitkit.serve.app import create_app
     from vitkit.serve.service import ModelService
 
@@ -107,8 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"vitkit serve: WARNING: listening on {args.host} without --token: anyone who "
               "can reach this address can use the model. Pass --token TOKEN (clients send "
               "'Authorization: Bearer TOKEN'), or bind 127.0.0.1.", file=sys.stderr)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     service = ModelService.load(args.weights, weights_dir=args.weights_dir,
                                 precision=args.precision,
                                 int8=int8_engine(args.int8, args.int8_engine),

@@ -24,6 +24,7 @@ from vitkit.inference.precision import (
 )
 from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
 from vitkit.model.vit import VisionTransformer
+from vitkit.runtime import set_threads
 
 ENGINES = ("torch", "onnxruntime")
 
@@ -95,8 +96,7 @@ class Engine:
         options.check()
         self.options = options
         self.in_chans, self.img_size = model.config.in_chans, tuple(model.config.img_size)
-        if options.threads:
-            torch.set_num_threads(options.threads)
+        set_threads(options.threads)
         if options.merge_tokens:
             from vitkit.inference.merging import apply_token_merging, check_merge_count
 

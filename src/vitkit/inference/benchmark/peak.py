@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import torch
 
+from vitkit.runtime import set_threads
+
 
 def timed(fn: Callable[[], object]) -> float:
     """Seconds one call of `fn` takes."""
@@ -21,8 +23,7 @@ class MatmulPeak:
     not lower the peak (and raise MFU)."""
 
     def __init__(self, threads: int | None = None, size: int = 2048, warmup: int = 3) -> None:
-        if threads:
-            torch.set_num_threads(threads)
+        set_threads(threads)
         self.size, self.samples, self.best = size, 0, float("inf")
         self.a, self.b = torch.randn(size, size), torch.randn(size, size)
         for _ in range(warmup):
