@@ -78,6 +78,17 @@ def _start(weights: Path, flags: list[str], threads: int | None) -> tuple[subpro
     raise SystemExit("the server did not start in 120 s")
 
 
+def _rss_mb(pid: int) -> float:
+    """Resident memory of process `pid` in MB (Linux; 0 where /proc cannot tell)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def _image(size: int = 224) -> bytes:
     buffer = io.BytesIO()
     pixels = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
@@ -148,6 +159,7 @@ def main() -> None:
             image = _image(max(info["img_size"]))
             for _, url in servers.values():
                 _load(url, 4, args.warmup, args.seconds, image)
+            rss = {mode: [_rss_mb(process.pid)] for mode, (process, _) in servers.items()}
             rounds: dict[tuple[str, int], list[dict]] = {}
             turn = 0
             for _ in range(args.rounds):
@@ -157,6 +169,8 @@ def main() -> None:
                     for mode in order:
                         rounds.setdefault((mode, clients), []).append(
                             _load(servers[mode][1], clients, args.requests, args.seconds, image))
+            for mode, (process, _) in servers.items():
+                rss[mode].append(_rss_mb(process.pid))
         finally:
             for process, _ in servers.values():
                 process.send_signal(signal.SIGTERM)
@@ -179,6 +193,9 @@ def main() -> None:
             print(f"{mode:<9}{clients:>8}{row['requests']:>9}{row['errors']:>7}"
                   f"{row['rps']:>8.1f}{row['rps']:>9.1f}{row['p50']:>8.1f}{row['p99']:>8.1f}"
                   f"{ratios}")
+    print("server resident memory after the warm-up -> after every level: " + ", ".join(
+        f"batching {mode} {before:.0f} -> {after:.0f} MB" for mode, (before, after)
+        in rss.items()))
 
 
 if __name__ == "__main__":

@@ -135,3 +135,4 @@ def test_batched_predictions_equal_one_at_a_time(tmp_path):
         assert [t["index"] for t in got["topk"]] == [t["index"] for t in want["topk"]]
         np.testing.assert_allclose([t["prob"] for t in got["topk"]],
                                    [t["prob"] for t in want["topk"]], atol=1e-5)
+
