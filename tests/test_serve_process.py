@@ -130,3 +130,16 @@ def test_sigterm_lets_an_in_flight_request_finish(tmp_path):
     assert result["json"]["predictions"][0]["path"] == "slow.png"
     assert process.returncode == 0, output
     assert list(tmp.iterdir()) == []
+
+
+def test_without_the_serve_extra_the_command_says_what_to_install():
+    """With fastapi unimportable (None in sys.modules, as Python marks a module that is not
+    there), `vitkit serve` names the extra to install instead of a traceback."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.modules['fastapi'] = None; "
+                          "from vitkit.cli import main; sys.exit(main(['serve', 'x']))"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "vitkit serve needs fastapi, not installed here: pip install 'vitkit[serve]'" \
+        in out.stderr
+    assert "Traceback" not in out.stderr

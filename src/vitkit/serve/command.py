@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import ipaddress
 import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from vitkit.errors import ConfigError
 
 __all__ = ["add_serve_verb", "cmd_serve", "is_loopback"]
 
@@ -94,8 +97,21 @@ def _signals_end_quietly() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+SERVE_PACKAGES = {"fastapi": "fastapi", "uvicorn": "uvicorn", "multipart": "python-multipart"}
+
+
+def require_serve_packages() -> None:
+    """Refuse clearly when the serve extra is not installed."""
+    missing = [name for module, name in SERVE_PACKAGES.items()
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ConfigError(f"vitkit serve needs {', '.join(missing)}, not installed here: "
+                          "pip install 'vitkit[serve]'")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the weights, build the app and serve it until SIGINT/SIGTERM (exit 0)."""
+    require_serve_packages()
     import uvicorn
 
     from vitkit.inference.quantize import int8_engine
