@@ -49,7 +49,7 @@ def flat_kind(heat: torch.Tensor) -> str | None:
     return None
 
 
-def _scaled(heat: torch.Tensor) -> torch.Tensor:
+def unit_scaled(heat: torch.Tensor) -> torch.Tensor:
     """A map scaled to [0, 1] (its min to 0, its max to 1); a flat map becomes zeros."""
     heat = heat.detach().cpu().float()
     return (heat - heat.min()) / (heat.max() - heat.min()).clamp(min=1e-12)
@@ -63,7 +63,7 @@ def _image_hwc(image: torch.Tensor) -> np.ndarray:
     (a field, not a picture) -> its channel mean scaled to [0, 1] (min to 0, max to 1)."""
     array = image.detach().cpu()
     if array.is_floating_point():
-        return _scaled(array.mean(dim=0)).numpy()
+        return unit_scaled(array.mean(dim=0)).numpy()
     if array.shape[0] == 3:
         return array.permute(1, 2, 0).numpy()
     return array.float().mean(dim=0).numpy()
@@ -71,7 +71,7 @@ def _image_hwc(image: torch.Tensor) -> np.ndarray:
 
 def _upsample(heat: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
     """(gh, gw) map -> (H, W) scaled to [0, 1], bilinear."""
-    return F.interpolate(_scaled(heat)[None, None], size=size, mode="bilinear",
+    return F.interpolate(unit_scaled(heat)[None, None], size=size, mode="bilinear",
                          align_corners=False)[0, 0].clamp(0, 1).numpy()
 
 
@@ -184,7 +184,8 @@ def plot_head_maps(image: torch.Tensor, maps: torch.Tensor, path: Target,
         _show_image(_axes(fig, LAYER_LABEL + pad, top + pad, side, side), image)
         for head in range(heads):
             ax = _axes(fig, LAYER_LABEL + (head + 1) * HEAD_TILE + pad, top + pad, side, side)
-            shown = ax.imshow(_scaled(maps[layer, head]).numpy(), cmap="viridis", vmin=0, vmax=1)
+            shown = ax.imshow(unit_scaled(maps[layer, head]).numpy(), cmap="viridis", vmin=0,
+                              vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
             _mark_flat(ax, maps[layer, head])

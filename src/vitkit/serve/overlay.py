@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from vitkit.analysis.figures import FLOAT_IMAGE_CMAP, unit_scaled
+
 __all__ = ["MIN_SIDE", "data_url", "image_png", "overlay_png"]
 
 MIN_SIDE = 224  # pixels: the shorter side of the PNGs, at least
@@ -34,10 +36,8 @@ def _rgb(image: torch.Tensor) -> np.ndarray:
     """(H, W, 3) uint8 of a (C, H, W) uint8 picture or float array."""
     array = image.detach().cpu()
     if array.is_floating_point():
-        mean = array.float().mean(dim=0)
-        span = float(mean.max() - mean.min())
-        scaled = (mean - mean.min()) / span if span > 0 else torch.zeros_like(mean)
-        colours = matplotlib.colormaps["viridis"](scaled.numpy())[..., :3]
+        scaled = unit_scaled(array.float().mean(dim=0))
+        colours = matplotlib.colormaps[FLOAT_IMAGE_CMAP](scaled.numpy())[..., :3]
         return (colours * 255).round().astype(np.uint8)
     if array.shape[0] == 3:
         return array.permute(1, 2, 0).numpy().astype(np.uint8)

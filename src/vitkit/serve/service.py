@@ -29,6 +29,7 @@ from vitkit.analysis.attention import (
     map_source,
     output_token_map,
 )
+from vitkit.analysis.figures import unit_scaled
 from vitkit.errors import InputError
 from vitkit.inference.precision import Precision, measurement_batch, requested_precision
 from vitkit.inference.speedup import speed_up
@@ -219,15 +220,14 @@ class ModelService:
         return output_token_map(rows, prefix, grid, source)[0], logits[0].float().cpu()
 
     def explain(self, image: torch.Tensor, name: str = "image", layer: int | None = None,
-                head: str | int = "all", discard_ratio: float = 0.9,
+                head: str | int = "all", discard_ratio: float = 0.0,
                 fusion: str = "mean") -> dict[str, Any]:
         """`POST /api/explain`'s answer for one decoded input: the map (scaled to 0..1: its
         weakest patch 0, its strongest 1; a flat map is all 0), the map over the image and
         the image as PNG data URLs, and the float model's prediction."""
         layer, head = self.check_explain(layer, head, discard_ratio, fusion)
         heat, output = self.attention_map(image, layer, head, discard_ratio, fusion)
-        low, high = heat.min(), heat.max()
-        scaled = (heat - low) / (high - low) if float(high - low) > 0 else torch.zeros_like(heat)
+        scaled = unit_scaled(heat)
         return {"name": name, "layer": layer, "head": head, "discard_ratio": discard_ratio,
                 "fusion": fusion, "grid": list(heat.shape),
                 "map": [[round(float(v), 6) for v in row] for row in scaled],
