@@ -26,6 +26,8 @@ SMALL_STEMS = {
     "conv": ("Ti/4", {"stem": "conv", "stem_channels": (8, 16, 24)}),
     "conv, strides placed": ("Ti/8", {"stem": "conv", "stem_channels": (8, 16, 16, 24),
                                       "stem_strides": (2, 1, 2, 2)}),
+    "conv, pooled": ("Ti/8", {"stem": "conv", "stem_channels": (8, 16, 16, 24),
+                              "stem_strides": (2, 1, 2, 2), "stem_pool": True}),
     "R50": ("R50+Ti/16", {}),
     "R26/32": ("R26+Ti/32", {}),
     "root-only R": ("R+Ti/32", {}),
@@ -75,6 +77,42 @@ def test_conv_stem_strides_place_the_downsampling_and_a_wrong_list_says_how():
     assert type(fixed.config).from_dict(json.loads(fixed.config.to_json())) == fixed.config
 
 
+def test_pooled_conv_stem_is_conv_then_max_pool_then_norm_and_relu():
+    """Each halving conv runs at stride 1, and a 2x2 max-pooling halves its output: the same
+    as the layers written out by hand, with the same parameters and the same token grid."""
+    name, overrides = SMALL_STEMS["conv, pooled"]
+    model = create_model(name, img_size=32, depth=1, **overrides).train()
+    stem = model.patch_embed
+    assert stem.pooled == (True, False, True, True)
+    assert [conv.stride for conv in stem._convs()] == [(1, 1)] * 4
+    assert stem.parameter_count() == meta_model(name, **{**overrides, "stem_pool": False}
+                                                ).patch_embed.parameter_count()
+    images = torch.randn(3, 3, 32, 32)
+    expected, layers = images, iter(stem.convs)
+    for pooled in stem.pooled:
+        conv = next(layers)
+        expected = conv(expected)
+        if pooled:
+            expected = torch.nn.functional.max_pool2d(expected, 2)
+            next(layers)
+        norm = next(layers)
+        next(layers)  # the ReLU
+        expected = torch.relu(torch.nn.functional.batch_norm(
+            expected, None, None, norm.weight, norm.bias, training=True, eps=norm.eps))
+    expected = stem.proj(expected)
+    torch.testing.assert_close(stem.feature_map(images), expected, rtol=1e-5, atol=1e-5)
+    assert stem.token_grid((32, 32)) == (4, 4) == tuple(expected.shape[-2:])
+
+
+def test_stem_pool_without_a_conv_stem_says_how_to_fix_it():
+    with pytest.raises(ConfigError, match="stem_pool=True pools inside a conv stem") as info:
+        meta_model("Ti/16", stem_pool=True)
+    assert "set stem='conv' with stem_channels, or drop stem_pool" in str(info.value)
+    fixed = meta_model("Ti/8", stem="conv", stem_channels=(8, 16, 24), stem_pool=True)
+    assert fixed.patch_embed.token_grid((224, 224)) == (28, 28)
+    assert meta_model("Ti/16").config.stem_pool is False  # ... or drop it
+
+
 @pytest.mark.parametrize("kind", SMALL_STEMS)
 def test_stem_parameter_count_equals_its_modules(kind):
     name, overrides = SMALL_STEMS[kind]
@@ -116,7 +154,8 @@ def test_hybrid_flops_are_not_the_plain_vits():
     assert hybrid.flops - hybrid.stem_flops == plain.flops - plain.stem_flops
 
 
-@pytest.mark.parametrize(("label", "size"), [("conv", (33, 47)), ("R50", (70, 50)),
+@pytest.mark.parametrize(("label", "size"), [("conv", (33, 47)), ("conv, pooled", (33, 47)),
+                                             ("R50", (70, 50)),
                                              ("patch", (48, 80))])
 def test_flops_at_other_sizes_follow_the_stems_grid(label, size):
     name, overrides = SMALL_STEMS[label]
@@ -134,6 +173,7 @@ def ceil_div(a: int, b: int) -> int:
 GRID_CASES = [  # stem, image size, expected grid from the stem's padding rule
     ("patch", (35, 50), (35 // 16, 50 // 16)),  # P x P, stride P, no padding: floor
     ("conv", (33, 47), (ceil_div(33, 4), ceil_div(47, 4))),  # 3x3 convs padded by 1: ceil
+    ("conv, pooled", (33, 47), (ceil_div(33, 8), ceil_div(47, 8))),  # pools keep partial windows
     ("R50", (70, 50), (ceil_div(70, 16), ceil_div(50, 16))),  # SAME padding: ceil(size / 16)
     ("R26/32", (97, 33), (ceil_div(97, 32), ceil_div(33, 32))),
     ("root-only R", (100, 61), (ceil_div(100, 4) // 8, ceil_div(61, 4) // 8)),  # SAME, then 8x8
@@ -278,7 +318,8 @@ def test_stems_say_which_sizes_they_take():
              for label, (name, overrides) in SMALL_STEMS.items()}
     # Patches must be whole; padded convs and a 1x1 projection on a SAME map take any size;
     # an 8x8 projection on the root-only map needs whole 32-pixel tokens.
-    assert sizes == {"patch": 16, "conv": 1, "conv, strides placed": 1, "R50": 1, "R26/32": 1,
+    assert sizes == {"patch": 16, "conv": 1, "conv, strides placed": 1, "conv, pooled": 1,
+                     "R50": 1, "R26/32": 1,
                      "root-only R": 32}
     conv = create_model("Ti/4", img_size=16, depth=1, stem="conv", stem_channels=(8, 16),
                         dynamic_img_size=True).eval()

@@ -72,6 +72,7 @@ class ViTConfig:
     stem: str = "patch"  # "patch": one P x P projection; "conv": a small CNN (hybrid)
     stem_channels: tuple[int, ...] = ()  # conv stem: 3x3 conv widths, the last log2(P) stride 2
     stem_strides: tuple[int, ...] = ()  # conv stem: each conv's stride (1 or 2); () = as above
+    stem_pool: bool = False  # conv stem: halve by 2x2 max-pooling after the conv, not a stride
     resnet_layers: tuple[int, ...] = ()  # resnet stem: units per stage, (3, 4, 9) for R50
     resnet_width: int = 64  # resnet stem: root width (x 2 per stage, x 4 in the bottlenecks)
     num_classes: int = 1000
@@ -155,6 +156,10 @@ class ViTConfig:
                 "divides both sides.")
         if self.stem == "conv":
             self._validate_conv_stem()
+        elif self.stem_pool:
+            raise ConfigError(f"stem_pool=True pools inside a conv stem; this model's stem is "
+                              f"{self.stem!r}: set stem='conv' with stem_channels, or drop "
+                              "stem_pool")
         if self.stem == "resnet":
             stride = 4 * 2 ** max(len(self.resnet_layers) - 1, 0)
             if self.patch_size % stride:

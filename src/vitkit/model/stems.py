@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from vitkit.errors import InputError
-from vitkit.model.geometry import ConvShape, conv_shape
+from vitkit.model.geometry import ConvShape, ceil_div, conv_shape
 from vitkit.model.init import (
     init_feature_conv_,
     init_norm_,
@@ -142,24 +142,33 @@ class PatchStem(Stem):
 
 
 class ConvStem(Stem):
-    """A hybrid's tokenizer: 3x3 convolutions (BatchNorm, ReLU), log2(P) of them with stride 2
-    (by default the last ones), then a 1x1 projection to `width` ("early convolutions", Xiao
-    et al. 2021).
+    """A hybrid's tokenizer: 3x3 convolutions (BatchNorm, ReLU), log2(P) of them halving the
+    resolution (by default the last ones), then a 1x1 projection to `width` ("early
+    convolutions", Xiao et al. 2021). A conv halves by its stride of 2, or with `pool` by a
+    2x2 max-pooling after it (conv, pool, BatchNorm, ReLU: the VGG-like blocks of fast CIFAR
+    ConvNets, 4x the FLOPs of the strided conv).
 
     At sizes that are multiples of P it gives the patch grid; other sizes give ceil(size / P)
-    tokens per side (each 3x3 conv pads by one pixel).
+    tokens per side (each 3x3 conv pads by one pixel; pooling keeps a partial last window).
+    The convolutions run channels-last: oneDNN's faster layout on CPUs (1.15-1.4x per step).
     """
 
     kind = "conv"
 
     def __init__(self, patch_size: int, in_chans: int, width: int,
-                 channels: tuple[int, ...], strides: tuple[int, ...]) -> None:
+                 channels: tuple[int, ...], strides: tuple[int, ...],
+                 pool: bool = False) -> None:
         super().__init__(patch_size)
         layers: list[nn.Module] = []
         previous = in_chans
-        for out, stride in zip(channels, strides, strict=True):
-            layers += [nn.Conv2d(previous, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out),
-                       nn.ReLU(inplace=True)]
+        self.pooled = tuple(pool and stride == 2 for stride in strides)
+        for out, stride, pooled in zip(channels, strides, self.pooled, strict=True):
+            if pooled:
+                layers += [nn.Conv2d(previous, out, 3, 1, 1, bias=False),
+                           nn.MaxPool2d(2, ceil_mode=True)]
+            else:
+                layers.append(nn.Conv2d(previous, out, 3, stride, 1, bias=False))
+            layers += [nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
             previous = out
         self.convs = nn.Sequential(*layers)
         self.proj = nn.Conv2d(previous, width, kernel_size=1)
@@ -167,16 +176,18 @@ class ConvStem(Stem):
     @classmethod
     def from_config(cls, config: ViTConfig) -> ConvStem:
         return cls(config.patch_size, config.in_chans, config.width, config.stem_channels,
-                   config.conv_stem_strides())
+                   config.conv_stem_strides(), config.stem_pool)
 
     def feature_map(self, images: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.convs(images))
+        return self.proj(self.convs(images.contiguous(memory_format=torch.channels_last)))
 
     def conv_shapes(self, img_size: tuple[int, int]) -> tuple[list[ConvShape], tuple[int, int]]:
         shapes, size = [], tuple(img_size)
-        for conv in self._convs():
+        for conv, pooled in zip(self._convs(), self.pooled, strict=True):
             shapes.append(conv_shape(conv, size, norm=True))  # each is followed by BatchNorm
             size = shapes[-1].out_size
+            if pooled:
+                size = (ceil_div(size[0], 2), ceil_div(size[1], 2))
         shapes.append(conv_shape(self.proj, size))
         return shapes, shapes[-1].out_size
 
