@@ -35,6 +35,7 @@ CHECKS = [
      ["model.img_size=8"]),
     (["eval_every=0"], r"eval_every=0 must be >= 1", ["eval_every=1"]),
     (["eval_batch_size=0"], r"eval_batch_size=0 must be >= 1", ["eval_batch_size=500"]),
+    (["tta=mirror"], r"tta='mirror' is not one of none, flip", ["tta=flip"]),
     (["threads=0"], r"threads=0 must be >= 1 \(or null", ["threads=null"]),
     (["train_limit=0"], r"train_limit=0 must be >= 1 images \(or null", ["train_limit=null"]),
     (["min_lr_ratio=2"], r"min_lr_ratio=2 must be in \[0, 1\]", ["min_lr_ratio=0.1"]),

@@ -141,6 +141,13 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
 
 
+def add_tta_argument(parser: argparse.ArgumentParser) -> None:
+    """--tta none|flip, the same flag on eval and predict."""
+    from vitkit.inference.tta import TTA_HELP, TTA_MODES
+
+    parser.add_argument("--tta", choices=TTA_MODES, help=TTA_HELP)
+
+
 def int8_engine(args: argparse.Namespace) -> str | None:
     """The eager int8 engine the flags ask for, or None for float."""
     from vitkit.inference.quantize import int8_engine as engine_for
@@ -256,7 +263,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     print_report(evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split,
                                      args.out, args.limit, args.batch_size, args.weights_dir,
-                                     args.merge_tokens, int8_engine(args), args.precision))
+                                     args.merge_tokens, int8_engine(args), args.precision,
+                                     args.tta))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -269,7 +277,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     inputs = [*args.inputs, *([sample_digit()] if args.sample else [])]
     report = predict_files(args.weights, inputs, args.topk, args.batch_size,
                            args.weights_dir, args.merge_tokens, int8_engine(args),
-                           args.precision)
+                           args.precision, args.tta)
     print_report(report, args.json)
     failed, total = report.failed, len(report.results)
     if len(failed) == total:
@@ -421,10 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(default: beside the weights; ./eval for a "
                                         "checkpoint name or hf-hub: repository). Each "
                                         "evaluation keeps eval-DATA-SPLIT.json (-int8, -bf16, "
-                                        "-mergeR for those paths); eval.json is the latest")
+                                        "-mergeR, -flip for those paths); eval.json is the "
+                                        "latest")
     add_int8_arguments(evaluate, EAGER_INT8)
     add_precision_argument(evaluate)
     add_merge_tokens_argument(evaluate)
+    add_tta_argument(evaluate)
     evaluate.set_defaults(run=cmd_eval)
 
     predict = verbs.add_parser("predict", help="top-k classes (or the task's values or labels) "
@@ -441,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_int8_arguments(predict, EAGER_INT8)
     add_precision_argument(predict)
     add_merge_tokens_argument(predict)
+    add_tta_argument(predict)
     predict.set_defaults(run=cmd_predict)
     export = verbs.add_parser("export", help="write ONNX (dynamic batch) and check it with "
                                              "onnxruntime")

@@ -48,6 +48,7 @@ from vitkit.inference.precision import (
     choose_precision,
     requested_precision,
 )
+from vitkit.inference.tta import check_tta, recorded_tta, with_tta
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess, preprocess_for
 from vitkit.tasks import Task, task_of
@@ -315,7 +316,7 @@ def fill_predictions(rows: Sequence[Prediction], outputs: torch.Tensor, task: Ta
 
 def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 5,
             batch_size: int = 32, trained_on: str | None = None, precision: str | None = None,
-            int8: str | None = None) -> list[Prediction]:
+            int8: str | None = None, tta: str = "none") -> list[Prediction]:
     """Predictions for image files, folders and array files, one `Prediction` per image.
 
     Images go through `model.preprocess` (the official squash-resize to [-1, 1] when the
@@ -326,8 +327,10 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
     warning (`INVERTED_WARNING`). `precision` (fp32, bf16, int8 or auto; None: fp32, or int8
     with `int8`, an engine of `vitkit.inference.quantize`) is the number format the forward
     runs in (`vitkit.inference.precision`; auto measures on the first batch); a requested
-    one is logged with the reason for the choice.
+    one is logged with the reason for the choice. `tta` "flip" averages the outputs on each
+    image and its mirror image (`vitkit.inference.tta`).
     """
+    check_tta(tta)
     if topk < 1:
         raise InputError(f"topk must be >= 1, got {topk}")
     if batch_size < 1:
@@ -357,6 +360,7 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
                 if runner is None:
                     runner, context, _ = in_precision(model, requested, batch, int8,
                                                       precision is not None or int8 is not None)
+                    runner = with_tta(runner, tta)
                 fill_predictions([rows[i] for i in good], run_batch(runner, context, batch),
                                  task, names, k)
             results.extend(rows)
@@ -385,10 +389,10 @@ def in_precision(model: torch.nn.Module, requested: str | None, batch: torch.Ten
 def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int = 5,
                   batch_size: int = 32, weights_dir: str | Path | None = None,
                   merge_tokens: int = 0, int8: str | None = None,
-                  precision: str | None = None) -> Predictions:
+                  precision: str | None = None, tta: str | None = None) -> Predictions:
     """`predict` with weights any source `load_pretrained` reads, through the speed paths
     (`merge_tokens` per layer, then `precision`, `int8` an engine of
-    `vitkit.inference.quantize`). A wrong path
+    `vitkit.inference.quantize`; `tta` as in `predict`, None: the training run's). A wrong path
     fails before the model loads. Weights a vitkit run trained on the embedded digits get a
     note on the input they expect (`INPUT_NOTE`)."""
     from vitkit.catalog import read_weights
@@ -403,4 +407,5 @@ def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int =
     notes = [f"{INPUT_NOTE} (a sample: vitkit predict {weights} --sample)"] \
         if trained_on == "digits" else []
     return Predictions(predict(model, files, topk=topk, batch_size=batch_size,
-                               trained_on=trained_on, precision=precision, int8=int8), notes)
+                               trained_on=trained_on, precision=precision, int8=int8,
+                               tta=recorded_tta(tta, record.train_config)), notes)

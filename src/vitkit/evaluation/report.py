@@ -31,6 +31,7 @@ from vitkit.inference.precision import (
     requested_precision,
 )
 from vitkit.inference.speedup import speed_up
+from vitkit.inference.tta import recorded_tta, with_tta
 from vitkit.report import Report
 from vitkit.tasks import Task, make_task
 from vitkit.weights import build_model
@@ -61,7 +62,8 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                         split: str = "test", out: str | Path | None = None,
                         limit: int | None = None, batch_size: int = 500,
                         weights_dir: str | Path | None = None, merge_tokens: int = 0,
-                        int8: str | None = None, precision: str | None = None) -> Report:
+                        int8: str | None = None, precision: str | None = None,
+                        tta: str | None = None) -> Report:
     """Evaluate weights (any format `load_pretrained` reads) and write the report to
     `eval_report_name(...)` and eval.json (the latest), and confusion_matrix.png; returns the
     report (its data is the JSON's).
@@ -70,7 +72,9 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     evaluate the model through those speed paths (`vitkit.inference.speedup.speed_up`);
     `precision` (fp32, bf16, int8 or auto; None: fp32, or int8 with `int8`) the number
     format, merging first (`vitkit.inference.precision`; auto measures on min(batch_size, 8)
-    random images). eval.json records each, with the precision's reason.
+    random images). `tta` (none or flip, `vitkit.inference.tta`; None: the training run's)
+    averages the outputs over mirror images. eval.json records each, with the precision's
+    reason.
 
     The data defaults to a training checkpoint's own (data, folder and image limit); other
     weights need `data`. Images go through the weights' preprocessing (mean/std) and are
@@ -82,6 +86,8 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     model = build_model(weights)
     config = model.config
     fast, chosen = _in_precision(speed_up(model, merge_tokens), precision, int8, batch_size)
+    tta = recorded_tta(tta, weights.train_config)
+    fast = with_tta(fast, tta)
     int8 = chosen.engine if chosen.name == "int8" else None  # the engine that ran
     autocast = torch.bfloat16 if chosen.name == "bf16" else None
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
@@ -97,10 +103,11 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
     out_dir = Path(out) if out else default_out_dir(path, weights.path)
     head = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
-            "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8,
+            "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8, "tta": tta,
             "precision": chosen.name, "precision_reason": chosen.reason}
     speed = "".join([f", int8 ({int8})" if int8 else "", ", bf16" if autocast else "",
-                     f", {merge_tokens} tokens merged per layer" if merge_tokens else ""])
+                     f", {merge_tokens} tokens merged per layer" if merge_tokens else "",
+                     f", {tta} TTA" if tta != "none" else ""])
     if precision is not None or int8:
         log.info("%s", chosen.describe())
     if task.kind != "classification":
@@ -123,7 +130,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
               "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
               "confusion": result.confusion.tolist()}
     text = json.dumps(report, indent=2) + "\n"
-    kept = out_dir / eval_report_name(data, split, merge_tokens, chosen.name)
+    kept = out_dir / eval_report_name(data, split, merge_tokens, chosen.name, tta)
     kept.write_text(text)
     (out_dir / LATEST_REPORT).write_text(text)
     png = plot_confusion(result.confusion, classes, out_dir / "confusion_matrix.png",
@@ -179,7 +186,7 @@ def _write_report(report: dict, out_dir: Path, data: str, split: str, merge_toke
     """Write the kept report and eval.json (the latest); the printed text ends naming them."""
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=2) + "\n"
-    kept = out_dir / eval_report_name(data, split, merge_tokens, precision)
+    kept = out_dir / eval_report_name(data, split, merge_tokens, precision, report["tta"])
     kept.write_text(text)
     (out_dir / LATEST_REPORT).write_text(text)
     lines.append(f"wrote {kept} (and {LATEST_REPORT}, the latest)")
@@ -200,13 +207,15 @@ def _in_precision(model: torch.nn.Module, precision: str | None, int8: str | Non
 
 
 def eval_report_name(data: str, split: str, merge_tokens: int = 0,
-                     precision: str | None = None) -> str:
-    """"eval-digits-test.json", "eval-hf_ylecun_mnist-test-int8-merge8.json": one report per
-    data, split and speed path, so evaluations never overwrite each other. `precision`:
-    fp32 or None, bf16, or int8 (an int8 engine's name, "torch", also means int8)."""
+                     precision: str | None = None, tta: str = "none") -> str:
+    """"eval-digits-test.json", "eval-hf_ylecun_mnist-test-int8-merge8.json",
+    "eval-cifar10-test-flip.json": one report per data, split, speed path and test-time
+    augmentation, so evaluations never overwrite each other. `precision`: fp32 or None,
+    bf16, or int8 (an int8 engine's name, "torch", also means int8)."""
     label = None if precision in (None, "fp32") else "bf16" if precision == "bf16" else "int8"
     parts = [data, split, *([label] if label else []),
-             *([f"merge{merge_tokens}"] if merge_tokens else [])]
+             *([f"merge{merge_tokens}"] if merge_tokens else []),
+             *([tta] if tta != "none" else [])]
     return "eval-" + "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", part).strip("_")
                               for part in parts) + ".json"
 

@@ -13,6 +13,7 @@ from vitkit.config import ViTConfig, variant_config
 from vitkit.data.augment import AugmentConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_fields, check_known_keys, check_value, did_you_mean, parse_text
+from vitkit.inference.tta import TTA_MODES
 from vitkit.runtime import check_device
 from vitkit.tasks import LOSSES, TASKS
 
@@ -112,6 +113,9 @@ class TrainConfig:
     time_budget: float = 0.0  # seconds of training wall time; 0 = none
     eval_batch_size: int = 500
     eval_every: int = 1  # evaluate every N epochs (and always at the end)
+    # test-time augmentation of every evaluation: none | flip (the outputs on each image and
+    # its mirror image averaged; vitkit.inference.tta); eval and predict reuse it by default
+    tta: str = "none"
     out_dir: str = "runs/train"
     log: tuple[str, ...] = ("csv", "jsonl")  # plus "tensorboard" when installed
     progress: bool = True
@@ -271,6 +275,8 @@ class TrainConfig:
                  "datasets only (data=hf:NAME_OR_PATH)", ", ".join(hf_only))
         _require(self.eval_every >= 1, "eval_every={} must be >= 1 (evaluate every N epochs; "
                  "the end of the run is always evaluated)", self.eval_every)
+        _require(self.tta in TTA_MODES, "tta={!r} is not one of " + ", ".join(TTA_MODES)
+                 + " (flip: average the outputs on each image and its mirror image)", self.tta)
         _require(self.eval_batch_size >= 1, "eval_batch_size={} must be >= 1, e.g. 500",
                  self.eval_batch_size)
         _require(self.threads is None or self.threads >= 1, "threads={} must be >= 1 (or null "

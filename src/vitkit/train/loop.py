@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vitkit.evaluation.classify import reports_top_k
 from vitkit.evaluation.task_eval import evaluate_for_task
+from vitkit.inference.tta import with_tta
 from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import barrier, broadcast_flag, cleanup
@@ -43,6 +44,7 @@ class TrainResult:
     is_main: bool = True
     num_classes: int = 0  # the model's outputs (top-5 is reported only with more than 5)
     task: str = "classification"  # which scores `format` prints
+    tta: str = "none"  # the evaluations' test-time augmentation (`vitkit.inference.tta`)
 
     def format(self) -> str:
         """What `vitkit train` prints: one line on how the run ended, and where its files are.
@@ -64,12 +66,13 @@ class TrainResult:
                 f"{self._scores()}, {self.final['minutes']:.1f} min{reason}\n{files}")
 
     def _scores(self) -> str:
+        tta = f" ({self.tta} TTA)" if self.tta != "none" else ""
         if self.task != "classification":
-            return task_scores(self.final)
+            return task_scores(self.final) + tta
         informative = not self.num_classes or reports_top_k(self.num_classes)
         top5 = f", top-5 {100 * self.final['top5']:.2f}%" \
             if "top5" in self.final and informative else ""
-        return f"test top-1 {100 * self.final['top1']:.2f}%{top5}"
+        return f"test top-1 {100 * self.final['top1']:.2f}%{top5}{tta}"
 
     @property
     def signal_number(self) -> int:
@@ -176,7 +179,7 @@ def run_loop(run: Run) -> TrainResult:
             recorder.close()
         cleanup(info)
     return TrainResult(run.out_dir, pos, final, stop.reason, info.is_main,
-                       run.model.config.num_classes, run.task.kind)
+                       run.model.config.num_classes, run.task.kind, cfg.tta)
 
 
 def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
@@ -191,8 +194,8 @@ def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
     primary = task.primary_metric
     size = tuple(run.model.config.img_size)
 
-    def score(model):
-        return evaluate_for_task(model, run.data.evaluation, run.task,
+    def score(model):  # with the recipe's test-time augmentation
+        return evaluate_for_task(with_tta(model, cfg.tta), run.data.evaluation, run.task,
                                  run.model.config.num_classes, run.preprocess,
                                  cfg.eval_batch_size, run.device, run.info, run.amp_dtype, size,
                                  run.stop.signalled)

@@ -1,0 +1,122 @@
+"""Flip test-time augmentation (`vitkit.inference.tta`): the mirror-averaged outputs, the
+recipe's `tta` in training, and `--tta` of eval and predict, each checked against the
+model run by hand on the same images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit import VisionTransformer, ViTConfig, load_pretrained
+from vitkit.cli import main
+from vitkit.errors import ConfigError
+from vitkit.inference.tta import FlipAveraged, recorded_tta, with_tta
+from vitkit.preprocess import preprocess_for
+
+
+def _model() -> VisionTransformer:
+    config = ViTConfig(img_size=8, patch_size=2, in_chans=3, width=16, depth=2, num_heads=2,
+                       mlp_dim=32, num_classes=5)
+    model = VisionTransformer(config).eval()
+    with torch.no_grad():  # the head starts at zero (as in the paper): give it outputs
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    return model
+
+
+def test_flip_averaging_is_the_mean_of_the_two_views_and_mirror_invariant() -> None:
+    model = _model()
+    images = torch.randn(4, 3, 8, 8)
+    averaged = FlipAveraged(model)
+    with torch.no_grad():
+        expected = (model(images) + model(torch.flip(images, dims=[3]))) / 2
+        got = averaged(images)
+        mirrored = averaged(torch.flip(images, dims=[3]))
+        plain = model(images)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(mirrored, got, rtol=0, atol=1e-5)  # same two views, swapped
+    assert not torch.allclose(got, plain, atol=1e-4)  # the mirror view changes the outputs
+    assert with_tta(model, "none") is model
+
+
+def test_the_tta_choice_defaults_to_the_training_run_and_unknown_ones_are_refused() -> None:
+    assert recorded_tta(None, {"tta": "flip"}) == "flip"
+    assert recorded_tta(None, None) == "none"  # weights of other origins record none
+    assert recorded_tta("none", {"tta": "flip"}) == "none"  # asked for wins
+    with pytest.raises(ConfigError, match=r"tta='mirror' is not one of none, flip"):
+        with_tta(_model(), "mirror")
+
+
+@pytest.fixture(scope="module")
+def flip_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short digits run whose evaluations use flip TTA."""
+    out = tmp_path_factory.mktemp("tta") / "run"
+    assert main(["train", "epochs=2", "lr=0.003", "model.patch_size=4", "tta=flip",
+                 "progress=false", "--out", str(out)]) == 0
+    return out
+
+
+def _digits_test() -> tuple[torch.Tensor, torch.Tensor]:
+    from vitkit.data.sources.digits import load_digits
+
+    test = load_digits("test")
+    return test.images, test.labels
+
+
+def _top1_by_hand(run: Path, flip: bool) -> float:
+    model = load_pretrained(run).eval()
+    images, labels = _digits_test()
+    with torch.no_grad():
+        x = preprocess_for(model).normalize(images)
+        logits = model(x)
+        if flip:
+            logits = (logits + model(torch.flip(x, dims=[3]))) / 2
+    return (logits.argmax(1) == labels).double().mean().item()
+
+
+def test_eval_of_a_flip_run_reproduces_its_training_score_with_tta(flip_run: Path,
+                                                                  capsys) -> None:
+    rows = [json.loads(line) for line in (flip_run / "metrics.jsonl").read_text().splitlines()]
+    assert main(["eval", str(flip_run), "--out", str(flip_run / "eval")]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((flip_run / "eval" / "eval-digits-test-flip.json").read_text())
+    assert report["tta"] == "flip" and "flip TTA" in printed
+    assert report["top1"] == pytest.approx(max(row["top1"] for row in rows), abs=1e-9)
+    assert report["top1"] == pytest.approx(_top1_by_hand(flip_run, flip=True), abs=1e-9)
+    assert main(["eval", str(flip_run), "--tta", "none", "--out", str(flip_run / "eval")]) == 0
+    plain = json.loads((flip_run / "eval" / "eval-digits-test.json").read_text())
+    assert plain["tta"] == "none"
+    assert plain["top1"] == pytest.approx(_top1_by_hand(flip_run, flip=False), abs=1e-9)
+
+
+def test_the_training_line_says_its_scores_are_mirror_averaged(flip_run: Path) -> None:
+    from vitkit.train.checkpoint import Position
+    from vitkit.train.loop import TrainResult
+
+    final = {"epoch": 2.0, "step": 10, "top1": 0.9, "top5": 1.0, "minutes": 0.1}
+    done = TrainResult(flip_run, Position(), final, num_classes=10, tta="flip").format()
+    assert done.startswith("done: epoch 2.00, step 10, test top-1 90.00%, top-5 100.00% "
+                           "(flip TTA)")
+
+
+def test_predict_with_flip_tta_gives_the_mirror_averaged_probabilities(flip_run: Path,
+                                                                       capsys) -> None:
+    from vitkit.data.sources.digits import SAMPLE_INDEX, sample_digit
+
+    assert main(["predict", str(flip_run), str(sample_digit()), "--json", "--topk", "1"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main(["predict", str(flip_run), str(sample_digit()), "--json", "--topk", "1",
+                 "--tta", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    model = load_pretrained(flip_run).eval()
+    images, _ = _digits_test()
+    with torch.no_grad():
+        x = preprocess_for(model).normalize(images[SAMPLE_INDEX:SAMPLE_INDEX + 1])
+        one = model(x).softmax(-1)
+        both = ((model(x) + model(torch.flip(x, dims=[3]))) / 2).softmax(-1)
+    assert default["topk"][0]["prob"] == pytest.approx(both.max().item(), abs=1e-5)
+    assert plain["topk"][0]["prob"] == pytest.approx(one.max().item(), abs=1e-5)
+    assert abs(both.max().item() - one.max().item()) > 1e-6
