@@ -90,6 +90,9 @@ def test_eval_of_a_flip_run_reproduces_its_training_score_with_tta(flip_run: Pat
     plain = json.loads((flip_run / "eval" / "eval-digits-test.json").read_text())
     assert plain["tta"] == "none"
     assert plain["top1"] == pytest.approx(_top1_by_hand(flip_run, flip=False), abs=1e-9)
+    capsys.readouterr()
+    assert main(["eval", str(flip_run), "--json", "--out", str(flip_run / "eval")]) == 0
+    assert json.loads(capsys.readouterr().out) == report  # --json: eval.json's object alone
 
 
 def test_the_training_line_says_its_scores_are_mirror_averaged(flip_run: Path) -> None:

@@ -264,7 +264,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     print_report(evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split,
                                      args.out, args.limit, args.batch_size, args.weights_dir,
                                      args.merge_tokens, int8_engine(args), args.precision,
-                                     args.tta))
+                                     args.tta), args.json)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -435,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_precision_argument(evaluate)
     add_merge_tokens_argument(evaluate)
     add_tta_argument(evaluate)
+    evaluate.add_argument("--json", action="store_true", help="print the report as one JSON "
+                                                              "object (what eval.json holds)")
     evaluate.set_defaults(run=cmd_eval)
 
     predict = verbs.add_parser("predict", help="top-k classes (or the task's values or labels) "
