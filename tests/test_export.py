@@ -106,6 +106,7 @@ def test_hybrid_r50_exports_and_matches(tmp_path):
 @pytest.mark.parametrize(("stem", "odd_size"), [
     ({"stem": "conv", "stem_channels": (8, 16)}, (13, 18)),  # padded 3x3 convs: ceil grid
     ({"stem": "resnet", "resnet_layers": (1,)}, (18, 13)),   # SAME padding in-graph: ceil grid
+    ({"stem": "conv", "stem_channels": (8, 16), "stem_pool": True}, (13, 18)),  # ceil max-pool
 ])
 def test_dynamic_export_is_the_models_own_forward_at_odd_sizes(tmp_path, stem, odd_size):
     model = random_model("Ti/4", img_size=16, depth=1, dynamic_img_size=True, **stem)
