@@ -13,8 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "vitkit"
 # Each unit may import only the units before it (README.md, "Layout").
 LAYERS = ("errors", "fieldtypes", "files", "network", "report", "version", "config",
           "preprocess", "tasks", "runtime", "model", "weights", "catalog", "summary", "export",
-          "inference", "data", "predict", "analysis", "evaluation", "train", "recipes", "serve",
-          "cli")
+          "inference", "data", "predict", "analysis", "evaluation", "train", "recipes",
+          "arguments", "serve", "cli")
 ENTRY_POINTS = ("__init__.py", "__main__.py")  # they may import anything, nothing imports them
 
 

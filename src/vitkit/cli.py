@@ -15,9 +15,20 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from vitkit.arguments import (
+    add_inference_arguments,
+    add_int8_arguments,
+    add_merge_tokens_argument,
+    add_precision_argument,
+    add_weights_argument,
+    int8_engine,
+    non_negative_int,
+    parse_img_size,
+    positive_int,
+)
 from vitkit.config import SIZES, ViTConfig
 from vitkit.errors import VitkitError
-from vitkit.fieldtypes import parse_size, parse_text
+from vitkit.fieldtypes import parse_text
 from vitkit.version import __version__
 
 if TYPE_CHECKING:
@@ -28,38 +39,11 @@ if TYPE_CHECKING:
 EXIT_PARTIAL = 1  # some inputs failed, the others were done
 EXIT_BUG = 1  # an unexpected exception (as Python's own exit status for one)
 EXIT_ERROR = 2  # a usage error or a VitkitError
-EAGER_INT8 = ("PyTorch on the CPU, every nn.Linear (--int8-engine picks the "
-              "implementation)")
 # Libraries whose loggers print through a handler of their own: the root handler must not print
 # their messages a second time.
 OWN_HANDLER_LOGGERS = ("huggingface_hub", "datasets")
 BUG_REPORT = ("vitkit {verb}: this is a bug in vitkit, not a problem with your input: please "
               "report this bug with the command you ran and the traceback above.")
-
-
-def parse_img_size(text: str) -> int | tuple[int, int]:
-    """"224" -> 224; "60x100", "60,100" or "[60, 100]" -> (60, 100)."""
-    size = parse_size(text)
-    if size is None:
-        raise argparse.ArgumentTypeError(
-            f"image size {text!r} is not an int or HxW (e.g. 224 or 60x100)")
-    return size[0] if text.strip().isdigit() else size
-
-
-def int_at_least(text: str, minimum: int) -> int:
-    """`text` as an integer >= `minimum`, or an argparse error saying which it is not."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    return int_at_least(text, 1)
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -95,64 +79,6 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--patch-size", type=int, help="patch size P")
     parser.add_argument("--set", type=parse_override, action="append", metavar="KEY=VALUE",
                         help="any other config field, e.g. --set pool=mean_patches")
-
-
-def add_weights_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("weights", help="weights file, model folder, training run folder, "
-                                        "checkpoint name (e.g. B/16-i21k; `vitkit models "
-                                        "--checkpoints` lists them) or Hub repository "
-                                        "(hf-hub:ORG/NAME[@REVISION])")
-    parser.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    return int_at_least(text, 0)
-
-
-INT8_HELP = ("int8 weights for this verb's engine (dynamic quantisation: weights stored as int8, "
-             "activations quantised per batch): {engine}")
-
-
-def add_int8_arguments(parser: argparse.ArgumentParser, engine: str,
-                       eager: bool = True) -> None:
-    """--int8, one meaning on every verb: int8 weights for the engine the verb runs; with
-    `eager` (a PyTorch engine) also --int8-engine, the implementation (implies --int8)."""
-    from vitkit.inference.quantize import AUTO, ENGINES
-
-    parser.add_argument("--int8", action="store_true", help=INT8_HELP.format(engine=engine))
-    if eager:
-        parser.add_argument("--int8-engine", choices=(*ENGINES, AUTO), default=None,
-                            help=f"int8 implementation (default {AUTO}: the fastest measured "
-                                 "here; implies --int8)")
-
-
-def add_merge_tokens_argument(parser: argparse.ArgumentParser, note: str = "") -> None:
-    """--merge-tokens R, the same flag on every verb that takes it."""
-    parser.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
-                        help="Token Merging (ToMe): merge R tokens in every layer (default "
-                             f"0){note}")
-
-
-def add_precision_argument(parser: argparse.ArgumentParser) -> None:
-    """--precision fp32|bf16|int8|auto, the same flag on eval, predict and benchmark."""
-    from vitkit.inference.precision import PRECISION_HELP, PRECISIONS
-
-    parser.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
-
-
-def add_tta_argument(parser: argparse.ArgumentParser) -> None:
-    """--tta none|flip, the same flag on eval and predict."""
-    from vitkit.inference.tta import TTA_HELP, TTA_MODES
-
-    parser.add_argument("--tta", choices=TTA_MODES, help=TTA_HELP)
-
-
-def int8_engine(args: argparse.Namespace) -> str | None:
-    """The eager int8 engine the flags ask for, or None for float."""
-    from vitkit.inference.quantize import int8_engine as engine_for
-
-    return engine_for(args.int8, args.int8_engine)
 
 
 def print_report(report: Formats, as_json: bool = False) -> None:
@@ -431,10 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "evaluation keeps eval-DATA-SPLIT.json (-int8, -bf16, "
                                         "-mergeR, -flip for those paths); eval.json is the "
                                         "latest")
-    add_int8_arguments(evaluate, EAGER_INT8)
-    add_precision_argument(evaluate)
-    add_merge_tokens_argument(evaluate)
-    add_tta_argument(evaluate)
+    add_inference_arguments(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print the report as one JSON "
                                                               "object (what eval.json holds)")
     evaluate.set_defaults(run=cmd_eval)
@@ -450,10 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--topk", type=int, default=5, help="classes per image (default 5)")
     predict.add_argument("--json", action="store_true", help="one JSON object per line")
     predict.add_argument("--batch-size", type=int, default=32)
-    add_int8_arguments(predict, EAGER_INT8)
-    add_precision_argument(predict)
-    add_merge_tokens_argument(predict)
-    add_tta_argument(predict)
+    add_inference_arguments(predict)
     predict.set_defaults(run=cmd_predict)
     export = verbs.add_parser("export", help="write ONNX (dynamic batch) and check it with "
                                              "onnxruntime")
@@ -533,8 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_frozen_feature_verbs(verbs)
     from vitkit.serve.command import add_serve_verb  # argparse only: FastAPI loads on use
-    add_serve_verb(verbs, add_weights_argument, add_precision_argument, add_merge_tokens_argument,
-                   lambda parser: add_int8_arguments(parser, EAGER_INT8))
+    add_serve_verb(verbs)
     return parser
 
 

@@ -13,61 +13,48 @@ import ipaddress
 import logging
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
+from vitkit.arguments import (
+    EAGER_INT8,
+    add_int8_arguments,
+    add_merge_tokens_argument,
+    add_precision_argument,
+    add_weights_argument,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 from vitkit.errors import ConfigError
 
 __all__ = ["add_serve_verb", "cmd_serve", "is_loopback"]
 
 log = logging.getLogger(__name__)
 
-FlagAdder = Callable[[argparse.ArgumentParser], None]
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def add_serve_verb(verbs: Any, *shared: FlagAdder) -> argparse.ArgumentParser:
-    """The `serve` subparser; `shared` add the flags serve has in common with predict (the
-    weights, --precision, --int8/--int8-engine, --merge-tokens: cli.py's own adders)."""
+def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
+    """The `serve` subparser, with the flags it shares with predict (`vitkit.arguments`)."""
     serve = verbs.add_parser("serve", help="a local web page of the model's attention and a "
                                            "JSON prediction API (docs/serve.md)")
-    for add in shared:
-        add(serve)
+    add_weights_argument(serve)
+    add_precision_argument(serve)
+    add_merge_tokens_argument(serve)
+    add_int8_arguments(serve, EAGER_INT8)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; "
                             "another address needs --token)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--max-batch", type=_positive_int, default=8,
+    serve.add_argument("--max-batch", type=positive_int, default=8,
                        help="inputs run through the model together at most (default 8; 1: no "
                             "batching)")
-    serve.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
+    serve.add_argument("--max-wait-ms", type=non_negative_float, default=5.0,
                        help="how long the first queued request waits for others to batch "
                             "with (default 5 ms)")
-    serve.add_argument("--max-upload-mb", type=_positive_float, default=20.0,
+    serve.add_argument("--max-upload-mb", type=positive_float, default=20.0,
                        help="largest request body, refused with 413 above (default 20 MB)")
     serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/ routes "
                                        "(needed when --host is not loopback)")
-    serve.add_argument("--threads", type=_positive_int,
+    serve.add_argument("--threads", type=positive_int,
                        help="torch intra-op threads for the model (default: torch's)")
     serve.set_defaults(run=cmd_serve)
     return serve

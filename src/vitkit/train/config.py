@@ -100,7 +100,7 @@ class TrainConfig:
     # the convention of the weights' format ("official" = vit_jax's for official .npz files)
     pos_interpolation: str = "auto"
     ema_decay: float | None = 0.0  # 0 or None = no weight EMA
-    # auto: bf16 on CUDA, and on a CPU with AMX for width >= 128; else off | bf16 | off
+    # auto (bf16 on CUDA, and on CPUs with fast bf16 for width >= 128; else off) | bf16 | off
     amp: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     threads: int | None = None
@@ -113,8 +113,7 @@ class TrainConfig:
     time_budget: float = 0.0  # seconds of training wall time; 0 = none
     eval_batch_size: int = 500
     eval_every: int = 1  # evaluate every N epochs (and always at the end)
-    # test-time augmentation of every evaluation: none | flip (the outputs on each image and
-    # its mirror image averaged; vitkit.inference.tta); eval and predict reuse it by default
+    # every evaluation's test-time augmentation: none | flip (vitkit.inference.tta)
     tta: str = "none"
     out_dir: str = "runs/train"
     log: tuple[str, ...] = ("csv", "jsonl")  # plus "tensorboard" when installed

@@ -1,0 +1,119 @@
+"""The flags several verbs share, and their value types: one definition each, so `--int8`,
+`--precision`, `--merge-tokens` or a positive integer mean the same on every verb (cli.py and
+serve/command.py build their parsers from here)."""
+
+from __future__ import annotations
+
+import argparse
+
+from vitkit.fieldtypes import parse_size
+
+__all__ = ["EAGER_INT8", "add_inference_arguments", "add_int8_arguments",
+           "add_merge_tokens_argument", "add_precision_argument", "add_weights_argument",
+           "int8_engine", "non_negative_float", "non_negative_int", "parse_img_size",
+           "positive_float", "positive_int"]
+
+def parse_img_size(text: str) -> int | tuple[int, int]:
+    """"224" -> 224; "60x100", "60,100" or "[60, 100]" -> (60, 100)."""
+    size = parse_size(text)
+    if size is None:
+        raise argparse.ArgumentTypeError(
+            f"image size {text!r} is not an int or HxW (e.g. 224 or 60x100)")
+    return size[0] if text.strip().isdigit() else size
+
+
+def int_at_least(text: str, minimum: int) -> int:
+    """`text` as an integer >= `minimum`, or an argparse error saying which it is not."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return int_at_least(text, 0)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a number >= 0."""
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def add_weights_argument(parser: argparse.ArgumentParser) -> None:
+    """WEIGHTS (anything `vitkit.catalog` resolves) and --weights-dir, on every verb that loads."""
+    parser.add_argument("weights", help="weights file, model folder, training run folder, "
+                                        "checkpoint name (e.g. B/16-i21k; `vitkit models "
+                                        "--checkpoints` lists them) or Hub repository "
+                                        "(hf-hub:ORG/NAME[@REVISION])")
+    parser.add_argument("--weights-dir", help="folder for downloaded named checkpoints")
+
+
+INT8_HELP = ("int8 weights for this verb's engine (dynamic quantisation: weights stored as int8, "
+             "activations quantised per batch): {engine}")
+EAGER_INT8 = ("PyTorch on the CPU, every nn.Linear (--int8-engine picks the "
+              "implementation)")
+
+
+def add_int8_arguments(parser: argparse.ArgumentParser, engine: str,
+                       eager: bool = True) -> None:
+    """--int8, one meaning on every verb: int8 weights for the engine the verb runs; with
+    `eager` (a PyTorch engine) also --int8-engine, the implementation (implies --int8)."""
+    from vitkit.inference.quantize import AUTO, ENGINES
+
+    parser.add_argument("--int8", action="store_true", help=INT8_HELP.format(engine=engine))
+    if eager:
+        parser.add_argument("--int8-engine", choices=(*ENGINES, AUTO), default=None,
+                            help=f"int8 implementation (default {AUTO}: the fastest measured "
+                                 "here; implies --int8)")
+
+
+def int8_engine(args: argparse.Namespace) -> str | None:
+    """The eager int8 engine the flags ask for, or None for float."""
+    from vitkit.inference.quantize import int8_engine as engine_for
+
+    return engine_for(args.int8, args.int8_engine)
+
+
+def add_merge_tokens_argument(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """--merge-tokens R, the same flag on every verb that takes it."""
+    parser.add_argument("--merge-tokens", type=non_negative_int, default=0, metavar="R",
+                        help="Token Merging (ToMe): merge R tokens in every layer (default "
+                             f"0){note}")
+
+
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    """--precision fp32|bf16|int8|auto, the same flag on eval, predict and benchmark."""
+    from vitkit.inference.precision import PRECISION_HELP, PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
+
+
+def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
+    """The inference-path flags eval and predict share: --int8, --precision, --merge-tokens
+    and --tta none|flip."""
+    from vitkit.inference.tta import TTA_HELP, TTA_MODES
+
+    add_int8_arguments(parser, EAGER_INT8)
+    add_precision_argument(parser)
+    add_merge_tokens_argument(parser)
+    parser.add_argument("--tta", choices=TTA_MODES, help=TTA_HELP)
