@@ -283,7 +283,6 @@ def test_benchmark_auto_says_what_it_chose_and_on_which_cpu(capsys, monkeypatch)
     ("cpu", AMX, 48, "fp32"),  # the tutorial step: 2.4x slower in bf16 even on AMX
     ("cpu", AMX, 128, "bf16"),
     ("cpu", NO_AMX, 192, "fp32"),
-    ("cpu", frozenset({"avx512_bf16"}), 192, "fp32"),  # AVX512-BF16 alone: not measured here
     ("cuda", NO_AMX, 48, "bf16"),
 ])
 def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, expected, caplog):
@@ -293,6 +292,24 @@ def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, exp
     assert f"precision {expected} (amp=auto" in caplog.text
     assert amp_dtype("off", torch.device(device), width, flags) is None
     assert amp_dtype("bf16", torch.device(device), width, flags) == torch.bfloat16
+
+
+@pytest.mark.parametrize(("matmul_speedup", "width", "expected"), [
+    (4.6, 192, "bf16"),  # a Zen 4 EPYC: the CIFAR step measured 1.51-1.63x faster in bf16
+    (1.1, 192, "fp32"),  # bf16 matmuls in hardware, but not faster at this width
+    (4.6, 48, "fp32"),  # the tutorial's width: casts cost more than the matmuls save
+])
+def test_amp_auto_on_avx512_bf16_follows_a_matmul_measured_at_the_width(
+        monkeypatch, caplog, matmul_speedup, width, expected):
+    measured = []
+    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup",
+                        lambda at: measured.append(at) or matmul_speedup)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        dtype = amp_dtype("auto", CPU, width, frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    assert (dtype == torch.bfloat16) == (expected == "bf16")
+    assert measured == ([width] if width >= 128 else [])
+    assert f"precision {expected} (amp=auto" in caplog.text
+    assert (f"measured {matmul_speedup:.1f}x" in caplog.text) == (expected == "bf16")
 
 
 def test_the_shipped_recipes_train_in_fp32_on_a_cpu_without_amx():
