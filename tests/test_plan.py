@@ -2,11 +2,16 @@
 functions of the config, checked against step-by-step reference computations."""
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
+from vitkit.train import budget as budget_module
+from vitkit.train.budget import BudgetClock
+from vitkit.train.checkpoint import Position
+from vitkit.train.compiling import CompileClock
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import run_loop
 from vitkit.train.plan import RunPlan
@@ -58,6 +63,43 @@ def test_the_budget_fit_is_the_longest_run_that_fits():
                     + eval_seconds * (n - step) / plan.batches_per_epoch / 2)
 
         assert cost(total) <= remaining < cost(total + 1)
+
+
+def test_one_slow_epoch_or_evaluation_does_not_resize_a_budgeted_run(monkeypatch):
+    """A refit takes the median rate of the last epochs and the median of the last evaluations:
+    one epoch 5x slower (another process on the cores), or one evaluation 40x slower, costs
+    only its own extra seconds; a lasting slowdown still shortens the run."""
+    now = [0.0]
+    monkeypatch.setattr(budget_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    plan = RunPlan.create(MODEL, batches_per_epoch=10, epochs=100)  # 64 tokens per image
+    clock = BudgetClock(100.0, eval_every=1, plan=plan, compile_clock=CompileClock(False))
+    pos = Position(total_steps=plan.planned_steps)
+    clock.start(pos)
+
+    def epoch(step_seconds: float, eval_seconds: float = 0.5) -> int:
+        clock.start_epoch()
+        for _ in range(10):
+            now[0] += step_seconds
+            pos.step, pos.batch = pos.step + 1, pos.batch + 1
+            clock.after_step(pos, 64)
+        clock.end_epoch()
+        with clock.timing_evaluation():
+            now[0] += eval_seconds
+        pos.epoch, pos.batch = pos.epoch + 1, 0
+        clock.refit_after_epoch(pos)
+        return pos.total_steps
+
+    for _ in range(4):
+        steady = epoch(0.1)  # 1.5 s an epoch with its evaluation: about 66 epochs in 100 s
+    assert 640 <= steady <= 680
+    after_slow_epoch = epoch(0.5)  # 4 s more than usual: about 27 steps fewer
+    assert steady - 40 <= after_slow_epoch < steady
+    epoch(0.1)
+    after_slow_eval = epoch(0.1, eval_seconds=20.0)  # 19.5 s more: about 130 steps fewer
+    assert after_slow_epoch - 160 <= after_slow_eval < after_slow_epoch - 100
+    epoch(0.5)
+    epoch(0.5)
+    assert epoch(0.5) < steady / 2  # three slow epochs in a row: the machine is slower now
 
 
 def test_warmup_keeps_its_share_when_a_budget_shortens_the_run():

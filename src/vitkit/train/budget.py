@@ -5,14 +5,21 @@ Every run is timed from its second step on: after `ESTIMATE_STEPS` timed steps t
 rate is handed to the loop, which logs the run's estimated duration (`RunPlan.estimate`).
 The budget sizes the run: once the first steps are timed (from the second step after the
 start, for up to 20 steps; a recompile is no rate, so compile seconds are left out), the
-schedule is fitted to the time left, and again after every epoch with that epoch's rate and
-the last evaluation's seconds (`RunPlan.fit_to_budget`: the plan decides, the clock measures).
+schedule is fitted to the time left, and again after every epoch with the median rate of the
+last `RATE_EPOCHS` epochs and of as many last evaluations' seconds (`RunPlan.fit_to_budget`:
+the plan decides, the clock measures). The medians keep one slow epoch from re-sizing the
+run: a test suite run beside a 60-minute run on two cores made one epoch about five times
+slower, and a refit on that epoch alone cut the run from about 128 epochs to 29, which started
+its last resolution stage after epoch 9 instead of at about 38 (a stage once started is kept: the
+step never shrinks the images again).
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,6 +29,7 @@ from vitkit.train.plan import RunPlan
 
 log = logging.getLogger("vitkit.train")
 ESTIMATE_STEPS = 3  # timed steps behind the duration estimate
+RATE_EPOCHS = 3  # a refit takes the median seconds per token of this many last epochs
 
 
 class BudgetClock:
@@ -33,7 +41,8 @@ class BudgetClock:
         self.eval_every = eval_every
         self.plan = plan
         self.compile_clock = compile_clock
-        self.eval_seconds = 0.0  # the last evaluation's
+        self._epoch_rates: deque[float] = deque(maxlen=RATE_EPOCHS)  # seconds per token
+        self._eval_times: deque[float] = deque(maxlen=RATE_EPOCHS)  # seconds
         self._started: float | None = None
 
     # -- wall time ---------------------------------------------------------------------------------
@@ -71,7 +80,7 @@ class BudgetClock:
             self._calibrate_from = (pos.step, time.perf_counter(), self.compile_clock.seconds)
         if self.budget and pos.step == self._calibrate_at:
             seconds, steps = self._timed(pos)
-            self.fit(pos, seconds, steps * step_tokens)
+            self.fit(pos, seconds / (steps * step_tokens))
         if pos.step == self._estimate_at:
             seconds, steps = self._timed(pos)
             return seconds / (steps * step_tokens)
@@ -95,21 +104,28 @@ class BudgetClock:
     def timing_evaluation(self) -> Iterator[None]:
         start = time.perf_counter()
         yield
-        self.eval_seconds = time.perf_counter() - start
+        self._eval_times.append(time.perf_counter() - start)
+
+    @property
+    def eval_seconds(self) -> float:
+        """An evaluation's seconds: the median of the last ones (0 before the first)."""
+        return statistics.median(self._eval_times) if self._eval_times else 0.0
 
     # -- fitting -----------------------------------------------------------------------------------
     def refit_after_epoch(self, pos: Position) -> None:
-        """Fit the rest of the run with the epoch's rate and the last evaluation's seconds."""
+        """Fit the rest of the run with the median rate of the last epochs (this one
+        included) and the median seconds of the last evaluations."""
+        self._epoch_rates.append(self._step_seconds / max(self._epoch_tokens, 1))
         if self.budget:
-            self.fit(pos, self._step_seconds, self._epoch_tokens)
+            self.fit(pos, statistics.median(self._epoch_rates))
 
-    def fit(self, pos: Position, seconds: float, tokens: int) -> None:
-        """Re-plan the run's length so the rest ends within the budget (`seconds` of training
-        ran `tokens` tokens per image, summed over its steps)."""
+    def fit(self, pos: Position, seconds_per_token: float) -> None:
+        """Re-plan the run's length so the rest ends within the budget at `seconds_per_token`
+        (a step's seconds per token per image)."""
         plan = self.plan
         remaining = self.budget - self.used(pos) - self.eval_seconds
         before = pos.total_steps
-        pos.total_steps = plan.fit_to_budget(pos.step, seconds / max(tokens, 1), remaining,
+        pos.total_steps = plan.fit_to_budget(pos.step, seconds_per_token, remaining,
                                              self.eval_seconds, self.eval_every)
         if pos.total_steps < plan.planned_steps <= before:
             log.warning("the %.0f s time budget fits %d of the %d planned steps (%.2f epochs); "
