@@ -268,13 +268,13 @@ def measurement_batch(in_chans: int, img_size: tuple[int, int] | list[int],
 
 def training_precision(amp: str, device: torch.device, width: int,
                        flags: frozenset[str] | None = None) -> Precision:
-    """What `amp=auto|bf16|off` trains in: bf16 with amp=bf16; with amp=auto, bf16 on CUDA,
-    and on a CPU with bf16 matmuls in hardware for a model at least `AMP_MIN_WIDTH` wide
-    (AMX by rule; AVX512-BF16 where a matmul at the model's width measures at least
-    `BF16_MARGIN` faster in bf16), else fp32. Measured: on a Xeon with AMX, bf16 autocast made
-    the width-48 tutorial step 2.4x slower (casts dominate small matmuls) and the width-192
-    CIFAR step 1.18x faster; on a Zen 4 EPYC (AVX512-BF16, no AMX) the CIFAR step 1.51x (16 px)
-    and 1.63x (24 px) faster; without either, CPU bf16 is emulated and slower."""
+    """What `amp=auto|bf16|off` trains in: bf16 with amp=bf16; with amp=auto, bf16 on CUDA
+    and on a CPU with bf16 matmuls in hardware (AMX or AVX512-BF16) for a model at least
+    `AMP_MIN_WIDTH` wide, else fp32. A rule, not a timing, so every rank of a run and every
+    resume of it decide alike. Measured: on a Xeon with AMX, bf16 autocast made the width-48
+    tutorial step 2.4x slower (casts dominate small matmuls) and the width-192 CIFAR step 1.18x
+    faster; on a Zen 4 EPYC (AVX512-BF16, no AMX) the CIFAR step 1.51x (16 px) and 1.63x
+    (24 px) faster; without either, CPU bf16 is emulated and slower."""
     if amp == "bf16":
         return Precision("bf16", "amp=bf16")
     if amp != "auto":
@@ -287,16 +287,10 @@ def training_precision(amp: str, device: torch.device, width: int,
     if kind is None:
         return Precision("fp32", "amp=auto: this CPU has no bf16 matmuls in hardware (AMX or "
                                  "AVX512-BF16), so bf16 would be slower")
+    hardware = "AMX" if kind == "amx" else "AVX512-BF16"
     if width < AMP_MIN_WIDTH:
         return Precision("fp32", f"amp=auto: width {width} < {AMP_MIN_WIDTH}, where bf16 casts "
-                                 "cost more than bf16 matmuls save")
-    hardware = "AMX"
-    if kind == "avx512_bf16":
-        speedup = _bf16_matmul_speedup(width)
-        if speedup < BF16_MARGIN:
-            return Precision("fp32", f"amp=auto: AVX512-BF16, but a bf16 matmul at width "
-                                     f"{width} measured only {speedup:.2f}x fp32")
-        hardware = f"AVX512-BF16 (a bf16 matmul at width {width} measured {speedup:.1f}x)"
+                                 f"cost more than {hardware} saves")
     return Precision("bf16", f"amp=auto: the CPU has {hardware} and the model is {width} wide "
                              f"(>= {AMP_MIN_WIDTH})")
 
