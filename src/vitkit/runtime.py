@@ -74,7 +74,8 @@ def avoid_cudnn_attention(device: torch.device) -> bool:
     H100 (torch 2.11, 64 tokens, bf16 autocast) gradients turned NaN while losses stayed
     finite, and fp32 trained clean; upstream reports the same of cuDNN's bf16 attention
     backward on H100/H200 (pytorch/pytorch#196678: sequences of 128k + 64 tokens, the
-    default backend since 2.11; huggingface/trl#7181). Not yet confirmed on a GPU here."""
+    default backend since 2.11; huggingface/trl#7181). With it off, the same runs trained
+    9,248 bf16 steps on an H200 with no NaN gradient (docs/runs/cifar10-gpu-h200)."""
     if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
         return False
     torch.backends.cuda.enable_cudnn_sdp(False)
