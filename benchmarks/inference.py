@@ -5,12 +5,16 @@ process (the same threads and allocator setting for all: `vitkit.runtime.configu
 timed in rotating order, one call per configuration per round; medians. Rows: timm fp32,
 vitkit fp32, vitkit int8 by each engine of `vitkit.inference.quantize` (torch's x86 kernels,
 oneDNN, ONNX Runtime; `--int8` runs the fastest of them, measured), ToMe at several r,
-int8 + ToMe by each engine that merges tokens, bf16 autocast, `--precision auto` as the verbs
+int8 + ToMe by each engine that merges tokens, bf16 autocast, `--precision bf16` as the verbs
+run it on the CPU (a bf16 copy of the model; alone and with ToMe), `--precision auto` as the verbs
 resolve it here (alone and with the largest ToMe r: the issue's "fastest path") and ONNX
-Runtime fp32 (the graph `vitkit export` writes).
+Runtime fp32 (the graph `vitkit export` writes); with `--compile`, fp32, bf16, oneDNN int8
+and `auto` again as `vitkit benchmark --compile` runs them (frozen weights), alone and with the
+largest ToMe r. The last column is each row's first call (compilation for compiled rows).
 
 Accuracy (`--accuracy WEIGHTS ...`): each trained model's test top-1 and images/s at fp32,
-int8 and token merging r = 1, 2, ... (the ToMe curve), evaluated as `vitkit eval` does.
+int8, bf16 (`--precision bf16` on the CPU) and token merging r = 1, 2, ... (the ToMe curve),
+evaluated as `vitkit eval` does.
 
     python benchmarks/inference.py --speed --reps 7
     python benchmarks/inference.py --accuracy runs/budget/cifar10 runs/digits \\
@@ -39,8 +43,8 @@ from vitkit.summary import forward_flops, token_count
 Runner = Callable[[], object]
 
 
-def speed_rows(batch: int, merge: list[int], with_onnx: bool,
-               with_bf16: bool = True) -> dict[str, tuple[Runner, int]]:
+def speed_rows(batch: int, merge: list[int], with_onnx: bool, with_bf16: bool = True,
+               compiled: bool = False) -> dict[str, tuple[Runner, int]]:
     """Label -> (one batch of B/16 at 224, tokens merged per layer)."""
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
@@ -80,9 +84,57 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool,
             with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
                 return model(images)
         rows["vitkit bf16 (autocast)"] = (bf16, 0)
+        rows.update(_bf16_copy_rows(model, images, max(merge, default=0)))
     rows.update(_auto_rows(model, images, max(merge, default=0)))
     if with_onnx:
         rows.update(_onnx_rows(model, images))
+    if compiled:
+        rows.update(_compiled_rows(model, images, max(merge, default=0)))
+    return rows
+
+
+def _compiled_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, int]]:
+    """`vitkit benchmark --compile` (frozen weights: `compile_for_inference`) for fp32, bf16,
+    oneDNN int8 and `--precision auto`, each alone and with ToMe r. The first call compiles."""
+    from vitkit.inference.compiled import compile_for_inference
+    from vitkit.inference.precision import Precision, apply_precision, choose_precision
+
+    cpu = torch.device("cpu")
+    rows = {}
+    for merge in sorted({0, r}):
+        merged_model = apply_token_merging(copy.deepcopy(model), merge)
+        auto = choose_precision("auto", cpu, merged_model, images)
+        for precision in (Precision("fp32", ""), Precision("bf16", ""),
+                          Precision("int8", "", "onednn"), auto):
+            if precision.engine not in (None, "torch", "onednn"):
+                continue  # ONNX Runtime and torchao run outside inductor
+            module, context = apply_precision(merged_model, precision, cpu)
+            module = compile_for_inference(module, cpu)
+            name = precision.name + (f" ({precision.engine})" if precision.engine else "")
+            label = ("vitkit auto -> " if precision is auto else "vitkit ") + name + \
+                " compiled" + (f" + ToMe r={merge}" if merge else "")
+
+            def call(module=module, context=context) -> object:
+                with torch.inference_mode(), context():
+                    return module(images)
+            rows[label] = (call, merge)
+    return rows
+
+
+def _bf16_copy_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, int]]:
+    """`--precision bf16` as the verbs run it on the CPU (a bf16 copy of the model, no
+    autocast: `vitkit.inference.precision.bf16_copy`), alone and with ToMe r."""
+    from vitkit.inference.precision import bf16_copy
+
+    rows = {}
+    for merge in sorted({0, r}):
+        module = bf16_copy(apply_token_merging(copy.deepcopy(model), merge))
+
+        def call(module=module) -> object:
+            with torch.inference_mode():
+                return module(images)
+        rows["vitkit --precision bf16 (bf16 copy)" + (f" + ToMe r={merge}" if merge else "")] = \
+            (call, merge)
     return rows
 
 
@@ -132,9 +184,8 @@ def speed(args: argparse.Namespace) -> None:
     peak = MatmulPeak(args.threads)
     peak.sample(5)
     merge = [int(r) for r in args.merge.split(",") if r]
-    rows = speed_rows(args.batch, merge, not args.no_onnx, not args.no_bf16)
-    for runner, _ in rows.values():
-        runner()  # warm up
+    rows = speed_rows(args.batch, merge, not args.no_onnx, not args.no_bf16, args.compile)
+    first_call = {label: timed(runner) for label, (runner, _) in rows.items()}  # compiles
     times: dict[str, list[float]] = {label: [] for label in rows}
     order = list(rows)
     for rep in range(args.reps):
@@ -146,21 +197,22 @@ def speed(args: argparse.Namespace) -> None:
     print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
           f"{peak.gflops:.0f} GFLOP/s; ViT-B/16 at 224, batch {args.batch}, medians of "
           f"{args.reps} rotating rounds, one process (same settings for every row)")
-    print(f"{'configuration':<44}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}"
-          f"{'vs vitkit':>10}{'GFLOPs/img':>12}")
+    print(f"{'configuration':<50}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}"
+          f"{'vs vitkit':>10}{'GFLOPs/img':>12}{'1st call s':>11}")
     for label, samples in times.items():
         med = statistics.median(samples)
         flops = forward_flops(config, tokens_per_layer=merge_schedule(
             config, rows[label][1], token_count(config))) / 1e9
-        print(f"{label:<44}{med * 1e3:>10.1f}{args.batch / med:>10.2f}"
+        print(f"{label:<50}{med * 1e3:>10.1f}{args.batch / med:>10.2f}"
               f"{fp32['timm fp32'] / med:>8.2f}x{fp32['vitkit fp32'] / med:>9.2f}x"
-              f"{flops:>12.1f}")
+              f"{flops:>12.1f}{first_call[label]:>11.1f}")
 
 
 def accuracy(args: argparse.Namespace) -> None:
     from vitkit.catalog import read_weights
     from vitkit.evaluation.classify import evaluate
     from vitkit.evaluation.splits import data_for, split_to_evaluate
+    from vitkit.inference.precision import bf16_copy
     from vitkit.weights import build_model
 
     configure_cpu(args.threads)
@@ -179,6 +231,7 @@ def accuracy(args: argparse.Namespace) -> None:
               f"{'speed-up':>10}")
         base = None
         for label, module, r in [("fp32", model, 0), ("int8", quantize_int8(model), 0),
+                                 ("bf16 (bf16 copy)", bf16_copy(model), 0),
                                  *[(f"ToMe r={r}", model, r) for r in rs],
                                  *[(f"int8 + ToMe r={r}", None, r) for r in rs[:2]]]:
             apply_token_merging(model, r)
@@ -217,6 +270,9 @@ def main() -> None:
     parser.add_argument("--merge", default="8,12,16", help="ToMe r values of the speed table")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-onnx", action="store_true")
+    parser.add_argument("--compile", action="store_true",
+                        help="also fp32, bf16, int8 (onednn) and auto under `--compile` (frozen "
+                             "weights), alone and with the largest ToMe r")
     parser.add_argument("--no-bf16", action="store_true",
                         help="leave out the bf16 autocast row (slow where bf16 is emulated)")
     args = parser.parse_args()

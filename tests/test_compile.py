@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import vitkit.runtime as runtime
 import vitkit.train.compiling as compiling
 from vitkit import load_pretrained
 from vitkit.cli import main
@@ -95,7 +96,7 @@ def test_the_time_budget_counts_compilation(tmp_path, monkeypatch):
 
 
 def test_compile_without_a_c_compiler_says_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    monkeypatch.setattr(runtime.shutil, "which", lambda name: None)
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ConfigError, match="compile=false") as error:
         compiling.compile_for_training(model, torch.device("cpu"))
@@ -117,3 +118,41 @@ def test_resizing_keeps_adamw_second_moments_non_negative(tmp_path):
     assert result.position.step == 6 and trainer.model.config.img_size == (8, 8)
     assert min(trainer.optimizer.state[trainer.model.pos_embed]["exp_avg_sq"].flatten()) >= 0
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_inference_compile_gives_the_eager_output_in_fp32_and_bf16():
+    """`vitkit benchmark --compile` (compile_for_inference, frozen weights) against eager: to
+    float32 rounding, and under bf16 autocast to bf16 rounding (fused kernels round
+    differently from eager ones)."""
+    from vitkit.inference.compiled import compile_for_inference
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = ViTConfig(img_size=8, patch_size=2, in_chans=1, width=32, depth=2, num_heads=2,
+                       mlp_dim=64, num_classes=10)
+    model = VisionTransformer(config).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.2)  # a zero head would hide any difference
+    compiled = compile_for_inference(model, torch.device("cpu"))
+    images = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        eager = model(images)
+        torch.testing.assert_close(compiled(images), eager, rtol=1e-4, atol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            eager_bf16, compiled_bf16 = model(images), compiled(images)
+    torch.testing.assert_close(compiled_bf16.float(), eager_bf16.float(), rtol=0.05,
+                               atol=0.05)
+    assert (compiled_bf16.float() - eager).abs().max() < 0.1  # bf16, not some other output
+
+
+def test_benchmark_compile_runs_frozen_and_without_a_compiler_says_drop_it(capsys, monkeypatch):
+    torch._dynamo.reset()
+    fast = ["--batch-size", "2", "--warmup", "0", "--iters", "2", "--json"]
+    assert main(["benchmark", "cifar10-tutorial", "--compile", *fast]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "torch.compile, frozen weights" in result["engine"] and result["images_per_s"] > 0
+    monkeypatch.setattr(runtime.shutil, "which", lambda name: None)
+    assert main(["benchmark", "cifar10-tutorial", "--compile", *fast]) != 0
+    err = capsys.readouterr().err
+    assert "drop --compile" in err and "g++" in err
+    assert main(["benchmark", "cifar10-tutorial", *fast]) == 0  # the advice, followed
+    assert json.loads(capsys.readouterr().out)["images_per_s"] > 0

@@ -17,7 +17,12 @@ from vitkit.cli import main
 from vitkit.data.sources import open_source
 from vitkit.errors import ConfigError
 from vitkit.inference import precision as precision_module
-from vitkit.inference.precision import apply_precision, choose_precision, fast_bf16_cpu
+from vitkit.inference.precision import (
+    Precision,
+    apply_precision,
+    choose_precision,
+    fast_bf16_cpu,
+)
 from vitkit.inference.quantize import available_engines, quantize_int8
 from vitkit.runtime import cpu_description
 from vitkit.train.config import load_train_config
@@ -158,6 +163,29 @@ def test_each_precision_runs_the_model_close_to_fp32() -> None:
             with context():
                 out = runner(batch).float()
             assert (out - reference).abs().max().item() <= tolerance, name
+
+
+def test_bf16_on_the_cpu_is_a_bf16_copy_that_answers_in_float32_as_autocast_does() -> None:
+    """No per-call weight casts on the CPU: the copy's weights are bf16 (the model's stay fp32),
+    it keeps the model's class and config, takes and returns float32, and gives autocast's
+    answer to bf16 rounding, with token merging too."""
+    from vitkit.inference.merging import apply_token_merging
+
+    model, batch = tiny(), torch.randn(4, 3, 16, 16)
+    torch.nn.init.normal_(model.head.weight, std=0.2)  # a zero head would hide any difference
+    for merge in (0, 2):
+        merged = apply_token_merging(model, merge)
+        runner, context = apply_precision(merged, Precision("bf16", "asked"), CPU)
+        assert type(runner) is type(model) and runner.config == model.config
+        assert {p.dtype for p in runner.parameters()} == {torch.bfloat16}
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        with torch.no_grad(), context():
+            out = runner(batch)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = merged(batch).float()
+        assert out.dtype == torch.float32
+        assert (out - autocast).abs().max().item() <= 0.05, merge
+    apply_token_merging(model, 0)
 
 
 def test_unknown_and_misplaced_precisions_are_refused() -> None:

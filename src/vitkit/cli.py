@@ -429,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
                        help="torch (default) or onnxruntime (exported with vitkit export)")
     bench.add_argument("--compile", action="store_true",
-                       help="torch.compile the model (compile time reported apart)")
+                       help="torch.compile the model with its weights frozen (inductor "
+                            "freezing); the compile time is reported apart")
     bench.add_argument("--threads", type=positive_int,
                        help="intra-op threads (default: torch's)")
     bench.add_argument("--warmup", type=non_negative_int, default=3,

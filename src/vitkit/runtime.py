@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import shutil
 
 import torch
 
@@ -114,6 +115,18 @@ def check_device(name: str) -> None:
 # BF16, AMX) and int8 (VNNI), as /proc/cpuinfo names them.
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile",
                "amx_bf16", "amx_int8")
+
+
+C_COMPILERS = ("cc", "gcc", "clang", "c++", "g++", "clang++")
+
+
+def check_compiler(device: torch.device, option: str, without: str) -> None:
+    """Refuse `option` (torch.compile) clearly where inductor cannot build CPU kernels: no
+    C/C++ compiler on the PATH; `without` is the fix that needs none."""
+    if device.type == "cpu" and not any(shutil.which(name) for name in C_COMPILERS):
+        raise ConfigError(f"{option} on the CPU needs a C++ compiler (gcc or clang) on the "
+                          "PATH for torch.compile's kernels: install one (e.g. apt-get install "
+                          f"g++) or {without}")
 
 
 def cpu_model_and_flags() -> tuple[str, frozenset[str]]:

@@ -26,6 +26,7 @@ from vitkit.evaluation.task_eval import evaluate_task
 from vitkit.inference.precision import (
     Precision,
     apply_precision,
+    bf16_autocast,
     choose_precision,
     measurement_batch,
     requested_precision,
@@ -89,7 +90,8 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     tta = recorded_tta(tta, weights.train_config)
     fast = with_tta(fast, tta)
     int8 = chosen.engine if chosen.name == "int8" else None  # the engine that ran
-    autocast = torch.bfloat16 if chosen.name == "bf16" else None
+    device = next(model.parameters()).device
+    autocast = torch.bfloat16 if chosen.name == "bf16" and bf16_autocast(device) else None
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
                                  config.in_chans)
@@ -105,7 +107,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     head = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
             "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8, "tta": tta,
             "precision": chosen.name, "precision_reason": chosen.reason}
-    speed = "".join([f", int8 ({int8})" if int8 else "", ", bf16" if autocast else "",
+    speed = "".join([f", int8 ({int8})" if int8 else "", ", bf16" if chosen.name == "bf16" else "",
                      f", {merge_tokens} tokens merged per layer" if merge_tokens else "",
                      f", {tta} TTA" if tta != "none" else ""])
     if precision is not None or int8:

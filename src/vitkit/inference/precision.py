@@ -5,11 +5,11 @@ and `apply_precision` gives the model and the context to run it in. What `auto` 
 
 - CUDA: bf16 autocast (tensor cores).
 - A CPU with fast bf16 (AMX, or AVX512-BF16 where a matmul at the model's width measures at
-  least `BF16_MARGIN` faster in bf16): bf16 autocast and every int8 engine are timed against
-  fp32 on the model at the batch, and the fastest is kept. Neither wins by rule: on one AMX
-  Xeon (2 threads, B/16, batch 8) bf16 autocast measured 2.5-2.9x fp32 and oneDNN's int8
-  3.7x, where another AMX machine measured bf16 at 3.8x and torch's int8 at 2.1x. Without a
-  model to time (no batch), AMX means bf16.
+  least `BF16_MARGIN` faster in bf16): bf16 (on the CPU a bf16 copy of the model, `bf16_copy`)
+  and every int8 engine are timed against fp32 on the model at the batch, and the fastest is
+  kept. Neither wins by rule: on one AMX Xeon (2 threads, B/16, batch 8) bf16 autocast
+  measured 2.5-2.9x fp32 and oneDNN's int8 3.7x, where another AMX machine measured bf16 at
+  3.8x and torch's int8 at 2.1x. Without a model to time (no batch), AMX means bf16.
 - Otherwise: dynamic int8 (`vitkit.inference.quantize`) by its fastest engine here.
 In every measured case the fastest path must beat fp32 by `INT8_MARGIN` (timed alternately,
 best of `ROUNDS`), else fp32 runs: `auto` is never slower than fp32 by its own measurement.
@@ -30,6 +30,7 @@ machine and the model's width (`training_precision`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -45,9 +46,9 @@ from vitkit.inference.quantize import AUTO as INT8_AUTO
 from vitkit.inference.quantize import available_engines, quantize_int8
 from vitkit.runtime import cpu_model_and_flags
 
-__all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "choose_int8_engine",
-           "choose_precision", "fast_bf16_cpu", "measurement_batch", "requested_precision",
-           "training_precision"]
+__all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "bf16_autocast",
+           "bf16_copy", "choose_int8_engine", "choose_precision", "fast_bf16_cpu",
+           "measurement_batch", "requested_precision", "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
@@ -55,8 +56,9 @@ INT8_MARGIN = 1.1
 ROUNDS = 3
 MEASURE_BATCH = 8  # at most this many images in auto's measurement (eval, benchmark)
 AMP_MIN_WIDTH = 128  # bf16 training on a bf16 CPU pays from this width on (training_precision)
-PRECISION_HELP = ("number format: fp32 (default), bf16 (autocast), int8 (dynamic int8 Linear "
-                  "layers by the fastest engine measured here, as --int8) or auto (the "
+PRECISION_HELP = ("number format: fp32 (default), bf16 (a bf16 copy of the model on CPUs, "
+                  "autocast on CUDA), int8 (dynamic int8 Linear layers by the fastest engine "
+                  "measured here, as --int8) or auto (the "
                   "fastest for this machine and model: bf16 on CUDA; on CPUs the fastest of "
                   "bf16 (AMX/AVX512-BF16 only) and int8 by a short measurement, else fp32; "
                   "says what it chose)")
@@ -154,9 +156,12 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
 
 
 def _bf16_runner(model: nn.Module, batch: torch.Tensor) -> Callable[[], object]:
+    """One call of `model` on `batch` in bf16 as `apply_precision` runs it."""
+    module, context = apply_precision(model, Precision("bf16", ""), batch.device)
+
     def run() -> object:
-        with torch.autocast(batch.device.type, dtype=torch.bfloat16):
-            return model(batch)
+        with context():
+            return module(batch)
     return run
 
 
@@ -295,12 +300,44 @@ def training_precision(amp: str, device: torch.device, width: int,
                              f"(>= {AMP_MIN_WIDTH})")
 
 
+def bf16_autocast(device: torch.device) -> bool:
+    """Whether bf16 runs under autocast on `device` (CUDA) rather than as a bf16 copy of the
+    model (the CPU: `bf16_copy`)."""
+    return device.type != "cpu"
+
+
+def bf16_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` with bf16 weights and activations that takes and returns float32
+    tensors, keeping the model's class and attributes. On the CPU it replaces autocast, which
+    casts every weight to bf16 on every call: on a Xeon with AMX (2 threads, B/16, batch 8)
+    those casts were 12% of the time, and the copy ran 3.26x fp32 against autocast's 2.62x
+    (docs/runs/cpu-amx); on a Zen 4 EPYC 3.21x against 3.15x. The residual stream is bf16 too:
+    on the trained CIFAR-10 models of docs/models top-1 moved by 0.06-0.08 points (autocast:
+    0.03-0.06)."""
+    copied = copy.deepcopy(model).to(torch.bfloat16)
+    copied.register_forward_pre_hook(_inputs_to_bf16)
+    copied.register_forward_hook(_output_to_float32)
+    return copied
+
+
+def _inputs_to_bf16(module: nn.Module, args: tuple) -> tuple:
+    return tuple(a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                 else a for a in args)
+
+
+def _output_to_float32(module: nn.Module, args: tuple, output: object) -> object:
+    return output.float() if isinstance(output, torch.Tensor) else output
+
+
 def apply_precision(model: nn.Module, precision: Precision, device: torch.device
                     ) -> tuple[nn.Module, Callable[[], contextlib.AbstractContextManager]]:
-    """The model to run (an int8 copy by `precision.engine` for int8) and a factory of the
-    context to run it in (bf16 autocast for bf16)."""
+    """The model to run (an int8 copy by `precision.engine` for int8; for bf16 on the CPU a
+    bf16 copy, `bf16_copy`) and a factory of the context to run it in (bf16 autocast for bf16
+    on CUDA)."""
     if precision.name == "int8":
         return quantize_int8(model, precision.engine or "torch"), contextlib.nullcontext
+    if precision.name == "bf16" and not bf16_autocast(device):
+        return bf16_copy(model), contextlib.nullcontext
     if precision.name == "bf16":
         @contextlib.contextmanager
         def autocast() -> Iterator[None]:

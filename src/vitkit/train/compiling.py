@@ -8,24 +8,18 @@ switching to slower dynamic-shape kernels.
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import torch
 from torch import nn
 
-from vitkit.errors import ConfigError
-
-C_COMPILERS = ("cc", "gcc", "clang", "c++", "g++", "clang++")
+from vitkit.runtime import check_compiler
 
 
 def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
     """`model` compiled with static shapes; refused clearly when inductor cannot build CPU
     kernels here (no C/C++ compiler on the PATH)."""
-    if device.type == "cpu" and not any(shutil.which(name) for name in C_COMPILERS):
-        raise ConfigError("compile=true on the CPU needs a C++ compiler (gcc or clang) on the "
-                          "PATH for torch.compile's kernels: install one (e.g. apt-get install "
-                          "g++) or set compile=false")
+    check_compiler(device, "compile=true", "set compile=false")
     return torch.compile(model, dynamic=False)
 
 

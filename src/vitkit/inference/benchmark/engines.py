@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from vitkit.errors import ConfigError
+from vitkit.inference.compiled import compile_for_inference
 from vitkit.inference.precision import (
     MEASURE_BATCH,
     apply_precision,
@@ -71,7 +72,7 @@ class EngineOptions:
         """"torch, int8 (onednn engine), token merging r=8"; `chosen`: the precision auto
         chose, `int8_engine` the int8 engine chosen."""
         precision = chosen or self.requested()
-        parts = [self.engine + (" (torch.compile)" if self.compile else "")]
+        parts = [self.engine + (" (torch.compile, frozen weights)" if self.compile else "")]
         if precision == "bf16":
             parts.append("bf16 (torch.autocast)")
         elif precision == "auto":
@@ -116,7 +117,7 @@ class Engine:
                                               int8_engine=options.int8_engine)
             module, self.context = apply_precision(model, self.precision, device)
         if options.compile:
-            module = torch.compile(module)
+            module = compile_for_inference(module, next(model.parameters()).device)
         self.module = module
 
     def images(self, batch: int) -> torch.Tensor:

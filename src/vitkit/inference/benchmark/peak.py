@@ -1,4 +1,4 @@
-"""The machine's fp32 matmul peak, the denominator of MFU (model FLOPs utilisation)."""
+"""The machine's matmul peak (fp32: the denominator of MFU, model FLOPs utilisation)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 class MatmulPeak:
-    """Best fp32 GFLOP/s of a square matmul on `threads` threads (default: torch's current
-    setting). Sample it before and between timed runs too, so a busy moment at start-up does
-    not lower the peak (and raise MFU)."""
+    """Best GFLOP/s of a square matmul in `dtype` (default fp32) on `threads` threads
+    (default: torch's current setting). Sample it before and between timed runs too, so a busy
+    moment at start-up does not lower the peak (and raise MFU)."""
 
-    def __init__(self, threads: int | None = None, size: int = 2048, warmup: int = 3) -> None:
+    def __init__(self, threads: int | None = None, size: int = 2048, warmup: int = 3,
+                 dtype: torch.dtype = torch.float32) -> None:
         set_threads(threads)
-        self.size, self.samples, self.best = size, 0, float("inf")
-        self.a, self.b = torch.randn(size, size), torch.randn(size, size)
+        self.size, self.samples, self.best, self.dtype = size, 0, float("inf"), dtype
+        self.a, self.b = (torch.randn(size, size, dtype=dtype) for _ in range(2))
         for _ in range(warmup):
             self.a @ self.b
 
@@ -38,7 +39,9 @@ class MatmulPeak:
         return 2 * self.size**3 / self.best / 1e9
 
     def describe(self) -> str:
-        return f"{self.size}x{self.size} fp32 matmul, best of {self.samples}"
+        dtype = str(self.dtype).removeprefix("torch.").replace("float32", "fp32")
+        return f"{self.size}x{self.size} {dtype.replace('bfloat16', 'bf16')} matmul, best of " \
+               f"{self.samples}"
 
 
 def mfu(flops_per_image: float, images_per_s: float, peak_gflops: float) -> float:

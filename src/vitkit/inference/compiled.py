@@ -1,0 +1,30 @@
+"""`--compile` for inference: torch.compile (inductor) with the weights frozen.
+
+Inference never changes the weights, so inductor may treat them as constants (its `freezing`
+option): fold them into the graph and, on the CPU, pack Linear weights once in the layout
+oneDNN's matmuls want, with bias and activation fused in, where eager autocast casts every
+weight on every call. Load new weights into a new compile. Freezing applies to calls under
+`torch.no_grad()` or `torch.inference_mode()`, as every inference verb runs; any other call
+runs the graph unfrozen. Training compiles elsewhere (`vitkit.train.compiling`), without
+freezing, since its weights change every step.
+
+Measured (B/16, batch 8, 2 threads; benchmarks/inference.py --compile): no path became clearly
+faster (in a one-off timing on a Zen 4 EPYC, bf16 B/16 compiled in 8 s frozen against 15 s
+plain, and ran 2% faster than eager in both). On the Zen 4
+the fastest, `auto` (oneDNN int8) with ToMe r=8, ran 5.60x fp32 compiled against 5.46x eager;
+on a Xeon with AMX (torch 2.11) compiled paths were up to 10% slower (docs/runs/cpu-amx).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitkit.runtime import check_compiler
+
+
+def compile_for_inference(module: nn.Module, device: torch.device) -> nn.Module:
+    """`module` under torch.compile with frozen weights (the first call compiles); refused
+    clearly where the CPU has no C++ compiler for inductor's kernels."""
+    check_compiler(device, "--compile", "drop --compile")
+    return torch.compile(module, options={"freezing": True})
