@@ -157,6 +157,7 @@ def _auto_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, i
             with torch.inference_mode(), context():
                 return module(images)
         rows[label] = (call, merge)
+        print(f"{label}: {chosen.reason}", flush=True)  # what auto measured
     return rows
 
 
