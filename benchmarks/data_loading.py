@@ -248,6 +248,12 @@ def _cpu_seconds() -> float:
     return total
 
 
+def _ratio(numerator: float, denominator: float) -> str:
+    """"  1.23x", or "     -" where the denominator measured 0 (CPU times come in clock ticks
+    of 10 ms, so a tiny run can measure none)."""
+    return f"{numerator / denominator:>6.2f}x" if denominator > 0 else f"{'-':>7}"
+
+
 def loader_rate(make, folder: Path, size: int, batch: int, workers: int, epoch: int,
                 images: int) -> tuple[float, float]:
     """(images/s, CPU ms per image of the whole loader) over `images` images, after
@@ -406,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, runs in by_name.items():
             spread = f"({min(r for r, _ in runs):.0f}-{max(r for r, _ in runs):.0f})"
             print(f"{path:<7}{name:<25}{speed[name]:>9.0f}{spread:>12}"
-                  f"{speed[name] / speed[tv]:>6.2f}x{cpu[name]:>12.2f}{cpu[tv] / cpu[name]:>6.2f}x")
+                  f"{speed[name] / speed[tv]:>6.2f}x{cpu[name]:>12.2f}{_ratio(cpu[tv], cpu[name])}")
         if path == "train":
             best_train = speed["vitkit StreamFeed"]
     print("(vs tv: vitkit's speed / torchvision's, and torchvision's CPU time / vitkit's: above "

@@ -294,3 +294,31 @@ def test_progressive_resizing_trains_and_resumes_exactly(tmp_path):
     a, b = _weights(tmp_path / "a" / "last.pt"), _weights(tmp_path / "b" / "last.pt")
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_a_crash_while_the_metrics_are_rewritten_leaves_the_previous_files(tmp_path,
+                                                                           monkeypatch):
+    """metrics.csv (rewritten whole at every evaluation) and metrics.jsonl (rewritten on
+    resume) are replaced atomically: a failure mid-write keeps the last complete file."""
+    import csv
+
+    from vitkit.train.recorder import MetricsRecorder
+
+    rows = [{"epoch": 1.0, "step": 10, "top1": 0.5}, {"epoch": 2.0, "step": 20, "top1": 0.6}]
+    MetricsRecorder(tmp_path, ["csv", "jsonl"], history=rows)
+    recorder = MetricsRecorder(tmp_path, ["csv"], history=rows)
+    before = {name: (tmp_path / name).read_bytes() for name in ("metrics.csv", "metrics.jsonl")}
+    assert before["metrics.csv"].decode().splitlines()[0] == "epoch,step,top1"
+
+    def crash(self, rows):
+        raise OSError("disk full")
+    monkeypatch.setattr(csv.DictWriter, "writerows", crash)
+    with pytest.raises(OSError, match="disk full"):
+        recorder.write({"epoch": 3.0, "step": 30, "top1": 0.7},
+                       [*rows, {"epoch": 3.0, "step": 30, "top1": 0.7}])
+    assert (tmp_path / "metrics.csv").read_bytes() == before["metrics.csv"]
+    monkeypatch.setattr("vitkit.train.recorder.json.dumps", lambda row: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        MetricsRecorder(tmp_path, ["jsonl"], history=rows[:1])
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before["metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.csv", "metrics.jsonl"]

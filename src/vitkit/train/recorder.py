@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from vitkit.analysis.plots import plot_learning_curve
+from vitkit.files import write_atomic
 
 log = logging.getLogger("vitkit.train")
 
@@ -18,7 +20,8 @@ class MetricsRecorder:
 
     A run starts from the rows its checkpoint holds (`history`, empty for a new run):
     metrics.jsonl and metrics.csv are rewritten from them first, so rows logged after the
-    checkpoint by a run that was then killed are not kept twice when it resumes.
+    checkpoint by a run that was then killed are not kept twice when it resumes. Whole-file
+    rewrites are atomic: a crash mid-write leaves the previous file, never half of one.
     """
 
     def __init__(self, out_dir: Path, formats: Sequence[str],
@@ -52,18 +55,20 @@ class MetricsRecorder:
     def _restart_from(self, history: list[dict[str, float]]) -> None:
         """metrics.jsonl (and .csv) hold exactly `history`, what the checkpoint knows."""
         if "jsonl" in self.formats:
-            text = "".join(json.dumps(row) + "\n" for row in history)
-            (self.out_dir / "metrics.jsonl").write_text(text)
+            text = "".join(json.dumps(row) + "\n" for row in history).encode()
+            write_atomic(self.out_dir / "metrics.jsonl", lambda stream: stream.write(text))
         if "csv" in self.formats and history:
             self._write_csv(history)
 
     def _write_csv(self, history: list[dict[str, float]]) -> None:
         """Rewritten whole, so a resumed run has one consistent file."""
         keys = list(dict.fromkeys(key for row in history for key in row))
-        with open(self.out_dir / "metrics.csv", "w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(history)
+        table = io.StringIO(newline="")
+        writer = csv.DictWriter(table, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(history)
+        data = table.getvalue().encode()
+        write_atomic(self.out_dir / "metrics.csv", lambda stream: stream.write(data))
 
     def close(self) -> None:
         if self._writer is not None:
