@@ -301,7 +301,7 @@ def test_benchmark_auto_says_what_it_chose_and_on_which_cpu(capsys, monkeypatch)
     result = json.loads(capsys.readouterr().out)
     assert result["cpu"] == cpu_description() and result["precision"] == "bf16"
     assert "AMX" in result["precision_reason"]
-    assert result["engine"] == "torch, bf16 (torch.autocast), token merging r=2"
+    assert result["engine"] == "torch, bf16 (a bf16 copy), token merging r=2"
     assert main(["benchmark", "cifar10-tutorial", "--engine", "onnxruntime", "--precision",
                  "bf16"]) == 2
     assert "runs on the torch engine only" in capsys.readouterr().err
@@ -362,3 +362,30 @@ def test_training_on_cuda_turns_cudnn_attention_off_and_the_cpu_leaves_it_alone(
         assert avoid_cudnn_attention(torch.device("cuda")) is False  # already off
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+def test_auto_times_more_rounds_while_the_two_fastest_paths_are_close(monkeypatch) -> None:
+    """Three rounds tell clearly different paths apart; two within 25% get more rounds (up to
+    MAX_ROUNDS), so a busy moment during one path's three calls does not pick the slower."""
+    clock = [0.0]
+    monkeypatch.setattr(precision_module.time, "perf_counter", lambda: clock[0])
+
+    def path(*seconds: float) -> tuple[list[int], object]:
+        calls = [0]
+
+        def run() -> None:  # the warm-up call costs nothing; then `seconds` in turn
+            if calls[0]:
+                clock[0] += seconds[min(calls[0], len(seconds)) - 1]
+            calls[0] += 1
+        return calls, run
+
+    # int8 was slowed in its first three calls, then runs 0.9 s; bf16 always 1.0 s
+    (fp32_calls, fp32), (_, bf16), (_, int8) = path(3.0), path(1.0), path(1.1, 1.1, 1.1, 0.9)
+    best = precision_module._timings({"fp32": fp32, "bf16": bf16, "onednn": int8})
+    assert best == pytest.approx({"fp32": 3.0, "bf16": 1.0, "onednn": 0.9})
+    assert fp32_calls[0] == 1 + precision_module.MAX_ROUNDS  # 0.9 vs 1.0 stays close
+    # far apart after three rounds: no more
+    (fp32_calls, fp32), (_, bf16), (_, int8) = path(3.0), path(1.0), path(2.0)
+    assert precision_module._timings({"fp32": fp32, "bf16": bf16, "onednn": int8}) == \
+        pytest.approx({"fp32": 3.0, "bf16": 1.0, "onednn": 2.0})
+    assert fp32_calls[0] == 1 + precision_module.ROUNDS

@@ -9,10 +9,10 @@ runs the graph unfrozen. Training compiles elsewhere (`vitkit.train.compiling`),
 freezing, since its weights change every step.
 
 Measured (B/16, batch 8, 2 threads; benchmarks/inference.py --compile): no path became clearly
-faster (in a one-off timing on a Zen 4 EPYC, bf16 B/16 compiled in 8 s frozen against 15 s
-plain, and ran 2% faster than eager in both). On the Zen 4
-the fastest, `auto` (oneDNN int8) with ToMe r=8, ran 5.60x fp32 compiled against 5.46x eager;
-on a Xeon with AMX (torch 2.11) compiled paths were up to 10% slower (docs/runs/cpu-amx).
+faster. On a Zen 4 EPYC the fastest, `auto` (oneDNN int8) with ToMe r=8, ran 5.60x fp32
+compiled against 5.46x eager (in a one-off timing there, bf16 B/16 compiled in 8 s frozen
+against 15 s plain); on a Xeon with AMX (torch 2.11) compiled paths were up to 10% slower
+(docs/runs/cpu-amx).
 """
 
 from __future__ import annotations

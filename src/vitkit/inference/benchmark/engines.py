@@ -19,6 +19,7 @@ from vitkit.inference.compiled import compile_for_inference
 from vitkit.inference.precision import (
     MEASURE_BATCH,
     apply_precision,
+    bf16_autocast,
     choose_precision,
     measurement_batch,
     requested_precision,
@@ -68,13 +69,15 @@ class EngineOptions:
             raise ConfigError(f"--merge-tokens must be >= 0 (tokens merged per block), got "
                               f"{self.merge_tokens}")
 
-    def describe(self, chosen: str | None = None, int8_engine: str | None = None) -> str:
+    def describe(self, chosen: str | None = None, int8_engine: str | None = None,
+                 device: torch.device | None = None) -> str:
         """"torch, int8 (onednn engine), token merging r=8"; `chosen`: the precision auto
-        chose, `int8_engine` the int8 engine chosen."""
+        chose, `int8_engine` the int8 engine chosen, `device` the model's (default CPU)."""
         precision = chosen or self.requested()
         parts = [self.engine + (" (torch.compile, frozen weights)" if self.compile else "")]
         if precision == "bf16":
-            parts.append("bf16 (torch.autocast)")
+            autocast = bf16_autocast(device or torch.device("cpu"))
+            parts.append("bf16 (torch.autocast)" if autocast else "bf16 (a bf16 copy)")
         elif precision == "auto":
             parts.append("precision auto")
         elif precision == "int8":
@@ -104,20 +107,20 @@ class Engine:
             check_merge_count(model.config, options.merge_tokens)
             model = apply_token_merging(model, options.merge_tokens)
         module: nn.Module = model.eval()
+        self.device = next(model.parameters()).device
         self.session, self.context = None, contextlib.nullcontext
         requested = options.requested()
         if options.engine == "onnxruntime":
             self.precision = choose_precision(requested, torch.device("cpu"))
             self.session = _onnx_session(model, options.threads, requested == "int8")
         else:
-            device = next(model.parameters()).device
             batch = measurement_batch(self.in_chans, self.img_size, batch_size) \
                 if requested in ("auto", "int8") else None
-            self.precision = choose_precision(requested, device, model, batch,
+            self.precision = choose_precision(requested, self.device, model, batch,
                                               int8_engine=options.int8_engine)
-            module, self.context = apply_precision(model, self.precision, device)
+            module, self.context = apply_precision(model, self.precision, self.device)
         if options.compile:
-            module = compile_for_inference(module, next(model.parameters()).device)
+            module = compile_for_inference(module, self.device)
         self.module = module
 
     def images(self, batch: int) -> torch.Tensor:
@@ -136,7 +139,7 @@ class Engine:
         return run
 
     def describe(self) -> str:
-        return self.options.describe(self.precision.name, self.precision.engine)
+        return self.options.describe(self.precision.name, self.precision.engine, self.device)
 
 
 def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = False):
