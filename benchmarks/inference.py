@@ -24,11 +24,12 @@ evaluated as `vitkit eval` does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -54,12 +55,6 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool, with_bf16: bool = 
                          num_classes=1000).eval()
     model = create_model("B/16").eval()  # random weights: the speed does not depend on them
 
-    def run(module: torch.nn.Module) -> Runner:
-        def call() -> object:
-            with torch.inference_mode():
-                return module(images)
-        return call
-
     def merged(module: torch.nn.Module, r: int) -> Runner:
         def call() -> object:  # merging switched on for this call only (int8 is a copy)
             apply_token_merging(module, r)
@@ -69,21 +64,20 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool, with_bf16: bool = 
             return out
         return call
 
-    rows = {"timm fp32": (run(timm_model), 0), "vitkit fp32": (run(model), 0)}
+    rows = {"timm fp32": (_call(timm_model, images), 0), "vitkit fp32": (_call(model, images), 0)}
     int8 = {engine: quantize_int8(model, engine) for engine in available_engines(model)
             if with_onnx or engine != "onnxruntime"}
     for engine, module in int8.items():
-        rows[f"vitkit int8 ({engine})"] = (run(module), 0)
+        rows[f"vitkit int8 ({engine})"] = (_call(module, images), 0)
     for r in merge:
         rows[f"vitkit ToMe r={r}"] = (merged(model, r), r)
         for engine in available_engines(apply_token_merging(copy.deepcopy(model), r)):
             if engine in int8:  # ONNX Runtime's graph cannot merge tokens
                 rows[f"vitkit int8 ({engine}) + ToMe r={r}"] = (merged(int8[engine], r), r)
     if with_bf16:
-        def bf16() -> object:
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-                return model(images)
-        rows["vitkit bf16 (autocast)"] = (bf16, 0)
+        def autocast() -> contextlib.AbstractContextManager:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        rows["vitkit bf16 (autocast)"] = (_call(model, images, autocast), 0)
         rows.update(_bf16_copy_rows(model, images, max(merge, default=0)))
     rows.update(_auto_rows(model, images, max(merge, default=0)))
     if with_onnx:
@@ -101,23 +95,17 @@ def _compiled_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runne
 
     cpu = torch.device("cpu")
     rows = {}
-    for merge in sorted({0, r}):
-        merged_model = apply_token_merging(copy.deepcopy(model), merge)
+    for merge, merged_model in _merged_copies(model, r):
         auto = choose_precision("auto", cpu, merged_model, images)
         for precision in (Precision("fp32", ""), Precision("bf16", ""),
                           Precision("int8", "", "onednn"), auto):
             if precision.engine not in (None, "torch", "onednn"):
                 continue  # ONNX Runtime and torchao run outside inductor
             module, context = apply_precision(merged_model, precision, cpu)
-            module = compile_for_inference(module, cpu)
             name = precision.name + (f" ({precision.engine})" if precision.engine else "")
             label = ("vitkit auto -> " if precision is auto else "vitkit ") + name + \
-                " compiled" + (f" + ToMe r={merge}" if merge else "")
-
-            def call(module=module, context=context) -> object:
-                with torch.inference_mode(), context():
-                    return module(images)
-            rows[label] = (call, merge)
+                " compiled" + _merged_label(merge)
+            rows[label] = (_call(compile_for_inference(module, cpu), images, context), merge)
     return rows
 
 
@@ -126,16 +114,9 @@ def _bf16_copy_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runn
     autocast: `vitkit.inference.precision.bf16_copy`), alone and with ToMe r."""
     from vitkit.inference.precision import bf16_copy
 
-    rows = {}
-    for merge in sorted({0, r}):
-        module = bf16_copy(apply_token_merging(copy.deepcopy(model), merge))
-
-        def call(module=module) -> object:
-            with torch.inference_mode():
-                return module(images)
-        rows["vitkit --precision bf16 (bf16 copy)" + (f" + ToMe r={merge}" if merge else "")] = \
-            (call, merge)
-    return rows
+    return {"vitkit --precision bf16 (bf16 copy)" + _merged_label(merge):
+            (_call(bf16_copy(merged_model), images), merge)
+            for merge, merged_model in _merged_copies(model, r)}
 
 
 def _auto_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, int]]:
@@ -145,20 +126,34 @@ def _auto_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, i
 
     cpu = torch.device("cpu")
     rows = {}
-    for merge in sorted({0, r}):
-        merged_model = apply_token_merging(copy.deepcopy(model), merge)
+    for merge, merged_model in _merged_copies(model, r):
         chosen = choose_precision("auto", cpu, merged_model, images)
         module, context = apply_precision(merged_model, chosen, cpu)
         label = f"vitkit auto -> {chosen.name}" + (f" ({chosen.engine})" if chosen.engine
-                                                   else "") + (f" + ToMe r={merge}" if merge
-                                                               else "")
-
-        def call(module=module, context=context) -> object:
-            with torch.inference_mode(), context():
-                return module(images)
-        rows[label] = (call, merge)
+                                                   else "") + _merged_label(merge)
+        rows[label] = (_call(module, images, context), merge)
         print(f"{label}: {chosen.reason}", flush=True)  # what auto measured
     return rows
+
+
+def _merged_copies(model, r: int) -> Iterator[tuple[int, torch.nn.Module]]:
+    """(0, a copy of `model`) and, for r > 0, (r, a copy merging r tokens per layer)."""
+    for merge in sorted({0, r}):
+        yield merge, apply_token_merging(copy.deepcopy(model), merge)
+
+
+def _merged_label(merge: int) -> str:
+    return f" + ToMe r={merge}" if merge else ""
+
+
+def _call(module: torch.nn.Module, images: torch.Tensor,
+          context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+          ) -> Runner:
+    """One batch through `module` in inference mode, inside `context()`."""
+    def call() -> object:
+        with torch.inference_mode(), context():
+            return module(images)
+    return call
 
 
 def _onnx_rows(model, images: torch.Tensor) -> dict[str, tuple[Runner, int]]:

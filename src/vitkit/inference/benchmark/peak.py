@@ -39,9 +39,9 @@ class MatmulPeak:
         return 2 * self.size**3 / self.best / 1e9
 
     def describe(self) -> str:
-        dtype = str(self.dtype).removeprefix("torch.").replace("float32", "fp32")
-        return f"{self.size}x{self.size} {dtype.replace('bfloat16', 'bf16')} matmul, best of " \
-               f"{self.samples}"
+        dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(
+            self.dtype, str(self.dtype).removeprefix("torch."))
+        return f"{self.size}x{self.size} {dtype} matmul, best of {self.samples}"
 
 
 def mfu(flops_per_image: float, images_per_s: float, peak_gflops: float) -> float:
