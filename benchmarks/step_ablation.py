@@ -1,14 +1,19 @@
 """Where vitkit's training-step speed comes from: the same model, optimizer and batch with
-each of vitkit's two step optimisations off and on, in one process.
+each of vitkit's step optimisations off and on, added one at a time, in one process.
 
 "full forward, SDPA" is the computation timm runs (every token through every block, torch's
 fused attention kernel); "class-token shortcut" runs the last block for the class token alone
 (`VisionTransformer.forward`); "chunked attention" computes the other blocks' attention with
-`vitkit.model.chunked_attention` (vitkit's default for CPU training). The configurations are
-timed in rotating order; medians. The task "recipe" is the `cifar10` recipe's model (hybrid
-conv stem, mean pooling: no class token, so no shortcut) at 32 px, batch 128.
+`vitkit.model.chunked_attention` in its plain layout, "transposed products" in its layout
+for heads narrower than 16 (both vitkit's defaults for CPU training; each applies only where
+its rule says, so on the "cifar" task, head dim 64, neither changes anything). The
+configurations are timed in rotating order; medians. The task "recipe" is the `cifar10`
+recipe's model (hybrid conv stem, mean pooling: no class token, so no shortcut) at 32 px,
+batch 128. `--plain` leaves the process settings as they are (as an independent harness does)
+instead of `configure_cpu`.
 
     python benchmarks/step_ablation.py [--task tutorial|cifar|recipe] [--reps 31] [--steps 1]
+        [--plain]
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+import vitkit.model.chunked_attention
 import vitkit.model.layers
 from vitkit import VisionTransformer, create_model
-from vitkit.model.chunked_attention import use_chunked_attention
+from vitkit.model.chunked_attention import TRANSPOSED_BELOW, use_chunked_attention
 from vitkit.runtime import configure_cpu, cpu_description
 from vitkit.train.config import load_train_config
 from vitkit.train.optim import build_adamw
@@ -34,10 +40,11 @@ TASKS = {  # name: (create_model settings, batch size)
                    num_classes=10), 128),
     "recipe": ("cifar10", 128),
 }
-CONFIGS = {  # label: (class-token shortcut, chunked attention)
-    "full forward, SDPA (timm's)": (False, False),
-    "+ class-token shortcut": (True, False),
-    "+ chunked attention (vitkit)": (True, True),
+CONFIGS = {  # label: (class-token shortcut, chunked attention, transposed products)
+    "full forward, SDPA (timm's)": (False, False, False),
+    "+ class-token shortcut": (True, False, False),
+    "+ chunked attention": (True, True, False),
+    "+ transposed products (vitkit)": (True, True, True),
 }
 
 
@@ -53,8 +60,11 @@ def main() -> None:
     parser.add_argument("--task", choices=list(TASKS), default="tutorial")
     parser.add_argument("--reps", type=int, default=31)
     parser.add_argument("--steps", type=int, default=1, help="steps per timed repetition")
+    parser.add_argument("--plain", action="store_true",
+                        help="plain process settings (no configure_cpu), as a harness has them")
     args = parser.parse_args()
-    configure_cpu()
+    if not args.plain:
+        configure_cpu()
     print(cpu_description(), flush=True)
     torch.manual_seed(0)
     model, batch = build(args.task)
@@ -63,11 +73,13 @@ def main() -> None:
     labels = torch.randint(0, model.config.num_classes, (batch,))
     shortcut = model.pools_class_token_only
 
-    def configure(setting: tuple[bool, bool]) -> None:
-        use_shortcut, use_chunked = setting
+    def configure(setting: tuple[bool, bool, bool]) -> None:
+        use_shortcut, use_chunked, use_transposed = setting
         model.pools_class_token_only = shortcut if use_shortcut else (lambda: False)
         vitkit.model.layers.use_chunked_attention = use_chunked_attention if use_chunked \
             else (lambda qkv, num_heads, dropout: False)
+        vitkit.model.chunked_attention.TRANSPOSED_BELOW = TRANSPOSED_BELOW if use_transposed \
+            else 0
 
     def step() -> None:
         F.cross_entropy(model(images), labels).backward()
@@ -87,11 +99,12 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             seconds[label].append((time.perf_counter() - start) / args.steps)
-    configure((True, True))
+    configure((True, True, True))
     base = statistics.median(seconds[labels_in_order[0]])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.task} step, "
           f"batch {batch}, {model.config.seq_len} tokens, class-token pool: "
-          f"{shortcut()}; medians of {args.reps} x {args.steps} steps, rotating")
+          f"{shortcut()}; {'plain settings' if args.plain else 'configure_cpu'}; medians of "
+          f"{args.reps} x {args.steps} steps, rotating")
     print(f"{'configuration':<36}{'ms/step':>9}{'images/s':>10}{'speed-up':>10}")
     for label, values in seconds.items():
         median = statistics.median(values)

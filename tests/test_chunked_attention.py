@@ -25,9 +25,11 @@ def sdpa_reference(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
                                                           (2, 12, 197, 8), (1, 1, 1, 8),
                                                           (3, 2, 9, 32)])
 @pytest.mark.parametrize("chunk_elements", [1 << 19, 100])  # one chunk; many, and a remainder
+@pytest.mark.parametrize("transposed_below", [0, 1000])  # each layout for every shape
 def test_chunked_attention_equals_sdpa_in_values_and_gradients(
-        monkeypatch, batch, heads, tokens, head_dim, chunk_elements):
+        monkeypatch, batch, heads, tokens, head_dim, chunk_elements, transposed_below):
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(chunked, "TRANSPOSED_BELOW", transposed_below)
     torch.manual_seed(0)
     qkv = torch.randn(batch, tokens, 3 * heads * head_dim, dtype=torch.float64,
                       requires_grad=True)
@@ -42,6 +44,11 @@ def test_chunked_attention_equals_sdpa_in_values_and_gradients(
     assert (out - expected).abs().max() < 1e-12
     assert (grad - expected_grad).abs().max() < 1e-12
     assert torch.equal(qkv.detach(), before)  # q is scaled in a copy, not in the input
+
+
+def test_narrow_heads_take_the_transposed_layout():
+    assert chunked._Layout(4, 12).transposed, "the tutorial's head dim 12"
+    assert not chunked._Layout(4, 32).transposed, "the cifar10 recipe's head dim 32"
 
 
 def test_chunked_attention_takes_a_non_contiguous_projection():

@@ -60,8 +60,20 @@ def test_merged_models_keep_their_own_forward():
     assert model.pools_class_token_only()
 
 
+def backward_nodes(tensor: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes behind `tensor`."""
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return {type(node).__name__ for node in seen}
+
+
 def test_a_training_step_equals_timms_in_loss_and_gradients():
-    """The whole training path (the shortcut included) against timm's model."""
+    """The whole training path against timm's model: the shortcut and the chunked attention
+    (in its transposed layout, head dim 12) included."""
     reference = randomise(timm_vit.VisionTransformer(
         img_size=32, patch_size=4, embed_dim=48, depth=3, num_heads=4, num_classes=10), std=0.1)
     config, state_dict = config_from_timm_model(reference)
@@ -70,6 +82,7 @@ def test_a_training_step_equals_timms_in_loss_and_gradients():
     model.train(), reference.train()
     images, labels = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
     loss = F.cross_entropy(model(images), labels)
+    assert "_ChunkedAttentionBackward" in backward_nodes(loss)
     expected = F.cross_entropy(reference(images), labels)
     grads = dict(zip([n for n, _ in model.named_parameters()],
                      torch.autograd.grad(loss, list(model.parameters())), strict=True))

@@ -8,14 +8,18 @@ times. `chunked_attention` computes the same softmax(q k^T / sqrt(D_h)) v with b
 over chunks of samples whose attention matrices fit in the cores' caches, keeps the
 probabilities for the backward pass, and takes q, k, v straight from the fused qkv projection
 (and hands its gradient back in that layout), with one layout copy per chunk each way.
+
+Heads narrower than TRANSPOSED_BELOW are held transposed (D_h x T), so that the four products
+whose result is T x D_h (p v in the forward pass; the gradients of q, k and v) are computed as
+their transposes, D_h x T: BLAS kernels run a 12-column result far below a 65-column one.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["CHUNK_ELEMENTS", "MAX_HEAD_DIM", "MAX_TOKENS", "chunked_attention",
-           "use_chunked_attention"]
+__all__ = ["CHUNK_ELEMENTS", "MAX_HEAD_DIM", "MAX_TOKENS", "TRANSPOSED_BELOW",
+           "chunked_attention", "use_chunked_attention"]
 
 # Attention-matrix elements per chunk: 2 MiB of fp32, about one L2 cache per core of 2 cores.
 CHUNK_ELEMENTS = 1 << 19
@@ -24,6 +28,11 @@ MAX_TOKENS = 256
 # Wider heads keep SDPA: measured in the training step on 2 cores, the chunked path took 0.7x
 # SDPA's time at head dim 32 (the cifar10 recipe) and less at 12 (the tutorial), but 1.1x at 64.
 MAX_HEAD_DIM = 32
+# Head dims below this run the transposed products. Attention forward + backward alone (Zen 4,
+# 2 cores), plain layout's time over the transposed one's: 2.03x at head dim 8, 1.14x at 12
+# (65 tokens; 1.29x at 197), 0.99x at 16, 0.96x at 24; the tutorial's whole step (head dim 12)
+# 1.02-1.06x faster (benchmarks/step_ablation.py).
+TRANSPOSED_BELOW = 16
 
 
 def use_chunked_attention(qkv: torch.Tensor, num_heads: int, dropout: float) -> bool:
@@ -44,36 +53,70 @@ def chunked_attention(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
     return _ChunkedAttention.apply(qkv.contiguous(), num_heads)
 
 
-def _heads(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(c, T, 3D) -> a new tensor (3, c * heads, T, D_h) holding q, k, v per head."""
-    batch, tokens, width3 = qkv.shape
-    head_dim = width3 // 3 // num_heads
-    heads = qkv.new_empty(3, batch * num_heads, tokens, head_dim)
-    heads.view(3, batch, num_heads, tokens, head_dim).copy_(
-        qkv.view(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4))
-    return heads
+class _Layout:
+    """Where q, k, v of one chunk live: (3, c * heads, T, D_h), or with `transposed`
+    (3, c * heads, D_h, T); the products of attention in that layout."""
+
+    def __init__(self, num_heads: int, head_dim: int) -> None:
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.transposed = head_dim < TRANSPOSED_BELOW
+
+    def _per_head(self, tensor: torch.Tensor, samples: int, parts: int) -> torch.Tensor:
+        """A (c, T, parts * D) tensor's view as (c, parts, heads, T, D_h) in this layout's
+        order of the last two dims."""
+        view = tensor.view(samples, tensor.shape[1], parts, self.num_heads, self.head_dim)
+        return view.permute(0, 2, 3, 4, 1) if self.transposed else view.permute(0, 2, 3, 1, 4)
+
+    def heads(self, tensor: torch.Tensor, parts: int) -> torch.Tensor:
+        """(c, T, parts * D) -> a new tensor (parts, c * heads, ...) per head in this layout:
+        q, k, v from the fused projection (parts=3), or the output's gradient (parts=1)."""
+        samples, tokens = tensor.shape[:2]
+        inner = (self.head_dim, tokens) if self.transposed else (tokens, self.head_dim)
+        heads = tensor.new_empty(parts, samples * self.num_heads, *inner)
+        heads.view(parts, samples, self.num_heads, *inner).copy_(
+            self._per_head(tensor, samples, parts).transpose(0, 1))
+        return heads
+
+    def write(self, target: torch.Tensor, per_head: torch.Tensor, parts: int) -> None:
+        """Copy `per_head` ((parts,) c * heads in this layout) into `target` (c, T, parts * D)."""
+        samples = target.shape[0]
+        inner = per_head.shape[-2:]
+        self._per_head(target, samples, parts).copy_(
+            per_head.view(parts, samples, self.num_heads, *inner).transpose(0, 1))
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """q k^T, (n, T, T)."""
+        return torch.bmm(q.transpose(1, 2), k) if self.transposed else torch.bmm(
+            q, k.transpose(1, 2))
+
+    def times(self, p: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None
+              ) -> torch.Tensor:
+        """p x for a (n, T, T) matrix p and a (n, T, D_h) x, both x and the result in this
+        layout (transposed: x^T p^T, which is (p x)^T)."""
+        if self.transposed:
+            return torch.bmm(x, p.transpose(1, 2), out=out)
+        return torch.bmm(p, x, out=out)
 
 
 class _ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
         batch, tokens, width3 = qkv.shape
-        width, head_dim = width3 // 3, width3 // 3 // num_heads
-        scale = head_dim**-0.5
+        width = width3 // 3
+        layout = _Layout(num_heads, width // num_heads)
+        scale = layout.head_dim**-0.5
         chunk = max(1, CHUNK_ELEMENTS // (num_heads * tokens * tokens))
         spans = [(start, min(start + chunk, batch)) for start in range(0, batch, chunk)]
         out = qkv.new_empty(batch, tokens, width)
         heads, probs = [], []
         for start, stop in spans:
-            h = _heads(qkv[start:stop], num_heads)
+            h = layout.heads(qkv[start:stop], 3)
             q, k, v = h[0].mul_(scale), h[1], h[2]  # q pre-scaled, as kept for backward
-            p = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
-            o = torch.bmm(p, v).view(stop - start, num_heads, tokens, head_dim)
-            out[start:stop].view(stop - start, tokens, num_heads, head_dim).copy_(
-                o.transpose(1, 2))
+            p = layout.scores(q, k).softmax(dim=-1)
+            layout.write(out[start:stop], layout.times(p, v), 1)
             heads.append(h)
             probs.append(p)
-        ctx.num_heads, ctx.scale = num_heads, scale
+        ctx.layout, ctx.scale = layout, scale
         ctx.kept = (spans, heads, probs)
         return out
 
@@ -82,22 +125,17 @@ class _ChunkedAttention(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
         spans, heads, probs = ctx.kept
         ctx.kept = None
+        layout, scale = ctx.layout, ctx.scale
         grad_out = grad_out.contiguous()
-        num_heads, scale = ctx.num_heads, ctx.scale
         batch, tokens, width = grad_out.shape
-        head_dim = width // num_heads
         grad = grad_out.new_empty(batch, tokens, 3 * width)
         for (start, stop), h, p in zip(spans, heads, probs, strict=True):
             q, k, v = h[0], h[1], h[2]
-            grad_o = (grad_out[start:stop].view(stop - start, tokens, num_heads, head_dim)
-                      .transpose(1, 2).reshape(-1, tokens, head_dim))
+            grad_o = layout.heads(grad_out[start:stop], 1)[0]
             grad_h = torch.empty_like(h)
-            torch.bmm(p.transpose(1, 2), grad_o, out=grad_h[2])
-            grad_s = torch._softmax_backward_data(torch.bmm(grad_o, v.transpose(1, 2)), p,
-                                                  -1, p.dtype)
-            torch.bmm(grad_s, k, out=grad_h[0]).mul_(scale)
-            torch.bmm(grad_s.transpose(1, 2), q, out=grad_h[1])  # q holds scale already
-            grad[start:stop].view(stop - start, tokens, 3, num_heads, head_dim).copy_(
-                grad_h.view(3, stop - start, num_heads, tokens, head_dim)
-                .permute(1, 3, 0, 2, 4))
+            layout.times(p.transpose(1, 2), grad_o, out=grad_h[2])
+            grad_s = torch._softmax_backward_data(layout.scores(grad_o, v), p, -1, p.dtype)
+            layout.times(grad_s, k, out=grad_h[0]).mul_(scale)
+            layout.times(grad_s.transpose(1, 2), q, out=grad_h[1])  # q holds scale already
+            layout.write(grad[start:stop], grad_h, 3)
         return grad, None
