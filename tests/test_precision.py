@@ -20,6 +20,7 @@ from vitkit.inference import precision as precision_module
 from vitkit.inference.precision import (
     Precision,
     apply_precision,
+    autocast_context,
     choose_precision,
     fast_bf16_cpu,
 )
@@ -332,6 +333,27 @@ def test_amp_auto_is_a_rule_so_every_rank_and_every_resume_decide_alike(monkeypa
                         lambda width: pytest.fail("amp=auto timed a matmul"))
     assert amp_dtype("auto", CPU, 192, AVX512_BF16) == torch.bfloat16
     assert amp_dtype("auto", CPU, 192, AMX) == torch.bfloat16
+
+
+def test_autocast_context_runs_a_model_in_bf16_and_none_leaves_it_as_it_is():
+    layer = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with autocast_context(CPU, torch.bfloat16)():
+        assert layer(x).dtype == torch.bfloat16
+    with autocast_context(CPU, None)():
+        assert layer(x).dtype == torch.float32
+
+
+@pytest.mark.parametrize("amp,autocast", [("bf16", True), ("off", False)])
+def test_a_run_trains_and_scores_in_its_amp_precision(tmp_path, amp, autocast):
+    """The training step and the evaluation of a run both go through `autocast_context`."""
+    built = build_run(load_train_config("digits", [
+        *RUN, "epochs=1", "train_limit=128", "test_limit=64", f"amp={amp}", f"out_dir={tmp_path}"]))
+    seen = set()
+    built.model.register_forward_hook(lambda module, args, output: seen.add(
+        (module.training, torch.is_autocast_enabled("cpu"))))
+    run_loop(built)
+    assert seen == {(True, autocast), (False, autocast)}
 
 
 def test_the_shipped_recipes_train_in_fp32_on_a_cpu_without_amx():

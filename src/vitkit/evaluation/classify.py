@@ -3,6 +3,7 @@ confusion matrix, summed over ranks (training evaluates with it; so does `vitkit
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -80,13 +81,16 @@ class EvalResult:
 def evaluate(model: torch.nn.Module, dataset: EvaluationFeed,
              num_classes: int,
              preprocess: Preprocess, batch_size: int = 500, device: torch.device | None = None,
-             info: Ranks | None = None, autocast_dtype: torch.dtype | None = None,
+             info: Ranks | None = None,
+             context: Callable[[], contextlib.AbstractContextManager] | None = None,
              image_size: tuple[int, int] | None = None,
              should_stop: Callable[[], bool] | None = None) -> EvalResult:
     """Evaluate on this rank's share of `dataset` and combine the counts over ranks.
 
     Images are normalised with `preprocess` (its mean and std), then resized to `image_size`
-    when it differs from the dataset's (bilinear, antialiased when shrinking). In a single
+    when it differs from the dataset's (bilinear, antialiased when shrinking). The model runs
+    inside `context()` (from `vitkit.inference.precision`: `apply_precision`'s, or
+    `autocast_context` for a run's amp; None: none). In a single
     process, `should_stop` is asked before each batch (a signal need not wait for the end).
     """
     info = info or SingleProcess()
@@ -104,8 +108,7 @@ def evaluate(model: torch.nn.Module, dataset: EvaluationFeed,
             break
         x = resize_batch(preprocess.normalize(images.to(device)), image_size)
         labels = labels.to(device)
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
-                            enabled=autocast_dtype is not None):
+        with (context or contextlib.nullcontext)():
             logits = model(x)
         logits = logits.float()
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").double().cpu()

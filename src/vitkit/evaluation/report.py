@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -26,7 +28,6 @@ from vitkit.evaluation.task_eval import evaluate_task
 from vitkit.inference.precision import (
     Precision,
     apply_precision,
-    bf16_autocast,
     choose_precision,
     measurement_batch,
     requested_precision,
@@ -86,12 +87,11 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     weights = read_weights(path, weights_dir)
     model = build_model(weights)
     config = model.config
-    fast, chosen = _in_precision(speed_up(model, merge_tokens), precision, int8, batch_size)
+    fast, context, chosen = _in_precision(speed_up(model, merge_tokens), precision, int8,
+                                          batch_size)
     tta = recorded_tta(tta, weights.train_config)
     fast = with_tta(fast, tta)
     int8 = chosen.engine if chosen.name == "int8" else None  # the engine that ran
-    device = next(model.parameters()).device
-    autocast = torch.bfloat16 if chosen.name == "bf16" and bf16_autocast(device) else None
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
                                  config.in_chans)
@@ -114,7 +114,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
         log.info("%s", chosen.describe())
     if task.kind != "classification":
         scored = evaluate_task(fast, dataset, task, weights.preprocess, batch_size,
-                               image_size=config.img_size, autocast_dtype=autocast)
+                               image_size=config.img_size, context=context)
         report = {**head, "task": task.kind, "images": scored.count,
                   "loss": scored.metrics["test_loss"],
                   **{k: v for k, v in scored.metrics.items() if k != "test_loss"}}
@@ -122,7 +122,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                              task_lines(task, report, f"{data} {split}, {scored.count} "
                                                       f"images{speed}"))
     result = evaluate(fast, dataset, config.num_classes, weights.preprocess, batch_size,
-                      image_size=config.img_size, autocast_dtype=autocast)
+                      image_size=config.img_size, context=context)
     classes = list(dataset.classes) if len(dataset.classes) == config.num_classes else \
         list(weights.class_names or [f"class {i}" for i in range(config.num_classes)])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,16 +196,19 @@ def _write_report(report: dict, out_dir: Path, data: str, split: str, merge_toke
 
 
 def _in_precision(model: torch.nn.Module, precision: str | None, int8: str | None,
-                  batch_size: int) -> tuple[torch.nn.Module, Precision]:
-    """The model to evaluate (an int8 copy for int8) and the precision chosen (auto: measured
-    on min(batch_size, 8) random images of the model's shape)."""
+                  batch_size: int
+                  ) -> tuple[torch.nn.Module, Callable[[], AbstractContextManager], Precision]:
+    """The model to evaluate (an int8 or bf16 copy, `apply_precision`), the context to run it
+    in, and the precision chosen (auto: measured on min(batch_size, 8) random images of the
+    model's shape)."""
     requested = requested_precision(precision, int8)
     device = next(model.parameters()).device
     config = model.config
     batch = measurement_batch(config.in_chans, config.img_size, batch_size) \
         if requested in ("auto", "int8") else None
     chosen = choose_precision(requested, device, model, batch, int8_engine=int8)
-    return apply_precision(model, chosen, device)[0], chosen
+    fast, context = apply_precision(model, chosen, device)
+    return fast, context, chosen
 
 
 def eval_report_name(data: str, split: str, merge_tokens: int = 0,

@@ -6,6 +6,7 @@ label, each as scikit-learn computes it). Classification keeps its own counting 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,12 +47,13 @@ class TaskEvalResult:
 def evaluate_task(model: torch.nn.Module, dataset: EvaluationFeed, task: Task,
                   preprocess: Preprocess, batch_size: int = 500,
                   device: torch.device | None = None, info: Ranks | None = None,
-                  autocast_dtype: torch.dtype | None = None,
+                  context: Callable[[], contextlib.AbstractContextManager] | None = None,
                   image_size: tuple[int, int] | None = None,
                   should_stop: Callable[[], bool] | None = None) -> TaskEvalResult:
     """Evaluate on this rank's share of `dataset`, gather every rank's outputs and targets,
     and score them with `task.metrics` (decoded outputs against raw targets). Images are
-    normalised and resized as `vitkit.evaluation.classify.evaluate` does; `should_stop` is
+    normalised, resized and run in `context()` as `vitkit.evaluation.classify.evaluate`
+    does; `should_stop` is
     asked before each batch in a single process."""
     info = info or SingleProcess()
     device = device or torch.device("cpu")
@@ -64,8 +66,7 @@ def evaluate_task(model: torch.nn.Module, dataset: EvaluationFeed, task: Task,
             interrupted = True
             break
         x = resize_batch(preprocess.normalize(images.to(device)), image_size)
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
-                            enabled=autocast_dtype is not None):
+        with (context or contextlib.nullcontext)():
             out = model(x)
         outputs.append(out.float().cpu())
         targets.append(labels.reshape(len(labels), -1).float().cpu())
@@ -98,7 +99,7 @@ def _gather(outputs: list[torch.Tensor], targets: list[torch.Tensor], info: Rank
 def evaluate_for_task(model: torch.nn.Module, dataset: EvaluationFeed, task: Task,
                       num_outputs: int, preprocess: Preprocess, batch_size: int = 500,
                       device: torch.device | None = None, info: Ranks | None = None,
-                      autocast_dtype: torch.dtype | None = None,
+                      context: Callable[[], contextlib.AbstractContextManager] | None = None,
                       image_size: tuple[int, int] | None = None,
                       should_stop: Callable[[], bool] | None = None
                       ) -> EvalResult | TaskEvalResult:
@@ -107,6 +108,6 @@ def evaluate_for_task(model: torch.nn.Module, dataset: EvaluationFeed, task: Tas
     metrics of a metrics row), `score` (the primary metric) and `interrupted`."""
     if task.kind == "classification":
         return evaluate(model, dataset, num_outputs, preprocess, batch_size, device, info,
-                        autocast_dtype, image_size, should_stop)
+                        context, image_size, should_stop)
     return evaluate_task(model, dataset, task, preprocess, batch_size, device, info,
-                         autocast_dtype, image_size, should_stop)
+                         context, image_size, should_stop)

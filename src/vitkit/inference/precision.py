@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +48,9 @@ from vitkit.inference.quantize import AUTO as INT8_AUTO
 from vitkit.inference.quantize import available_engines, quantize_int8
 from vitkit.runtime import cpu_model_and_flags
 
-__all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "bf16_autocast",
-           "bf16_copy", "choose_int8_engine", "choose_precision", "fast_bf16_cpu",
-           "measurement_batch", "requested_precision", "training_precision"]
+__all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "autocast_context",
+           "bf16_autocast", "bf16_copy", "choose_int8_engine", "choose_precision",
+           "fast_bf16_cpu", "measurement_batch", "requested_precision", "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
@@ -343,6 +344,15 @@ def _output_to_float32(module: nn.Module, args: tuple, output: object) -> object
     return output.float() if isinstance(output, torch.Tensor) else output
 
 
+def autocast_context(device: torch.device, dtype: torch.dtype | None
+                     ) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the context that runs a model under `dtype` autocast on `device` (None:
+    no context): how training runs amp=bf16 and CUDA runs `--precision bf16`."""
+    if dtype is None:
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, device.type, dtype=dtype)
+
+
 def apply_precision(model: nn.Module, precision: Precision, device: torch.device
                     ) -> tuple[nn.Module, Callable[[], contextlib.AbstractContextManager]]:
     """The model to run (an int8 copy by `precision.engine` for int8; for bf16 on the CPU a
@@ -353,10 +363,5 @@ def apply_precision(model: nn.Module, precision: Precision, device: torch.device
     if precision.name == "bf16" and not bf16_autocast(device):
         return bf16_copy(model), contextlib.nullcontext
     if precision.name == "bf16":
-        @contextlib.contextmanager
-        def autocast() -> Iterator[None]:
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                yield
-
-        return model, autocast
+        return model, autocast_context(device, torch.bfloat16)
     return model, contextlib.nullcontext

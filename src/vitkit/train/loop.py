@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vitkit.evaluation.classify import reports_top_k
 from vitkit.evaluation.task_eval import evaluate_for_task
+from vitkit.inference.precision import autocast_context
 from vitkit.inference.tta import with_tta
 from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
@@ -197,7 +198,8 @@ def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
     def score(model):  # with the recipe's test-time augmentation
         return evaluate_for_task(with_tta(model, cfg.tta), run.data.evaluation, run.task,
                                  run.model.config.num_classes, run.preprocess,
-                                 cfg.eval_batch_size, run.device, run.info, run.amp_dtype, size,
+                                 cfg.eval_batch_size, run.device, run.info,
+                                 autocast_context(run.device, run.amp_dtype), size,
                                  run.stop.signalled)
 
     result = score(run.model)

@@ -20,6 +20,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from vitkit.data.augment import BatchAugment, resize_batch
 from vitkit.data.loader import shard
+from vitkit.inference.precision import autocast_context
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
@@ -116,8 +117,7 @@ class TrainStep:
         for i, (x, y) in enumerate(zip(micro_images, micro_targets, strict=True)):
             last = i == len(micro_images) - 1
             sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
-            with sync, torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
-                                      enabled=self.amp_dtype is not None):
+            with sync, autocast_context(self.device, self.amp_dtype)():
                 loss = self.task.loss(self.train_model(x).float(), y)
                 (loss * len(x) / len(images)).backward()
             total += loss.item() * len(x)
