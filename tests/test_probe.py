@@ -166,3 +166,24 @@ def test_an_empty_split_is_a_clear_data_error(run, tmp_path):
     for label, value in (("a", 0), ("b", 255)):  # the advice: give the split images
         _png(root / "val" / label / "0.png", value)
     assert len(frozen_features(run, "folder", str(root)).test_y) == 2
+
+
+@pytest.mark.parametrize("samples,expected", [(20, [1, "before"]), (20_000, [])])
+def test_a_probe_fits_small_problems_on_one_thread_and_leaves_large_ones_alone(
+        monkeypatch, samples, expected):
+    """A small fit runs on one thread and restores the count; a large one never calls
+    `torch.set_num_threads` (even the same count turns MKL's dynamic threading off)."""
+    import vitkit.evaluation.probe as probe_module
+
+    monkeypatch.setattr(probe_module, "SINGLE_THREAD_WORK", 10_000)
+    before = torch.get_num_threads()
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: calls[-1] if calls else before)
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, samples)
+    x = rng.normal(size=(samples, 2)) + y[:, None]
+    probe = fit_logistic(x, y, 2, weight_decay=1e-3)
+    assert (probe.predict(x) == y).mean() > 0.7
+    assert calls == [before if item == "before" else item for item in expected] or \
+        (before == 1 and calls == [])

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from vitkit.errors import InputError
 from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix, standardize
+from vitkit.runtime import set_threads
 
 WEIGHT_DECAYS = tuple(float(v) for v in np.logspace(-5, 0, 6))  # 1e-5 ... 1
 HOLDOUT_FRACTION = 0.1
@@ -34,14 +35,17 @@ SINGLE_THREAD_WORK = 2**24  # below this many multiply-adds per pass, threads co
 @contextmanager
 def _threads_for(work: int) -> Iterator[None]:
     """One torch thread for small problems (thread hand-offs dominate a tiny matmul, badly so
-    on a busy machine), the current count otherwise; restored afterwards."""
+    on a busy machine), restored afterwards; the current count, untouched, otherwise (setting
+    even the same count turns MKL's dynamic threading off: `vitkit.runtime.set_threads`)."""
+    if work >= SINGLE_THREAD_WORK:
+        yield
+        return
     before = torch.get_num_threads()
-    if work < SINGLE_THREAD_WORK:
-        torch.set_num_threads(1)
+    set_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        set_threads(before)
 
 
 @dataclass(frozen=True)
