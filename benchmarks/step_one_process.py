@@ -16,14 +16,21 @@ attention is that kernel; vitkit's CPU training attention (chunked, its matmuls 
 is not, so this one setting moves the ratio (docs/speed.md, "Two ways to measure the step").
 `MKL_DYNAMIC=FALSE` in the environment does the same without the call.
 
+`--processes N` runs the whole measurement in N fresh processes, one after the other, and
+prints each one's ratio and their median: on a shared machine the same code moves between
+processes by more than within one (docs/speed.md, "Two ways to measure the step").
+
     python benchmarks/step_one_process.py [--tasks tutorial,train] [--reps 15] [--runtime]
-        [--set-threads N]
+        [--set-threads N] [--processes N]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -82,6 +89,39 @@ def measure(task: str, reps: int, iters: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def _without_processes(argv: list[str]) -> list[str]:
+    """`argv` less its --processes option (as "--processes N" or "--processes=N")."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--processes":
+            skip = True
+        elif not arg.startswith("--processes="):
+            kept.append(arg)
+    return kept
+
+
+def in_processes(count: int, argv: list[str]) -> None:
+    """Run this script with `argv` in `count` fresh processes in turn; print each process's
+    ratio per task and the median."""
+    ratios: dict[str, list[float]] = {}
+    for index in range(count):
+        lines = subprocess.run([sys.executable, __file__, *argv], check=True, text=True,
+                               capture_output=True).stdout.splitlines()
+        if index == 0:
+            print(*lines[:2], sep="\n", flush=True)  # the CPU and the settings
+        for line in lines:
+            match = re.match(r"(\w+) .* vitkit/timm ([\d.]+)x", line)
+            if match:
+                ratios.setdefault(match[1], []).append(float(match[2]))
+                print(f"process {index + 1}: {line}", flush=True)
+    for task, values in ratios.items():
+        print(f"{task:<9} vitkit/timm in {len(values)} processes: "
+              f"{', '.join(f'{v:.2f}x' for v in sorted(values))}; median "
+              f"{statistics.median(values):.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="tutorial,train")
@@ -93,7 +133,12 @@ def main() -> None:
     parser.add_argument("--set-threads", type=int, metavar="N",
                         help="call torch.set_num_threads(N) first (which also turns MKL's "
                              "dynamic threading off)")
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="repeat the measurement in N fresh processes, one after the other")
     args = parser.parse_args()
+    if args.processes > 1:
+        in_processes(args.processes, _without_processes(sys.argv[1:]))
+        return
     if args.set_threads:
         torch.set_num_threads(args.set_threads)
     print(cpu_description(), flush=True)
