@@ -90,8 +90,8 @@ def evaluate(model: torch.nn.Module, dataset: EvaluationFeed,
     Images are normalised with `preprocess` (its mean and std), then resized to `image_size`
     when it differs from the dataset's (bilinear, antialiased when shrinking). The model runs
     inside `context()` (from `vitkit.inference.precision`: `apply_precision`'s, or
-    `autocast_context` for a run's amp; None: none). In a single
-    process, `should_stop` is asked before each batch (a signal need not wait for the end).
+    `autocast_context` for a run's amp; None: none). In a single process, `should_stop` is
+    asked before each batch (a signal need not wait for the end).
     """
     info = info or SingleProcess()
     device = device or torch.device("cpu")

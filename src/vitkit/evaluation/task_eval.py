@@ -53,8 +53,7 @@ def evaluate_task(model: torch.nn.Module, dataset: EvaluationFeed, task: Task,
     """Evaluate on this rank's share of `dataset`, gather every rank's outputs and targets,
     and score them with `task.metrics` (decoded outputs against raw targets). Images are
     normalised, resized and run in `context()` as `vitkit.evaluation.classify.evaluate`
-    does; `should_stop` is
-    asked before each batch in a single process."""
+    does; `should_stop` is asked before each batch in a single process."""
     info = info or SingleProcess()
     device = device or torch.device("cpu")
     was_training = model.training
