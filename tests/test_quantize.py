@@ -165,3 +165,58 @@ def test_cli_refuses_negative_merge_tokens_and_merge_tokens_on_export(run, tmp_p
     err = capsys.readouterr().err
     assert "--merge-tokens does not export" in err and "export without it" in err
     assert main(["export", str(run / "best.pt"), "--out", str(tmp_path / "x.onnx")]) == 0
+
+
+def _dynamic_int8_reference(layer: nn.Module, x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Dynamic int8 written out: `x` per-tensor affine over [0, 2^bits - 1] (its range widened
+    to hold 0), the layer's own int8 weight; integer products summed in float64."""
+    qmax = 2**bits - 1
+    low, high = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+    scale = (high - low) / qmax
+    zero_point = min(max(round(-low / scale), 0), qmax)
+    xq = (torch.round(x.double() / scale) + zero_point).clamp(0, qmax) - zero_point
+    weight = layer.weight()
+    product = xq @ weight.int_repr().double().t()
+    return (product * scale * weight.q_scale() + layer.bias().double()).float()
+
+
+@pytest.mark.parametrize("engine", ["torch", "onednn"])
+def test_full_range_int8_quantises_activations_to_eight_bits(engine):
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+    from vitkit.inference.quantize import FullRangeInt8Linear, full_range_activations
+
+    if engine not in available_engines():
+        pytest.skip(f"this torch build has no {engine} quantized engine")
+    if not full_range_activations():
+        pytest.skip("no AVX512-VNNI here: 8-bit activations could saturate, vitkit keeps 7")
+    torch.manual_seed(0)
+    float_model = nn.Sequential(nn.Linear(64, 32)).eval()
+    x = torch.randn(40, 64) * 3 + 1
+    quantized = quantize_int8(float_model, engine)[0]
+    assert type(quantized) is FullRangeInt8Linear
+    # the same packed weights run as torch's own module: activations over 7 bits
+    seven_bit = DynamicInt8Linear(64, 32)
+    seven_bit._packed_params = quantized._packed_params
+    with torch.no_grad():
+        full, reduced = quantized(x), seven_bit(x)
+    eight_ref, seven_ref = (_dynamic_int8_reference(quantized, x, bits) for bits in (8, 7))
+    step = (eight_ref - seven_ref).abs().max().item()
+    assert (reduced - seven_ref).abs().max().item() < 0.01 * step  # the reference is right
+    assert (full - eight_ref).abs().max().item() < 0.01 * step  # and 8 bits are what runs
+    exact = float_model(x).detach()
+    assert (full - exact).abs().mean() < 0.75 * (reduced - exact).abs().mean()
+
+
+def test_int8_activations_take_eight_bits_only_where_the_cpu_has_vnni(monkeypatch):
+    import vitkit.inference.quantize as quantize
+    from vitkit.inference.quantize import FullRangeInt8Linear
+
+    model = nn.Sequential(nn.Linear(8, 4)).eval()
+    for flags, full in [({"avx2", "avx512f", "avx512_vnni"}, True), ({"avx2", "avx512f"}, False),
+                        (set(), False)]:
+        monkeypatch.setattr(quantize, "cpu_model_and_flags", lambda f=flags: ("cpu", frozenset(f)))
+        for engine in {"torch", "onednn"} & set(available_engines()):
+            layer = quantize_int8(model, engine)[0]
+            assert (type(layer) is FullRangeInt8Linear) is full, (flags, engine)
+            assert type(layer).__name__.endswith("Linear") and layer.in_features == 8
