@@ -14,12 +14,8 @@ per batch on the fly, by one of four engines.
 Each engine's speed on this machine is printed by `benchmarks/int8_engines.py`; docs/speed.md
 quotes it per CPU.
 
-torch's dynamic int8 Linear quantises activations to 7 bits (`reduce_range=True`), so that the
-16-bit pairwise sums of AVX2's int8 instruction cannot saturate. CPUs with AVX512-VNNI (AMX
-CPUs have it too) accumulate int8 products in 32 bits, and there "torch" and "onednn" run
-`FullRangeInt8Linear`, activations over all 8 bits: on the width-48 `cifar10-tutorial` model
-the top-1 cost fell from 0.33-0.34 to 0.03-0.07 points, at the same speed (docs/speed.md).
-This is the rule torch applies to its own oneDNN static qconfig.
+"torch" and "onednn" quantise activations over 8 bits where torch uses 7, with the weights'
+bits chosen per CPU so that no kernel can saturate (`vitkit.inference.int8_ranges`).
 """
 
 from __future__ import annotations
@@ -28,43 +24,19 @@ import copy
 import importlib
 import importlib.util
 import sys
-import warnings
 from typing import Any
 
 import torch
 from torch import nn
-from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
 from vitkit.errors import ConfigError
-from vitkit.runtime import cpu_model_and_flags
+from vitkit.inference.int8_ranges import int8_scheme, quantize_linears
 
 ENGINES = ("torch", "onednn", "onnxruntime", "torchao")
 AUTO = "auto"
 DEFAULT = AUTO  # measured per machine and model
 TORCHAO_HINT = "pip install 'vitkit[int8]' (or pip install torchao)"
-# The CPU flag (as /proc/cpuinfo names it) under which 8-bit activations cannot saturate.
-FULL_RANGE_FLAG = "avx512_vnni"
-
-__all__ = ["AUTO", "DEFAULT", "ENGINES", "FullRangeInt8Linear", "available_engines",
-           "full_range_activations", "int8_engine", "quantize_int8"]
-
-
-class FullRangeInt8Linear(DynamicInt8Linear):
-    """torch's dynamic int8 Linear with its activations quantised over the full 8 bits
-    (0-255) instead of 7; for CPUs with AVX512-VNNI (`full_range_activations`)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(
-            x, self._packed_params._packed_params, reduce_range=False).to(x.dtype)
-
-    def _get_name(self) -> str:
-        return "FullRangeDynamicQuantizedLinear"
-
-
-def full_range_activations() -> bool:
-    """Whether this CPU's int8 dot products accumulate in 32 bits (AVX512-VNNI), so that the
-    "torch" and "onednn" engines may quantise activations to 8 bits rather than 7."""
-    return FULL_RANGE_FLAG in cpu_model_and_flags()[1]
+__all__ = ["AUTO", "DEFAULT", "ENGINES", "available_engines", "int8_engine", "quantize_int8"]
 
 
 def _require_torchao() -> Any:
@@ -110,7 +82,7 @@ def quantize_int8(model: nn.Module, engine: str = "torch") -> nn.Module:
     The copy keeps the model's class and attributes (config, preprocessing, class names,
     token merging), so it predicts and evaluates like the original; the stem's convolutions,
     LayerNorms and position embeddings stay float32. `model` is unchanged. "torch" and
-    "onednn" quantise activations to 8 bits where the CPU has AVX512-VNNI, else to 7.
+    "onednn" quantise by this CPU's `vitkit.inference.int8_ranges.int8_scheme`.
     """
     if engine == AUTO:
         engine = _fastest_engine(model)
@@ -132,13 +104,8 @@ def quantize_int8(model: nn.Module, engine: str = "torch") -> nn.Module:
         return OnnxRuntimeInt8(copy.deepcopy(model).float().eval())
     before = torch.backends.quantized.engine
     torch.backends.quantized.engine = "onednn" if engine == "onednn" else before
-    mapping = {nn.Linear: FullRangeInt8Linear} if full_range_activations() else None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
-            return torch.ao.quantization.quantize_dynamic(
-                copy.deepcopy(model).float().eval(), {nn.Linear}, dtype=torch.qint8,
-                mapping=mapping)
+        return quantize_linears(copy.deepcopy(model).float().eval(), int8_scheme())
     finally:  # the weights stay packed for their engine; the global setting is restored
         torch.backends.quantized.engine = before
 
