@@ -12,6 +12,9 @@ theirs is the larger error) and chooses by CPU (`int8_scheme`):
                    (2 x 255 x 64 = 32,640 fits in 16 bits).
   "torch"          anything else (ARM, flags not readable): torch's own 7-bit activations.
 
+torch draws the same line for its static oneDNN qconfig (`get_default_qconfig("onednn")`):
+8-bit activations, with a warning where `torch.cpu._is_vnni_supported()` (AVX512-VNNI) is false.
+
 On the width-48 `cifar10-tutorial` model (CIFAR-10 test set, Zen 4 EPYC) torch's 7-bit
 activations cost 0.33-0.34 points of top-1, "8-bit" 0.03-0.07 and "7-bit weights" 0.07-0.11,
 each at torch's speed (docs/speed.md, "What each precision costs in accuracy").
