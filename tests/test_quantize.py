@@ -261,16 +261,21 @@ def test_the_int8_scheme_follows_the_cpu(monkeypatch, flags, scheme):
 
 
 def test_int8_keeps_a_trained_model_closer_to_fp32_than_torchs_seven_bits(run, digits_test):
-    """On the trained digits model, both of vitkit's schemes follow the fp32 logits more
-    closely than torch's 7-bit activations (measured: mean error 0.016-0.018 against 0.031)."""
-    from vitkit.inference.int8_ranges import quantize_linears
+    """On the trained digits model, vitkit's schemes (those this CPU can run without
+    saturating) follow the fp32 logits more closely than torch's 7-bit activations (measured:
+    mean error 0.016-0.018 against 0.031)."""
+    from vitkit.inference.int8_ranges import int8_scheme, quantize_linears
 
+    here = int8_scheme()
+    if here == "torch":
+        pytest.skip("not an x86 CPU with AVX2: vitkit keeps torch's own int8 here")
     images, _ = digits_test
     model = load_pretrained(run).eval()
     fp32 = _logits(model, images)
+    schemes = ["8-bit", "7-bit weights"] if here == "8-bit" else ["7-bit weights"]
     error = {}
-    for scheme in ("8-bit", "7-bit weights", "torch"):
+    for scheme in [*schemes, "torch"]:  # 8-bit weights only where they cannot saturate
         int8 = _logits(quantize_linears(copy.deepcopy(model), scheme), images)
         error[scheme] = (int8 - fp32).abs().mean().item()
-    assert error["8-bit"] < 0.75 * error["torch"]
-    assert error["7-bit weights"] < 0.75 * error["torch"]
+    for scheme in schemes:
+        assert error[scheme] < 0.75 * error["torch"], error
