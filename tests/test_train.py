@@ -133,9 +133,11 @@ def test_two_processes_under_torchrun_equal_one_process(tmp_path):
                  "augment.crop_padding=1", "augment.trivial_augment=true",
                  "augment.mixup_alpha=0.8"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", "2", "-m", "vitkit.cli", "train", "digits", *overrides,
-                    "--out", str(tmp_path / "ddp")], check=True, env=env, capture_output=True)
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", "-m", "vitkit.cli", "train", "digits",
+                          *overrides, "--out", str(tmp_path / "ddp")],
+                         env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, f"torchrun exited {ran.returncode}:\n{ran.stderr[-4000:]}"
     assert main(["train", "digits", *overrides, "--out", str(tmp_path / "single")]) == 0
     ddp, single = _weights(tmp_path / "ddp" / "last.pt"), _weights(tmp_path / "single" / "last.pt")
     worst = max((ddp[k] - single[k]).abs().max().item() for k in single)
