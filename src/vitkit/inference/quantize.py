@@ -36,6 +36,7 @@ ENGINES = ("torch", "onednn", "onnxruntime", "torchao")
 AUTO = "auto"
 DEFAULT = AUTO  # measured per machine and model
 TORCHAO_HINT = "pip install 'vitkit[int8]' (or pip install torchao)"
+
 __all__ = ["AUTO", "DEFAULT", "ENGINES", "available_engines", "int8_engine", "quantize_int8"]
 
 
