@@ -36,6 +36,7 @@ import torch
 
 from vitkit import apply_token_merging, create_model
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
+from vitkit.inference.int8_ranges import describe_scheme
 from vitkit.inference.merging import merge_schedule
 from vitkit.inference.quantize import available_engines, quantize_int8
 from vitkit.runtime import configure_cpu, cpu_description
@@ -192,7 +193,8 @@ def speed(args: argparse.Namespace) -> None:
     fp32 = {label: statistics.median(times[label]) for label in ("timm fp32", "vitkit fp32")}
     print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
           f"{peak.gflops:.0f} GFLOP/s; ViT-B/16 at 224, batch {args.batch}, medians of "
-          f"{args.reps} rotating rounds, one process (same settings for every row)")
+          f"{args.reps} rotating rounds, one process (same settings for every row); int8 "
+          f"of the torch and onednn rows: {describe_scheme()}")
     print(f"{'configuration':<50}{'ms/batch':>10}{'images/s':>10}{'vs timm':>9}"
           f"{'vs vitkit':>10}{'GFLOPs/img':>12}{'1st call s':>11}")
     for label, samples in times.items():

@@ -114,7 +114,7 @@ def test_int8_engine_is_the_fastest_measured_remembered_and_pinnable(
                         _fake_timings({"torch": 1.5, "onednn": 2.5, "onnxruntime": 2.0}, calls))
     model, batch = tiny(), torch.randn(2, 3, 16, 16)
     chosen = choose_precision("int8", CPU, model, batch)
-    assert chosen.engine == "onednn" and "(onednn)" in chosen.describe()
+    assert chosen.engine == "onednn" and "(onednn; " in chosen.describe()
     assert "onednn 2.50x" in chosen.reason and "torch 1.50x" in chosen.reason  # each engine
     assert calls[0] == sorted(["fp32", *available_engines(model)])
     again = choose_precision("int8", CPU, model, batch)

@@ -243,15 +243,24 @@ def test_int8_quantises_activations_over_eight_bits(monkeypatch, engine, flags):
     assert (full - eight_ref).abs().max().item() < 0.01 * step  # and 8 bits are what runs
 
 
-@pytest.mark.parametrize("flags, scheme", [(VNNI, "8-bit"), (AVX2, "7-bit weights"),
-                                           (set(), "torch"), ({"neon", "asimd"}, "torch")])
-def test_the_int8_scheme_follows_the_cpu(monkeypatch, flags, scheme):
+@pytest.mark.parametrize("flags, scheme, words", [
+    (VNNI, "8-bit", "8-bit activations and weights"),
+    (AVX2, "7-bit weights", "8-bit activations, 7-bit weights per channel"),
+    (set(), "torch", "torch's 7-bit activations"),
+    ({"neon", "asimd"}, "torch", "torch's 7-bit activations")])
+def test_the_int8_scheme_follows_the_cpu_and_is_named(monkeypatch, flags, scheme, words):
+    """Each CPU gets its scheme, and what eval, predict and benchmark print names it."""
     from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
+    from vitkit.inference.benchmark.engines import EngineOptions
     from vitkit.inference.int8_ranges import FullRangeInt8Linear, int8_scheme
+    from vitkit.inference.precision import Precision
 
     _with_flags(monkeypatch, flags)
     assert int8_scheme() == scheme
+    assert words in Precision("int8", "asked", "onednn").describe()
+    assert words in EngineOptions(precision="int8", int8_engine="torch").describe()
+    assert "bits" not in Precision("int8", "asked", "onnxruntime").describe()
     model = nn.Sequential(nn.Linear(8, 4)).eval()
     for engine in {"torch", "onednn"} & set(available_engines()):
         layer = quantize_int8(model, engine)[0]

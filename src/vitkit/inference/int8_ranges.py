@@ -30,9 +30,14 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
 from vitkit.runtime import cpu_model_and_flags
 
-__all__ = ["SCHEMES", "FullRangeInt8Linear", "int8_scheme", "quantize_linears"]
+__all__ = ["SCHEMES", "FullRangeInt8Linear", "describe_scheme", "int8_scheme", "quantize_linears"]
 
 SCHEMES = ("8-bit", "7-bit weights", "torch")
+_DESCRIPTIONS = {
+    "8-bit": "8-bit activations and weights (AVX512-VNNI)",
+    "7-bit weights": "8-bit activations, 7-bit weights per channel (AVX2 without VNNI)",
+    "torch": "torch's 7-bit activations",
+}
 SEVEN_BIT_WEIGHTS = (-64, 63)
 
 
@@ -43,6 +48,11 @@ def int8_scheme(flags: frozenset[str] | None = None) -> str:
     if "avx512_vnni" in flags:
         return "8-bit"
     return "7-bit weights" if "avx2" in flags else "torch"
+
+
+def describe_scheme(scheme: str | None = None) -> str:
+    """`scheme` (this CPU's by default) in words: "8-bit activations and weights (AVX512-VNNI)"."""
+    return _DESCRIPTIONS[int8_scheme() if scheme is None else scheme]
 
 
 class FullRangeInt8Linear(DynamicInt8Linear):

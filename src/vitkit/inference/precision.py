@@ -45,7 +45,7 @@ from torch import nn
 from vitkit.errors import ConfigError
 from vitkit.files import cache_root, write_atomic
 from vitkit.inference.quantize import AUTO as INT8_AUTO
-from vitkit.inference.quantize import available_engines, quantize_int8
+from vitkit.inference.quantize import available_engines, engine_scheme, quantize_int8
 from vitkit.runtime import cpu_model_and_flags
 
 __all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "autocast_context",
@@ -78,7 +78,9 @@ class Precision:
     engine: str | None = None
 
     def describe(self) -> str:
-        name = f"{self.name} ({self.engine})" if self.engine else self.name
+        scheme = engine_scheme(self.engine)
+        engine = f"{self.engine}; {scheme}" if scheme else self.engine
+        name = f"{self.name} ({engine})" if engine else self.name
         return f"precision {name} ({self.reason})"
 
 

@@ -30,14 +30,15 @@ import torch
 from torch import nn
 
 from vitkit.errors import ConfigError
-from vitkit.inference.int8_ranges import int8_scheme, quantize_linears
+from vitkit.inference.int8_ranges import describe_scheme, int8_scheme, quantize_linears
 
 ENGINES = ("torch", "onednn", "onnxruntime", "torchao")
 AUTO = "auto"
 DEFAULT = AUTO  # measured per machine and model
 TORCHAO_HINT = "pip install 'vitkit[int8]' (or pip install torchao)"
 
-__all__ = ["AUTO", "DEFAULT", "ENGINES", "available_engines", "int8_engine", "quantize_int8"]
+__all__ = ["AUTO", "DEFAULT", "ENGINES", "available_engines", "engine_scheme", "int8_engine",
+           "quantize_int8"]
 
 
 def _require_torchao() -> Any:
@@ -64,6 +65,12 @@ def available_engines(model: nn.Module | None = None) -> list[str]:
     if installed("torchao"):
         engines.append("torchao")
     return engines
+
+
+def engine_scheme(engine: str | None) -> str | None:
+    """How `engine` quantises on this CPU, in words, for the engines that follow
+    `vitkit.inference.int8_ranges` ("torch", "onednn"); None for the others."""
+    return describe_scheme() if engine in ("torch", "onednn") else None
 
 
 def installed(module: str) -> bool:

@@ -25,6 +25,7 @@ from vitkit.inference.precision import (
     requested_precision,
 )
 from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
+from vitkit.inference.quantize import engine_scheme
 from vitkit.model.vit import VisionTransformer
 from vitkit.runtime import set_threads
 
@@ -81,8 +82,10 @@ class EngineOptions:
         elif precision == "auto":
             parts.append("precision auto")
         elif precision == "int8":
+            engine = int8_engine or self.int8_engine or "auto"
+            scheme = engine_scheme(engine)
             parts.append("int8 (onnxruntime quantize_dynamic)" if self.engine == "onnxruntime"
-                         else f"int8 ({int8_engine or self.int8_engine or 'auto'} engine)")
+                         else f"int8 ({engine} engine)" + (f" with {scheme}" if scheme else ""))
         if self.merge_tokens:
             parts.append(f"token merging r={self.merge_tokens}")
         return ", ".join(parts) if len(parts) > 1 else parts[0] + ", fp32"
