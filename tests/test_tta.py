@@ -43,9 +43,9 @@ def test_flip_averaging_is_the_mean_of_the_two_views_and_mirror_invariant() -> N
 
 
 def test_the_tta_choice_defaults_to_the_training_run_and_unknown_ones_are_refused() -> None:
-    assert recorded_tta(None, {"tta": "flip"}) == "flip"
-    assert recorded_tta(None, None) == "none"  # weights of other origins record none
-    assert recorded_tta("none", {"tta": "flip"}) == "none"  # asked for wins
+    assert recorded_tta(None, "flip") == "flip"
+    assert recorded_tta(None) == "none"  # weights of other origins record none
+    assert recorded_tta("none", "flip") == "none"  # asked for wins
     with pytest.raises(ConfigError, match=r"tta='mirror' is not one of none, flip"):
         with_tta(_model(), "mirror")
 
@@ -123,3 +123,28 @@ def test_predict_with_flip_tta_gives_the_mirror_averaged_probabilities(flip_run:
     assert default["topk"][0]["prob"] == pytest.approx(both.max().item(), abs=1e-5)
     assert plain["topk"][0]["prob"] == pytest.approx(one.max().item(), abs=1e-5)
     assert abs(both.max().item() - one.max().item()) > 1e-6
+
+
+def test_a_saved_model_folder_keeps_the_runs_tta_for_eval(flip_run: Path, tmp_path: Path,
+                                                         capsys) -> None:
+    """save_pretrained writes the run's TTA into config.json (`eval_tta`), so `vitkit eval` of
+    the folder reproduces the run's score by default; a new head drops it; a wrong value is
+    refused with the fix."""
+    from vitkit import save_pretrained
+    from vitkit.errors import CheckpointError
+
+    model = load_pretrained(flip_run)
+    assert model.eval_tta == "flip"
+    folder = save_pretrained(model, tmp_path / "saved")
+    assert json.loads((folder / "config.json").read_text())["eval_tta"] == "flip"
+    assert main(["eval", str(folder), "--data", "digits", "--json", "--out",
+                 str(tmp_path / "eval")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tta"] == "flip"
+    assert report["top1"] == pytest.approx(_top1_by_hand(flip_run, flip=True), abs=1e-9)
+    assert load_pretrained(folder, num_classes=3).eval_tta == "none"  # not what was trained
+    meta = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**meta, "eval_tta": "mirror"}))
+    with pytest.raises(CheckpointError, match=r"tta='mirror' is not one of none, flip.*"
+                                              r"Fix the file"):
+        load_pretrained(folder)

@@ -408,4 +408,4 @@ def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int =
         if trained_on == "digits" else []
     return Predictions(predict(model, files, topk=topk, batch_size=batch_size,
                                trained_on=trained_on, precision=precision, int8=int8,
-                               tta=recorded_tta(tta, record.train_config)), notes)
+                               tta=recorded_tta(tta, record.eval_tta)), notes)

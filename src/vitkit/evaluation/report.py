@@ -89,7 +89,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     config = model.config
     fast, context, chosen = _in_precision(speed_up(model, merge_tokens), precision, int8,
                                           batch_size)
-    tta = recorded_tta(tta, weights.train_config)
+    tta = recorded_tta(tta, weights.eval_tta)
     fast = with_tta(fast, tta)
     int8 = chosen.engine if chosen.name == "int8" else None  # the engine that ran
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)

@@ -2,13 +2,10 @@
 image (a horizontal flip), the evaluation fast CIFAR-10 trainers use. It costs a second
 forward pass per image and needs no retraining; a model trained with random flips sees both
 views as the same class. Training (`tta` in the recipe), `vitkit eval` and `vitkit predict`
-take it (`--tta flip`); eval and predict default to what the training run recorded, so a
-run's own score is reproduced."""
+take it (`--tta flip`); eval and predict default to what the training run recorded (its
+recipe, or the `eval_tta` a saved model folder keeps), so a run's own score is reproduced."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -45,9 +42,7 @@ def with_tta(model: nn.Module, tta: str) -> nn.Module:
     return FlipAveraged(model) if check_tta(tta) == "flip" else model
 
 
-def recorded_tta(requested: str | None, train_config: Mapping[str, Any] | None) -> str:
-    """The TTA to evaluate with: `requested`, else the training run's (its recipe's `tta`),
-    else none."""
-    if requested is not None:
-        return check_tta(requested)
-    return check_tta(str((train_config or {}).get("tta", "none")))
+def recorded_tta(requested: str | None, recorded: str = "none") -> str:
+    """The TTA to evaluate with: `requested`, else the one the weights were evaluated with
+    when trained (`WeightsRecord.eval_tta`: the run's recipe, or a saved folder's)."""
+    return check_tta(requested if requested is not None else recorded)

@@ -64,11 +64,13 @@ class VisionTransformer(nn.Module):
         self.head = self._make_head(config.pre_logits_dim or width, config.num_classes)
         init_weights_(self, config.init)
         # What loaded weights say about the model (set by `vitkit.weights.build_model`): the
-        # inputs it expects, its class names, the format it came from, raw or EMA weights.
+        # inputs it expects, its class names, the format it came from, raw or EMA weights, the
+        # test-time augmentation its training run evaluated with (`vitkit.inference.tta`).
         self.preprocess: Preprocess | None = None
         self.class_names: list[str] | None = None
         self.origin: str | None = None
         self.weights_kind: str = "raw"
+        self.eval_tta: str = "none"
 
     @staticmethod
     def _make_pos_embed(config: ViTConfig) -> torch.Tensor | None:

@@ -47,11 +47,13 @@ def save_pretrained(model: VisionTransformer, directory: str | Path,
                     preprocess: Preprocess | None = None,
                     class_names: list[str] | None = None) -> Path:
     """Write vitkit's format: model.safetensors + config.json (config, preprocessing, classes,
-    the task `model.task` the weights were trained for)."""
+    the task `model.task` the weights were trained for, the test-time augmentation
+    `model.eval_tta` its training run evaluated with)."""
     class_names = class_names if class_names is not None else model.class_names
     return formats.vitkit.write(model.state_dict(), model.config,
                                 preprocess or preprocess_for(model), directory, class_names,
-                                model.weights_kind, getattr(model, "task", None))
+                                model.weights_kind, getattr(model, "task", None),
+                                getattr(model, "eval_tta", "none"))
 
 
 __all__ = ["ORIGINS", "POS_INTERPOLATIONS", "WeightsRecord", "build_model",

@@ -55,16 +55,17 @@ def build_model(weights: WeightsRecord, pos_interpolation: str | None = None,
     if reshape.get("img_size") is not None:
         resize_model(model, reshape["img_size"], resampling)
         preprocess = preprocess.replace(img_size=list(model.config.img_size))
-    class_names, task = weights.class_names, weights.task
+    class_names, task, eval_tta = weights.class_names, weights.task, weights.eval_tta
     num_classes = reshape.get("num_classes")
     if num_classes is not None and num_classes != config.num_classes:
         model.reset_classifier(num_classes, zero_init=True)
-        class_names, task = None, None  # a new head: no longer what it was trained for
+        class_names, task, eval_tta = None, None, "none"  # a new head: not what was trained
     model.preprocess = preprocess
     model.class_names = class_names
     model.task = task  # vitkit.tasks.task_of(model) reads it (None: classification)
     model.origin = weights.origin
     model.weights_kind = weights.weights
+    model.eval_tta = eval_tta
     return model.eval()
 
 

@@ -17,6 +17,7 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
+from vitkit.inference.tta import check_tta
 from vitkit.preprocess import Preprocess
 from vitkit.tasks import TaskSpec
 
@@ -66,6 +67,14 @@ class WeightsRecord:
     def train_config(self) -> dict[str, Any] | None:
         """The recipe of the run that wrote a training checkpoint (else None)."""
         return self.extra.get("train_config")
+
+    @property
+    def eval_tta(self) -> str:
+        """The test-time augmentation the weights were evaluated with when trained (a run's
+        recipe `tta`, or a vitkit folder's `eval_tta`); "none" when not recorded."""
+        recipe = self.train_config
+        recorded = recipe.get("tta") if isinstance(recipe, dict) else None
+        return check_tta(str(recorded or self.extra.get("eval_tta") or "none"))
 
 
 def check_tensors(state_dict: Any, source: object, shown: int = 5) -> None:

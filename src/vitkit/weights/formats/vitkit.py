@@ -1,8 +1,9 @@
 """vitkit's own format: a folder with model.safetensors (the state dict) and config.json
 (format, version, model config, preprocessing, class names, which weights, the task they were
 trained for (`task`: kind, output names, loss, target standardisation; absent or null in
-older folders: classification) and the sha256 of the tensors, `tensors_sha256`, checked on
-reading when present)."""
+older folders: classification), the test-time augmentation its training run evaluated with
+(`eval_tta`, "none" or "flip"; absent: none), which `vitkit eval` and `predict` then default
+to, and the sha256 of the tensors, `tensors_sha256`, checked on reading when present)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from safetensors.torch import save_file
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_known_keys, check_value
+from vitkit.inference.tta import check_tta
 from vitkit.preprocess import Preprocess, official_preprocess
 from vitkit.tasks import TaskSpec
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
@@ -52,11 +54,13 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
     try:
         config, preprocess, class_names = _settings(meta, tensors, config_path)
         task = _task(meta.get("task"))
+        eval_tta = check_tta(meta.get("eval_tta", "none"))
     except ConfigError as exc:
         raise CheckpointError(f"{config_path} is not a valid vitkit config: {exc}. Fix the "
                               "file, or write the folder again with save_pretrained") from None
     return WeightsRecord(config, tensors, preprocess, "vitkit", class_names,
-                         weights=meta.get("weights", "raw"), path=weights, task=task)
+                         extra={"eval_tta": eval_tta}, weights=meta.get("weights", "raw"),
+                         path=weights, task=task)
 
 
 def _task(saved: Any) -> TaskSpec | None:
@@ -107,7 +111,8 @@ def _short(value: object) -> str:
 
 def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Preprocess,
           directory: str | Path, class_names: list[str] | None = None,
-          weights: str = "raw", task: TaskSpec | None = None) -> Path:
+          weights: str = "raw", task: TaskSpec | None = None, eval_tta: str = "none"
+          ) -> Path:
     """Write the folder; returns it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -116,6 +121,6 @@ def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Pr
     meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "model": config.to_dict(),
             "preprocess": preprocess.to_dict(), "class_names": class_names, "weights": weights,
             "task": task.to_dict() if task is not None else None,
-            CHECKSUM_KEY: tensors_checksum(tensors)}
+            "eval_tta": check_tta(eval_tta), CHECKSUM_KEY: tensors_checksum(tensors)}
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return directory
