@@ -105,7 +105,7 @@ def test_model_describes_the_served_model(client):
     info = client.get("/api/model").json()
     assert info["task"] == "classification" and info["inputs"] == "images"
     assert info["grid"] == [4, 4] and info["depth"] == 2 and info["num_heads"] == 2
-    assert info["names"] == CLASSES and info["precision"] == "fp32"
+    assert info["names"] == CLASSES and info["precision"] == "fp32" and info["tta"] == "none"
     assert info["preprocess"]["img_size"] == [16, 16] and info["config"]["width"] == 32
     assert info["figures"] == ["attention_distance", "position_similarity", "filters"]
     assert client.get("/healthz").json() == {"status": "ok"}
@@ -241,3 +241,29 @@ def test_the_token_guards_the_api_but_not_healthz(classifier):
 def test_the_page_or_its_note(client):
     response = client.get("/")
     assert response.status_code == 200 and "<title>" in response.text.lower()
+
+
+def test_flip_tta_serves_what_vitkit_predict_gives(classifier, tmp_path):
+    """--tta flip (or weights whose run evaluated with it) serves the mirror-averaged
+    outputs, as `vitkit predict --tta flip` gives them; --tta none the plain ones."""
+    from vitkit import load_pretrained, save_pretrained
+
+    model = load_pretrained(classifier)
+    model.eval_tta = "flip"
+    flip_folder = save_pretrained(model, tmp_path / "flip")
+    path = tmp_path / "image.png"
+    path.write_bytes(png_bytes(4, (20, 24)))
+    served = {}
+    for folder, tta, expected_tta in ((flip_folder, None, "flip"), (classifier, "flip", "flip"),
+                                      (flip_folder, "none", "none")):
+        service = ModelService.load(folder, tta=tta)
+        assert service.describe()["tta"] == expected_tta
+        with TestClient(create_app(service)) as test_client:
+            got = _post(test_client, "/api/predict", [(path.name, path.read_bytes())],
+                        topk="3").json()["predictions"][0]
+        want = predict_files(folder, [path], topk=3, tta=expected_tta).results[0].to_dict()
+        probs = [t["prob"] for t in got["topk"]]
+        np.testing.assert_allclose(probs, [t["prob"] for t in want["topk"]], rtol=1e-4,
+                                   atol=1e-9)
+        served[expected_tta] = probs
+    assert not np.allclose(served["flip"], served["none"], rtol=1e-2, atol=0)  # the mirror counts

@@ -108,12 +108,18 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
 
 
+def add_tta_argument(parser: argparse.ArgumentParser) -> None:
+    """--tta none|flip (default: what the weights' training run used), on eval, predict and
+    serve."""
+    from vitkit.inference.tta import TTA_HELP, TTA_MODES
+
+    parser.add_argument("--tta", choices=TTA_MODES, help=TTA_HELP)
+
+
 def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     """The inference-path flags eval and predict share: --int8, --precision, --merge-tokens
     and --tta none|flip."""
-    from vitkit.inference.tta import TTA_HELP, TTA_MODES
-
     add_int8_arguments(parser, EAGER_INT8)
     add_precision_argument(parser)
     add_merge_tokens_argument(parser)
-    parser.add_argument("--tta", choices=TTA_MODES, help=TTA_HELP)
+    add_tta_argument(parser)

@@ -21,6 +21,7 @@ from vitkit.arguments import (
     add_int8_arguments,
     add_merge_tokens_argument,
     add_precision_argument,
+    add_tta_argument,
     add_weights_argument,
     non_negative_float,
     positive_float,
@@ -40,6 +41,7 @@ def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
     add_precision_argument(serve)
     add_merge_tokens_argument(serve)
     add_int8_arguments(serve, EAGER_INT8)
+    add_tta_argument(serve)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; "
                             "another address needs --token)")
@@ -114,11 +116,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service = ModelService.load(args.weights, weights_dir=args.weights_dir,
                                 precision=args.precision,
                                 int8=int8_engine(args.int8, args.int8_engine),
-                                merge_tokens=args.merge_tokens, batch_size=args.max_batch)
+                                merge_tokens=args.merge_tokens, batch_size=args.max_batch,
+                                tta=args.tta)
     app = create_app(service, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      token=args.token, max_upload_mb=args.max_upload_mb)
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"vitkit serve: {service.name} ({service.task.kind}, {service.precision_name}) at "
+    tta = ", flip TTA" if service.tta == "flip" else ""
+    print(f"vitkit serve: {service.name} ({service.task.kind}, {service.precision_name}{tta}) at "
           f"http://{shown}:{args.port}/ (Ctrl-C to stop)", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level="info"))

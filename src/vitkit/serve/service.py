@@ -33,6 +33,7 @@ from vitkit.analysis.figures import unit_scaled
 from vitkit.errors import InputError
 from vitkit.inference.precision import Precision, measurement_batch, requested_precision
 from vitkit.inference.speedup import speed_up
+from vitkit.inference.tta import recorded_tta, with_tta
 from vitkit.model.vit import VisionTransformer
 from vitkit.predict import (
     Prediction,
@@ -70,6 +71,7 @@ class ModelService:
     name: str
     merge_tokens: int = 0
     train_config: dict[str, Any] | None = None  # the run's recipe (its data and folder), if any
+    tta: str = "none"  # the test-time augmentation the runner applies (vitkit.inference.tta)
     task: Task = field(init=False)
     names: list[str] | None = field(init=False)
     preprocess: Preprocess = field(init=False)
@@ -86,10 +88,11 @@ class ModelService:
     @classmethod
     def load(cls, weights: str | Path, *, weights_dir: str | Path | None = None,
              precision: str | None = None, int8: str | None = None, merge_tokens: int = 0,
-             batch_size: int = 8) -> ModelService:
+             batch_size: int = 8, tta: str | None = None) -> ModelService:
         """The weights any source `vitkit predict` reads, served as `vitkit predict
-        WEIGHTS --precision P --merge-tokens R` runs them (`int8`: an engine, as --int8-engine);
-        `batch_size` is the batch `--precision auto` measures at."""
+        WEIGHTS --precision P --merge-tokens R --tta T` runs them (`int8`: an engine, as
+        --int8-engine; `tta` None: the weights' training run's); `batch_size` is the batch
+        `--precision auto` measures at."""
         from vitkit.catalog import read_weights
         from vitkit.weights import build_model
 
@@ -97,15 +100,17 @@ class ModelService:
         record = read_weights(weights, weights_dir)
         return cls.from_model(build_model(record), name=display_name(weights),
                               precision=precision, int8=int8, merge_tokens=merge_tokens,
-                              train_config=record.train_config, batch_size=batch_size)
+                              train_config=record.train_config, batch_size=batch_size,
+                              tta=tta)
 
     @classmethod
     def from_model(cls, model: VisionTransformer, *, name: str = "model",
                    precision: str | None = None, int8: str | None = None,
                    merge_tokens: int = 0, train_config: dict[str, Any] | None = None,
-                   batch_size: int = 8) -> ModelService:
-        """Serve `model` (kept as the float model); the served copy is merged and put in its
-        precision here, once."""
+                   batch_size: int = 8, tta: str | None = None) -> ModelService:
+        """Serve `model` (kept as the float model); the served copy is merged, put in its
+        precision and given its test-time augmentation (`tta`; None: `model.eval_tta`) here,
+        once."""
         model.eval()
         served = speed_up(copy.deepcopy(model), merge_tokens) if merge_tokens else model
         config = model.config
@@ -113,7 +118,9 @@ class ModelService:
         sample = sample.to(next(model.parameters()).device)
         runner, context, chosen = in_precision(served, requested_precision(precision, int8),
                                                sample, int8, True)
-        return cls(model, runner, context, chosen, name, merge_tokens, train_config)
+        tta = recorded_tta(tta, getattr(model, "eval_tta", "none"))
+        return cls(model, with_tta(runner, tta), context, chosen, name, merge_tokens,
+                   train_config, tta)
 
     # -- what it is ------------------------------------------------------------------------
     @property
@@ -145,7 +152,7 @@ class ModelService:
                 "num_heads": config.num_heads, "grid": list(config.grid_size),
                 "names": self.names, "preprocess": self.preprocess.to_dict(),
                 "precision": self.precision_name, "precision_reason": self.precision.reason,
-                "merge_tokens": self.merge_tokens, "trained_on": self.trained_on}
+                "merge_tokens": self.merge_tokens, "tta": self.tta, "trained_on": self.trained_on}
 
     # -- predictions -----------------------------------------------------------------------
     def forward(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -65,7 +65,8 @@ async function loadModel() {
   $("model-task").textContent = model.task;
   $("model-inputs").textContent = model.inputs;
   $("model-precision").textContent =
-    model.precision + (model.merge_tokens ? `, merging ${model.merge_tokens} tokens` : "");
+    model.precision + (model.merge_tokens ? `, merging ${model.merge_tokens} tokens` : "") +
+    (model.tta === "flip" ? ", flip TTA" : "");
   $("model-size").textContent = `${model.img_size[0]}×${model.img_size[1]}×${model.in_chans}`;
   $("model-grid").textContent = `${model.grid[0]}×${model.grid[1]}`;
   $("model-depth").textContent = `${model.depth} × ${model.num_heads}`;
