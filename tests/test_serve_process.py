@@ -29,9 +29,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _start(weights: Path, tmp: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+def _start(weights: Path, tmp: Path, *flags: str, **env_vars: str
+           ) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(SRC)}
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(SRC), **env_vars}
     # The log goes to a file: a pipe nobody reads fills up (64 KB: ~1,000 access-log lines)
     # and then blocks the server on its next log line.
     log = (tmp.parent / "server.log").open("w")
@@ -130,6 +131,23 @@ def test_sigterm_lets_an_in_flight_request_finish(tmp_path):
     assert result["json"]["predictions"][0]["path"] == "slow.png"
     assert process.returncode == 0, output
     assert list(tmp.iterdir()) == []
+
+
+def test_the_token_from_the_environment_guards_the_api_and_stays_out_of_the_process_list(
+        tmp_path):
+    weights = save_classifier(tmp_path / "model")
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    secret = "env-s3cret"
+    process, url = _start(weights, tmp, VITKIT_SERVE_TOKEN=secret)
+    try:
+        assert httpx.get(f"{url}/api/model").status_code == 401
+        headers = {"Authorization": f"Bearer {secret}"}
+        assert httpx.get(f"{url}/api/model", headers=headers).status_code == 200
+        assert secret not in Path(f"/proc/{process.pid}/cmdline").read_text()
+    finally:
+        output = _stop(process)
+    assert process.returncode == 0, output
 
 
 def test_without_the_serve_extra_the_command_says_what_to_install():

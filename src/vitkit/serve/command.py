@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -29,7 +30,9 @@ from vitkit.arguments import (
 )
 from vitkit.errors import ConfigError
 
-__all__ = ["add_serve_verb", "cmd_serve", "is_loopback"]
+__all__ = ["TOKEN_ENV", "add_serve_verb", "cmd_serve", "is_loopback"]
+
+TOKEN_ENV = "VITKIT_SERVE_TOKEN"  # the token, when --token is not given
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,10 @@ def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
     serve.add_argument("--max-upload-mb", type=positive_float, default=20.0,
                        help="largest request body, refused with 413 above (default 20 MB)")
     serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/ routes "
-                                       "(needed when --host is not loopback)")
+                                       "(needed when --host is not loopback; default: the "
+                                       f"{TOKEN_ENV} environment variable, which, unlike "
+                                       "the command line, other users cannot read in the "
+                                       "process list)")
     serve.add_argument("--threads", type=positive_int,
                        help="torch intra-op threads for the model (default: torch's)")
     serve.set_defaults(run=cmd_serve)
@@ -108,10 +114,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vitkit.serve.app import create_app
     from vitkit.serve.service import ModelService
 
-    if not is_loopback(args.host) and not args.token:
-        print(f"vitkit serve: WARNING: listening on {args.host} without --token: anyone who "
-              "can reach this address can use the model. Pass --token TOKEN (clients send "
-              "'Authorization: Bearer TOKEN'), or bind 127.0.0.1.", file=sys.stderr)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if not is_loopback(args.host) and not token:
+        print(f"vitkit serve: WARNING: listening on {args.host} without a token: anyone who "
+              f"can reach this address can use the model. Set {TOKEN_ENV}=TOKEN (or pass "
+              "--token TOKEN; clients send 'Authorization: Bearer TOKEN'), or bind 127.0.0.1.",
+              file=sys.stderr)
     set_threads(args.threads)
     service = ModelService.load(args.weights, weights_dir=args.weights_dir,
                                 precision=args.precision,
@@ -119,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                 merge_tokens=args.merge_tokens, batch_size=args.max_batch,
                                 tta=args.tta)
     app = create_app(service, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     token=args.token, max_upload_mb=args.max_upload_mb)
+                     token=token, max_upload_mb=args.max_upload_mb)
     shown = f"[{args.host}]" if ":" in args.host else args.host
     tta = ", flip TTA" if service.tta == "flip" else ""
     print(f"vitkit serve: {service.name} ({service.task.kind}, {service.precision_name}{tta}) at "
