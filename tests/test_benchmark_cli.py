@@ -59,6 +59,10 @@ def test_benchmark_prints_images_per_s_latency_peak_memory_and_mfu(capsys):
     images_per_s = float(re.search(r"images/s \(batch 4, median of 2\)\s+([\d,.]+)", out)[1]
                          .replace(",", ""))
     assert images_per_s > 0
+    assert "MFU can pass 100%" not in out  # fp32 against the fp32 peak
+    code, out, err = run_cli(capsys, "cifar10-tutorial", "--precision", "int8", *FAST)
+    assert code == 0, err
+    assert "(the fp32 peak: int8 matmuls can run faster, so MFU can pass 100%)" in out
 
 
 def test_benchmark_json_has_positive_measurements_consistent_with_each_other(capsys):

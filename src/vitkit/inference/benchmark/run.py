@@ -72,7 +72,9 @@ class BenchmarkResult:
         width = max(len(label) for label, _ in rows) + 2
         notes = [f"peak memory: {self.memory_method}",
                  "FLOPs: 2 per multiply-add of the stem, encoder and head matmuls "
-                 "(vitkit.summary.forward_flops); MFU = FLOPs per image x images/s / peak"]
+                 "(vitkit.summary.forward_flops); MFU = FLOPs per image x images/s / peak"
+                 + ("" if self.precision == "fp32" else f" (the fp32 peak: {self.precision} "
+                    "matmuls can run faster, so MFU can pass 100%)")]
         return "\n".join([self.cpu, head, f"  precision {self.precision} "
                           f"({self.precision_reason})",
                           *(f"  {label:<{width}}{value}" for label, value in rows), *notes])
