@@ -24,6 +24,17 @@ INTERPOLATIONS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resamp
                   "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# Test-time augmentation: the views of each input a model's outputs are averaged over
+# (flip: the input and its mirror image; `vitkit.inference.tta` applies them).
+TTA_MODES = ("none", "flip")
+
+
+def check_tta(tta: str) -> str:
+    """`tta` if it is one of `TTA_MODES`, else a ConfigError naming them."""
+    if tta not in TTA_MODES:
+        raise ConfigError(f"tta={tta!r} is not one of {', '.join(TTA_MODES)} (flip: average "
+                          "the outputs on each image and its mirror image)")
+    return tta
 
 
 @dataclass

@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitkit.errors import ConfigError
+from vitkit.preprocess import TTA_MODES, check_tta
 
-TTA_MODES = ("none", "flip")  # flip: the mean of the outputs on the image and its mirror image
+__all__ = ["TTA_HELP", "TTA_MODES", "FlipAveraged", "check_tta", "recorded_tta", "with_tta"]
+
 TTA_HELP = ("test-time augmentation: flip averages the outputs on each image and its mirror "
             "image (2 forward passes); none (default: what the training run used)")
 
@@ -27,14 +28,6 @@ class FlipAveraged(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return (self.model(images) + self.model(images.flip(-1))) / 2
-
-
-def check_tta(tta: str) -> str:
-    """`tta` if it is one of `TTA_MODES`, else a ConfigError naming them."""
-    if tta not in TTA_MODES:
-        raise ConfigError(f"tta={tta!r} is not one of {', '.join(TTA_MODES)} (flip: average "
-                          "the outputs on each image and its mirror image)")
-    return tta
 
 
 def with_tta(model: nn.Module, tta: str) -> nn.Module:

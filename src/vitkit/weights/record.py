@@ -17,8 +17,7 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
-from vitkit.inference.tta import check_tta
-from vitkit.preprocess import Preprocess
+from vitkit.preprocess import Preprocess, check_tta
 from vitkit.tasks import TaskSpec
 
 # `WeightsRecord.origin`: every value, and the reader that sets it. The default

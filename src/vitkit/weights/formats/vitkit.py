@@ -17,8 +17,7 @@ from safetensors.torch import save_file
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_known_keys, check_value
-from vitkit.inference.tta import check_tta
-from vitkit.preprocess import Preprocess, official_preprocess
+from vitkit.preprocess import Preprocess, check_tta, official_preprocess
 from vitkit.tasks import TaskSpec
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
