@@ -133,7 +133,8 @@ class Task:
         raise NotImplementedError
 
     def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
-        """One JSON-ready report per image of a batch of model outputs."""
+        """One JSON-ready report per image of a batch of model outputs (detached: reporting
+        never joins a graph)."""
         raise NotImplementedError
 
     def metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
@@ -155,7 +156,7 @@ class Classification(Task):
         return outputs.float().softmax(-1)
 
     def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
-        probs = self.decode(outputs)
+        probs = self.decode(outputs.detach())
         k = min(top_k, probs.shape[1])
         values, indices = probs.topk(k, dim=1)
         return [{"top": [{"label": self.output_name(int(i)), "index": int(i), "prob": float(p)}
@@ -206,7 +207,7 @@ class Regression(Task):
         return outputs.float() * std + mean
 
     def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
-        values = self.decode(outputs)
+        values = self.decode(outputs.detach())
         return [{"values": [float(v) for v in row],
                  "named": {self.output_name(j): float(v) for j, v in enumerate(row)}}
                 for row in values]
@@ -246,7 +247,7 @@ class Multilabel(Task):
         return outputs.float().sigmoid()
 
     def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
-        probs = self.decode(outputs)
+        probs = self.decode(outputs.detach())
         return [{"probs": {self.output_name(j): float(p) for j, p in enumerate(row)},
                  "labels": [self.output_name(j) for j, p in enumerate(row)
                             if p >= MULTILABEL_THRESHOLD]}
