@@ -81,11 +81,12 @@ class EngineOptions:
             parts.append("bf16 (torch.autocast)" if autocast else "bf16 (a bf16 copy)")
         elif precision == "auto":
             parts.append("precision auto")
+        elif precision == "int8" and self.engine == "onnxruntime":
+            parts.append("int8 (onnxruntime quantize_dynamic)")
         elif precision == "int8":
             engine = int8_engine or self.int8_engine or "auto"
             scheme = engine_scheme(engine)
-            parts.append("int8 (onnxruntime quantize_dynamic)" if self.engine == "onnxruntime"
-                         else f"int8 ({engine} engine)" + (f" with {scheme}" if scheme else ""))
+            parts.append(f"int8 ({engine} engine)" + (f" with {scheme}" if scheme else ""))
         if self.merge_tokens:
             parts.append(f"token merging r={self.merge_tokens}")
         return ", ".join(parts) if len(parts) > 1 else parts[0] + ", fp32"
