@@ -146,5 +146,8 @@ def test_a_saved_model_folder_keeps_the_runs_tta_for_eval(flip_run: Path, tmp_pa
     meta = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**meta, "eval_tta": "mirror"}))
     with pytest.raises(CheckpointError, match=r"tta='mirror' is not one of none, flip.*"
-                                              r"Fix the file"):
+                                              r"Fix the file, or write the folder again with "
+                                              r"save_pretrained"):
         load_pretrained(folder)
+    save_pretrained(model, folder)  # the message's fix: the folder reads again, flip kept
+    assert load_pretrained(folder).eval_tta == "flip"
