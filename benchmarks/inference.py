@@ -1,14 +1,14 @@
 """int8 and token merging: speed against timm and vitkit fp32, and accuracy on trained models.
 
 Speed (`--speed`): ViT-B/16 at 224, batch 8, random weights, every configuration in this one
-process (the same threads and allocator setting for all: `vitkit.runtime.configure_cpu`),
-timed in rotating order, one call per configuration per round; medians. Rows: timm fp32,
-vitkit fp32, vitkit int8 by each engine of `vitkit.inference.quantize` (torch's x86 kernels,
-oneDNN, ONNX Runtime; `--int8` runs the fastest of them, measured), ToMe at several r,
-int8 + ToMe by each engine that merges tokens, bf16 autocast, `--precision bf16` as the verbs
-run it on the CPU (a bf16 copy of the model; alone and with ToMe), `--precision auto` as the verbs
-resolve it here (alone and with the largest ToMe r: the issue's "fastest path") and ONNX
-Runtime fp32 (the graph `vitkit export` writes); with `--compile`, fp32, bf16, oneDNN int8
+process (the same threads and allocator setting for all: `vitkit.runtime.configure_cpu`), timed
+in rotating order, one call per configuration per round; medians. Rows: timm fp32, vitkit fp32,
+vitkit int8 by each engine of `vitkit.inference.quantize` (torch's x86 kernels, oneDNN, ONNX
+Runtime; `--int8` runs the fastest of them, measured), ToMe at several r, int8 + ToMe by each
+engine that merges tokens, bf16 autocast, `--precision bf16` as the verbs run it on the CPU (a
+bf16 copy of the model, prepacked; alone and with ToMe; and unpacked), `--precision auto` as
+the verbs resolve it here (alone and with the largest ToMe r: the issue's "fastest path") and
+ONNX Runtime fp32 (the graph `vitkit export` writes); with `--compile`, fp32, bf16, oneDNN int8
 and `auto` again as `vitkit benchmark --compile` runs them (frozen weights), alone and with the
 largest ToMe r. The last column is each row's first call (compilation for compiled rows).
 
@@ -102,7 +102,7 @@ def _compiled_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runne
                           Precision("int8", "", "onednn"), auto):
             if precision.engine not in (None, "torch", "onednn"):
                 continue  # ONNX Runtime and torchao run outside inductor
-            module, context = apply_precision(merged_model, precision, cpu)
+            module, context = apply_precision(merged_model, precision, cpu, compiled=True)
             name = precision.name + (f" ({precision.engine})" if precision.engine else "")
             label = ("vitkit auto -> " if precision is auto else "vitkit ") + name + \
                 " compiled" + _merged_label(merge)
@@ -112,12 +112,18 @@ def _compiled_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runne
 
 def _bf16_copy_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, int]]:
     """`--precision bf16` as the verbs run it on the CPU (a bf16 copy of the model, no
-    autocast: `vitkit.inference.precision.bf16_copy`), alone and with ToMe r."""
+    autocast, its linear weights prepacked for oneDNN: `vitkit.inference.precision.bf16_copy`),
+    alone and with ToMe r, and the copy unpacked (what prepacking gains)."""
+    from vitkit.inference.packed_linear import prepacking_available
     from vitkit.inference.precision import bf16_copy
 
-    return {"vitkit --precision bf16 (bf16 copy)" + _merged_label(merge):
+    rows = {"vitkit --precision bf16 (bf16 copy)" + _merged_label(merge):
             (_call(bf16_copy(merged_model), images), merge)
             for merge, merged_model in _merged_copies(model, r)}
+    if prepacking_available():
+        rows["vitkit bf16 copy, weights not prepacked"] = (
+            _call(bf16_copy(model, prepack=False), images), 0)
+    return rows
 
 
 def _auto_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, int]]:

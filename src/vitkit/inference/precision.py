@@ -44,6 +44,7 @@ from torch import nn
 
 from vitkit.errors import ConfigError
 from vitkit.files import cache_root, write_atomic
+from vitkit.inference.packed_linear import prepack_linears, prepacking_available
 from vitkit.inference.quantize import AUTO as INT8_AUTO
 from vitkit.inference.quantize import available_engines, engine_scheme, quantize_int8
 from vitkit.runtime import cpu_model_and_flags
@@ -55,9 +56,11 @@ __all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "auto
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
 INT8_MARGIN = 1.1
+WARMUP_CALLS = 1  # untimed calls of each path before auto's rounds
 ROUNDS = 3
 MAX_ROUNDS = 7  # auto's rounds while the two fastest paths are within CLOSE of each other
 CLOSE = 1.25
+PATHS_VERSION = 2  # in remembered keys; raised when measurements change (2: packed bf16)
 MEASURE_BATCH = 8  # at most this many images in auto's measurement (eval, benchmark)
 AMP_MIN_WIDTH = 128  # bf16 training on a bf16 CPU pays from this width on (training_precision)
 PRECISION_HELP = ("number format: fp32 (default), bf16 (a bf16 copy of the model on CPUs, "
@@ -116,17 +119,21 @@ def _timings(runners: dict[str, Callable[[], object]]) -> dict[str, float]:
     """The best seconds of each runner over `ROUNDS` rounds, timed in turns so a busy moment
     hits all; more rounds, up to `MAX_ROUNDS`, while the two fastest paths other than fp32
     are within `CLOSE` of each other (on a shared AMX host two paths 20% apart once came out
-    in the wrong order from three rounds)."""
-    for run in runners.values():
-        run()  # warm-up: kernels chosen, memory allocated
+    in the wrong order from three rounds). In inference mode, as the verbs run: with autograd
+    recording, the bf16 copy measured 1.37x slower and oneDNN's int8 1.15x on a Zen 4 EPYC
+    (B/16 + ToMe r=8), enough to put int8 first where bf16 is faster (AMX)."""
     times: dict[str, list[float]] = {name: [] for name in runners}
-    rounds = 0
-    while rounds < ROUNDS or (rounds < MAX_ROUNDS and _undecided(times)):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-        rounds += 1
+    with torch.inference_mode():
+        for run in runners.values():
+            for _ in range(WARMUP_CALLS):
+                run()  # warm-up: kernels chosen, memory allocated
+        rounds = 0
+        while rounds < ROUNDS or (rounds < MAX_ROUNDS and _undecided(times)):
+            for name, run in runners.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+            rounds += 1
     return {name: min(values) for name, values in times.items()}
 
 
@@ -150,7 +157,7 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
     against fp32 on `batch`; remembered per machine, model and batch."""
     engines = available_engines(model) if engine in (None, INT8_AUTO) else [engine]
     paths = ["bf16", *engines] if with_bf16 else engines
-    key = f"int8:{'|'.join(paths)}|" + _measurement_key(model, batch)
+    key = f"v{PATHS_VERSION}:int8:{'|'.join(paths)}|" + _measurement_key(model, batch)
     remembered = _remembered().get(key)
     if remembered and remembered.get("engine") in paths:
         return {**remembered, "reason": f"{remembered['reason']} (measured before)"}
@@ -323,15 +330,19 @@ def bf16_autocast(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-def bf16_copy(model: nn.Module) -> nn.Module:
+def bf16_copy(model: nn.Module, prepack: bool = True) -> nn.Module:
     """A copy of `model` with bf16 weights and activations that takes and returns float32
     tensors, keeping the model's class and attributes. On the CPU it replaces autocast, which
     casts every weight to bf16 on every call: on a Xeon with AMX (2 threads, B/16, batch 8)
     those casts were 12% of the time, and the copy ran 3.26x fp32 against autocast's 2.62x
     (docs/runs/cpu-amx); on a Zen 4 EPYC 3.21x against 3.15x. The residual stream is bf16 too:
     on the trained CIFAR-10 models of docs/models top-1 moved by 0.06-0.08 points (autocast:
-    0.03-0.06)."""
+    0.03-0.06). With `prepack`, where oneDNN runs bf16, the linear layers' weights are
+    prepacked for it (`vitkit.inference.packed_linear`): the same outputs, faster, but opaque
+    to torch.compile (which packs them itself when it freezes weights)."""
     copied = copy.deepcopy(model).to(torch.bfloat16)
+    if prepack and prepacking_available():
+        prepack_linears(copied)
     copied.register_forward_pre_hook(_inputs_to_bf16)
     copied.register_forward_hook(_output_to_float32)
     return copied
@@ -355,15 +366,16 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None
     return functools.partial(torch.autocast, device.type, dtype=dtype)
 
 
-def apply_precision(model: nn.Module, precision: Precision, device: torch.device
+def apply_precision(model: nn.Module, precision: Precision, device: torch.device,
+                    compiled: bool = False
                     ) -> tuple[nn.Module, Callable[[], contextlib.AbstractContextManager]]:
     """The model to run (an int8 copy by `precision.engine` for int8; for bf16 on the CPU a
-    bf16 copy, `bf16_copy`) and a factory of the context to run it in (bf16 autocast for bf16
-    on CUDA)."""
+    bf16 copy, `bf16_copy`, its weights prepacked unless it will be `compiled`) and a factory
+    of the context to run it in (bf16 autocast for bf16 on CUDA)."""
     if precision.name == "int8":
         return quantize_int8(model, precision.engine or "torch"), contextlib.nullcontext
     if precision.name == "bf16" and not bf16_autocast(device):
-        return bf16_copy(model), contextlib.nullcontext
+        return bf16_copy(model, prepack=not compiled), contextlib.nullcontext
     if precision.name == "bf16":
         return model, autocast_context(device, torch.bfloat16)
     return model, contextlib.nullcontext

@@ -122,7 +122,8 @@ class Engine:
                 if requested in ("auto", "int8") else None
             self.precision = choose_precision(requested, self.device, model, batch,
                                               int8_engine=options.int8_engine)
-            module, self.context = apply_precision(model, self.precision, self.device)
+            module, self.context = apply_precision(model, self.precision, self.device,
+                                                   compiled=options.compile)
         if options.compile:
             module = compile_for_inference(module, self.device)
         self.module = module
