@@ -53,11 +53,18 @@ def test_pooled_models_run_every_token_through_every_block(overrides):
     assert not tiny(**overrides).pools_class_token_only()
 
 
-def test_merged_models_keep_their_own_forward():
-    model = apply_token_merging(tiny(), 2)
-    assert not model.pools_class_token_only()
-    apply_token_merging(model, 0)
-    assert model.pools_class_token_only()
+def test_merged_models_take_the_shortcut_through_their_merging_blocks():
+    """A merging model's shortcut merges as its full path does (not the plain path's
+    logits), and r=0 gives the plain shortcut back."""
+    model, images = tiny(), torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        plain = model(images)
+        apply_token_merging(model, 2)
+        assert model.pools_class_token_only()
+        merged, full = model(images), model.forward_head(model.forward_features(images))
+        assert (merged - full).abs().max() < 1e-5 and (merged - plain).abs().max() > 1e-4
+        apply_token_merging(model, 0)
+        assert model.pools_class_token_only() and torch.equal(model(images), plain)
 
 
 def backward_nodes(tensor: torch.Tensor) -> set[str]:

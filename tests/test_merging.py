@@ -127,8 +127,10 @@ def test_the_token_count_falls_by_r_per_layer_and_sizes_add_up():
 
 def test_a_large_r_is_clipped_so_the_prefix_and_one_token_remain():
     model = apply_token_merging(small_model(depth=6), 1000)
+    images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        logits = model(torch.randn(2, 3, 32, 32))
+        logits = model(images)
+        model.forward_features(images)
     assert model.token_sizes.shape[1] == 2  # class token + one token of size 16
     assert model.token_sizes[:, 1, 0].tolist() == [16.0, 16.0]
     assert torch.isfinite(logits).all()
@@ -154,10 +156,11 @@ def test_merging_works_with_a_dynamic_image_size():
     model = small_model()
     model.set_dynamic_img_size()
     apply_token_merging(model, 2)
+    images = torch.randn(1, 3, 48, 40)  # 6x5 = 30 patches
     with torch.no_grad():
-        logits = model(torch.randn(1, 3, 48, 40))  # 6x5 = 30 patches
-    assert logits.shape == (1, 5)
-    assert model.token_sizes.shape[1] == 31 - 4 * 2
+        assert model(images).shape == (1, 5)
+        assert model.forward_features(images).shape[1] == 31 - 4 * 2
+    assert model.token_sizes.shape[1] == 31 - 4 * 2 and model.token_sizes.sum() == 31
 
 
 @pytest.mark.parametrize("r", [-1, 1.5, "2"])
@@ -194,3 +197,35 @@ def test_the_merge_schedule_is_the_token_count_each_layer_keeps():
     assert merged < forward_flops(model.config)
     with pytest.raises(ConfigError, match="the token schedule has 3 layers, the model 4"):
         forward_flops(model.config, tokens_per_layer=[17, 17, 17])
+
+
+@pytest.mark.parametrize("r", [2, 3])
+def test_the_class_token_shortcut_with_merging_equals_the_full_forward(r):
+    """forward runs the last merging block for the class token alone (proportional attention
+    over the merged tokens): the logits of the full path (every token through every block),
+    in float64; it takes the shortcut, and a hook on the last block turns it off."""
+    model = apply_token_merging(small_model().double(), r)
+    images = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        full = model.forward_head(model.forward_features(images))
+        assert model.pools_class_token_only()
+        assert (model(images) - full).abs().max().item() < 1e-12
+        calls = []
+        model.blocks[-1].mlp.register_forward_hook(lambda m, i, o: calls.append(o.shape[1]))
+        assert not model.pools_class_token_only()
+        assert (model(images) - full).abs().max().item() < 1e-12
+    assert calls == [17 - 4 * r]  # the hooked MLP saw every token left, not one
+
+
+def test_the_shortcut_with_merging_skips_the_last_blocks_other_tokens():
+    """Which tokens the last block's MLP runs: the class token alone with the class-token
+    pool; every merged token with a mean pool (no shortcut)."""
+    seen = []
+    for pool in ("class_token", "mean_patches"):
+        model = apply_token_merging(small_model(pool=pool), 2)
+        mlp = model.blocks[-1].mlp
+        original = mlp.forward
+        mlp.forward = lambda x, original=original: seen.append(x.shape[1]) or original(x)
+        with torch.no_grad():
+            model(torch.randn(2, 3, 32, 32))
+    assert seen == [1, 17 - 4 * 2]

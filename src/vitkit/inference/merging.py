@@ -26,7 +26,7 @@ from vitkit.model.vit import VisionTransformer
 
 __all__ = ["MergingBlock", "MergingVisionTransformer", "apply_token_merging",
            "attend_with_sizes", "check_merge_count", "clip_merge_count", "largest_merge_count",
-           "merge_schedule", "merge_tokens"]
+           "merge_schedule", "merge_tokens", "size_bias"]
 
 
 def clip_merge_count(r: int, tokens: int, num_prefix: int) -> int:
@@ -99,6 +99,12 @@ def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int
     return torch.cat([prefix_x, new_x], dim=1), torch.cat([prefix_size, new_size], dim=1)
 
 
+def size_bias(size: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Proportional attention's logit bias: log(size) of each key token (B, 1, 1, T), from
+    the sizes (B, T, 1); None when every token has size 1 (`size` None)."""
+    return None if size is None else size.log().to(dtype).view(size.shape[0], 1, 1, size.shape[1])
+
+
 def attend_with_sizes(attn: Attention, x: torch.Tensor, size: torch.Tensor | None,
                       return_attention: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -110,7 +116,7 @@ def attend_with_sizes(attn: Attention, x: torch.Tensor, size: torch.Tensor | Non
     batch, tokens, width = x.shape
     qkv = attn.qkv(x).view(batch, tokens, 3, attn.num_heads, attn.head_dim)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, D_h)
-    bias = None if size is None else size.log().to(q.dtype).view(batch, 1, 1, tokens)
+    bias = size_bias(size, q.dtype)
     weights = None
     if return_attention:
         logits = (q * attn.scale) @ k.transpose(-2, -1)
@@ -155,10 +161,31 @@ class MergingVisionTransformer(VisionTransformer):
 
     `forward_features` returns the merged tokens and keeps their sizes in `token_sizes`
     (B, T', 1) for `pool`; with `return_attention` each layer's weights have that layer's
-    token count. The mean pools weight each token by its size.
+    token count. The mean pools weight each token by its size. `forward` takes the class-token
+    shortcut as `VisionTransformer.forward` does (then `token_sizes` is the class token's).
     """
 
     token_sizes: torch.Tensor | None = None
+
+    def forward(self, images: torch.Tensor, return_attention: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """As `VisionTransformer.forward`, with its class-token shortcut: a model that pools
+        its class token runs the last block for that token alone (merging there never moves
+        the class token), with proportional attention over the merged tokens."""
+        if return_attention or not self.pools_class_token_only():
+            return super().forward(images, return_attention)
+        x, size = self.embed(images), None
+        for block in self.blocks[:-1]:
+            x, size, _ = block.forward_merging(x, size)
+        self.token_sizes = size[:, :1]  # the tokens out of the last block: the class token
+        first = self.blocks[-1].forward_first(x, attn_bias=size_bias(size, x.dtype))
+        return self.forward_head(self.norm(first))
+
+    def pools_class_token_only(self) -> bool:
+        """Whether forward takes the shortcut: merging blocks throughout and the model's
+        output needing the class token alone (`class_token_alone_suffices`)."""
+        return (all(type(block) is MergingBlock for block in self.blocks)
+                and self.class_token_alone_suffices())
 
     def forward_features(self, images: torch.Tensor, return_attention: bool = False
                          ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:

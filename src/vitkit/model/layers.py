@@ -56,9 +56,11 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(batch, tokens, width)
         return self.proj_drop(self.proj(out)), weights
 
-    def forward_first(self, x: torch.Tensor, count: int = 1) -> torch.Tensor:
+    def forward_first(self, x: torch.Tensor, count: int = 1,
+                      attn_bias: torch.Tensor | None = None) -> torch.Tensor:
         """The output at the first `count` tokens only (B, count, D): every token is a key and
-        a value, only those tokens query. Equal to `forward(x)[0][:, :count]`."""
+        a value, only those tokens query. Equal to `forward(x)[0][:, :count]`; `attn_bias`
+        (broadcast to (B, heads, count, T)) is added to the logits (token merging's sizes)."""
         batch, tokens, width = x.shape
         if type(self.qkv) is nn.Linear:  # queries for the first tokens only
             weight, bias = self.qkv.weight, self.qkv.bias
@@ -71,7 +73,7 @@ class Attention(nn.Module):
         kv = kv.reshape(batch, tokens, 2, self.num_heads, self.head_dim)
         k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B, heads, T, D_h)
         dropout = self.attn_dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, count, width)))
 
 
@@ -129,8 +131,11 @@ class Block(nn.Module):
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x, weights
 
-    def forward_first(self, x: torch.Tensor, count: int = 1) -> torch.Tensor:
+    def forward_first(self, x: torch.Tensor, count: int = 1,
+                      attn_bias: torch.Tensor | None = None) -> torch.Tensor:
         """The block's output at the first `count` tokens only (B, count, D), all tokens
-        attended to: equal to `forward(x)[0][:, :count]` at a fraction of the cost."""
-        first = x[:, :count] + self.drop_path1(self.attn.forward_first(self.norm1(x), count))
+        attended to: equal to `forward(x)[0][:, :count]` at a fraction of the cost
+        (`attn_bias`: see `Attention.forward_first`)."""
+        attended = self.attn.forward_first(self.norm1(x), count, attn_bias)
+        first = x[:, :count] + self.drop_path1(attended)
         return first + self.drop_path2(self.mlp(self.norm2(first)))

@@ -164,12 +164,18 @@ class VisionTransformer(nn.Module):
 
     def pools_class_token_only(self) -> bool:
         """Whether forward takes the class-token shortcut: the class-token pool over vitkit's
-        own blocks (not those of token merging or a user's replacement), and no hook on the
-        last block or the final norm (a hook there expects every token)."""
+        own blocks (token merging has its own: `MergingVisionTransformer`; a user's
+        replacement has none), and no hook on the last block or the final norm."""
+        return (type(self).forward_features is VisionTransformer.forward_features
+                and all(type(block) is Block for block in self.blocks)
+                and self.class_token_alone_suffices())
+
+    def class_token_alone_suffices(self) -> bool:
+        """Whether the model's output needs the class token alone out of the last block: the
+        class-token pool, and no hook on the last block or the final norm (a hook there
+        expects every token)."""
         if not (self.config.pool == "class_token" and self.cls_token is not None
-                and len(self.blocks) > 0
-                and type(self).forward_features is VisionTransformer.forward_features
-                and all(type(block) is Block for block in self.blocks)):
+                and len(self.blocks) > 0):
             return False
         watched = [*self.blocks[-1].modules(), *self.norm.modules()]
         return not any(module._forward_hooks or module._forward_pre_hooks for module in watched)
