@@ -9,7 +9,9 @@ and `apply_precision` gives the model and the context to run it in. What `auto` 
   and every int8 engine are timed against fp32 on the model at the batch, and the fastest is
   kept. Neither wins by rule: on one AMX Xeon (2 threads, B/16, batch 8) bf16 autocast
   measured 2.5-2.9x fp32 and oneDNN's int8 3.7x, where another AMX machine measured bf16 at
-  3.8x and torch's int8 at 2.1x. Without a model to time (no batch), AMX means bf16.
+  3.8x and torch's int8 at 2.1x. On AMX, where the prepacked bf16 copy has since won every
+  longer timing, int8 replaces bf16 only when it measures `AMX_BF16_PREFERENCE` times faster.
+  Without a model to time (no batch), AMX means bf16.
 - Otherwise: dynamic int8 (`vitkit.inference.quantize`) by its fastest engine here.
 In every measured case the fastest path must beat fp32 by `INT8_MARGIN` (timed alternately,
 best of `ROUNDS`, or up to `MAX_ROUNDS` while the two fastest are close), else fp32 runs:
@@ -57,6 +59,11 @@ PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
 INT8_MARGIN = 1.1
 WARMUP_CALLS = 1  # untimed calls of each path before auto's rounds
+# On AMX, int8 replaces bf16 only when it measures this much faster: with the bf16 copy
+# prepacked, bf16 won all five longer timings against oneDNN's int8 on AMX hosts (1.10-1.55x,
+# with and without ToMe), where auto's short measurement, on hosts that swing by 25%, put int8
+# ahead three times of three with ToMe (docs/runs/cpu-amx).
+AMX_BF16_PREFERENCE = 1.3
 ROUNDS = 3
 MAX_ROUNDS = 7  # auto's rounds while the two fastest paths are within CLOSE of each other
 CLOSE = 1.25
@@ -151,13 +158,18 @@ def choose_int8_engine(model: nn.Module, batch: torch.Tensor) -> tuple[str, str]
 
 
 def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
-                      with_bf16: bool = False) -> dict[str, object]:
+                      with_bf16: bool = False, bf16_preference: float = 1.0
+                      ) -> dict[str, object]:
     """{"engine", "reason", "speedup"}: `engine` (None or "auto": every installed engine, the
-    fastest kept), and bf16 autocast when `with_bf16` (then "engine" may be "bf16"), timed
-    against fp32 on `batch`; remembered per machine, model and batch."""
+    fastest kept), and bf16 when `with_bf16` (then "engine" may be "bf16"; an int8 engine
+    replaces it only when `bf16_preference` times faster), timed against fp32 on `batch`;
+    remembered per machine, model and batch."""
     engines = available_engines(model) if engine in (None, INT8_AUTO) else [engine]
     paths = ["bf16", *engines] if with_bf16 else engines
-    key = f"v{PATHS_VERSION}:int8:{'|'.join(paths)}|" + _measurement_key(model, batch)
+    preference = bf16_preference if with_bf16 else 1.0
+    key = (f"v{PATHS_VERSION}:int8:{'|'.join(paths)}|"
+           + (f"prefer-bf16-{preference}|" if preference != 1.0 else "")
+           + _measurement_key(model, batch))
     remembered = _remembered().get(key)
     if remembered and remembered.get("engine") in paths:
         return {**remembered, "reason": f"{remembered['reason']} (measured before)"}
@@ -167,8 +179,11 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
     seconds = _timings(runners | {name: _runner(quantize_int8(model, name), batch)
                                   for name in engines})
     fp32 = seconds.pop("fp32")
-    fastest = min(seconds, key=seconds.__getitem__)
+    fastest = min(seconds, key=lambda name: seconds[name] / (preference if name == "bf16"
+                                                            else 1.0))
     each = ", ".join(f"{name} {fp32 / value:.2f}x" for name, value in seconds.items())
+    if preference != 1.0:
+        each += f" (int8 replaces bf16 only at {preference:g}x its speed here)"
     what = "bf16 and int8 engines" if with_bf16 else "int8 engines"
     measured = {"engine": fastest, "speedup": fp32 / seconds[fastest],
                 "reason": f"{what} measured {each} fp32 on this model at batch "
@@ -231,7 +246,8 @@ def choose_precision(requested: str | None, device: torch.device,
         if bf16_why:
             return Precision("bf16", f"{bf16_why}: bf16 matmuls in hardware")
         return Precision("fp32", "no fast bf16 on this CPU")
-    measured = _int8_measurement(model, batch, int8_engine, with_bf16=bf16_why is not None)
+    measured = _int8_measurement(model, batch, int8_engine, with_bf16=bf16_why is not None,
+                                 bf16_preference=AMX_BF16_PREFERENCE if kind == "amx" else 1.0)
     engine, speedup = str(measured["engine"]), float(measured["speedup"])  # type: ignore[arg-type]
     why = bf16_why or "no fast bf16 on this CPU"
     if speedup < INT8_MARGIN:
