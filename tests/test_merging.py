@@ -229,3 +229,12 @@ def test_the_shortcut_with_merging_skips_the_last_blocks_other_tokens():
         with torch.no_grad():
             model(torch.randn(2, 3, 32, 32))
     assert seen == [1, 17 - 4 * 2]
+
+
+def test_a_one_block_merging_model_takes_the_shortcut_with_no_sizes_yet():
+    model = apply_token_merging(small_model(depth=1).double(), 2)
+    images = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        full = model.forward_head(model.forward_features(images))
+        assert (model(images) - full).abs().max().item() < 1e-12
+    assert model.token_sizes is None  # no block merged before the last one

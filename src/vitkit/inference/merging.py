@@ -177,7 +177,7 @@ class MergingVisionTransformer(VisionTransformer):
         x, size = self.embed(images), None
         for block in self.blocks[:-1]:
             x, size, _ = block.forward_merging(x, size)
-        self.token_sizes = size[:, :1]  # the tokens out of the last block: the class token
+        self.token_sizes = None if size is None else size[:, :1]  # out of the last block
         first = self.blocks[-1].forward_first(x, attn_bias=size_bias(size, x.dtype))
         return self.forward_head(self.norm(first))
 

@@ -3,8 +3,9 @@
 A bf16 `F.linear` on the CPU hands its weight to oneDNN in torch's plain layout, and oneDNN
 reorders it into its own blocked layout (pairs of bf16 values for AVX512-BF16, tiles for AMX)
 on every call. `prepack_linears` does that once per weight, as inductor does when it freezes a
-model for the CPU. On the Zen 4 EPYC of docs/speed.md (2 threads, B/16, batch 8) the bf16 copy
-ran 1.07-1.15x faster packed, with outputs equal bit for bit.
+model for the CPU. B/16 at batch 8 on 2 threads ran 1.26x and 1.49x faster packed on two Xeon
+hosts with AMX and 1.02-1.12x on a Zen 4 EPYC (docs/speed.md), with the same outputs (equal
+bit for bit in the runs there).
 """
 
 from __future__ import annotations
