@@ -60,7 +60,7 @@ BF16_MARGIN = 1.3
 INT8_MARGIN = 1.1
 WARMUP_CALLS = 1  # untimed calls of each path before auto's rounds
 # On AMX, int8 replaces bf16 only when it measures this much faster: with the bf16 copy
-# prepacked, bf16 won all five longer timings against oneDNN's int8 on AMX hosts (1.10-1.55x,
+# prepacked, bf16 won all five longer timings against oneDNN's int8 on AMX hosts (1.09-1.55x,
 # with and without ToMe), where auto's short measurement, on hosts that swing by 25%, put int8
 # ahead three times of three with ToMe (docs/runs/cpu-amx).
 AMX_BF16_PREFERENCE = 1.3
