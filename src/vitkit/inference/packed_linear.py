@@ -4,7 +4,7 @@ A bf16 `F.linear` on the CPU hands its weight to oneDNN in torch's plain layout,
 reorders it into its own blocked layout (pairs of bf16 values for AVX512-BF16, tiles for AMX)
 on every call. `prepack_linears` does that once per weight, as inductor does when it freezes a
 model for the CPU. B/16 at batch 8 on 2 threads ran 1.26x and 1.49x faster packed on two Xeon
-hosts with AMX and 1.02-1.12x on a Zen 4 EPYC (docs/speed.md), with the same outputs (equal
+hosts with AMX and 1.02-1.15x on a Zen 4 EPYC (docs/speed.md), with the same outputs (equal
 bit for bit in the runs there).
 """
 
@@ -22,10 +22,9 @@ __all__ = ["PackedLinear", "prepack_linears", "prepacking_available"]
 def prepacking_available() -> bool:
     """Whether this torch and CPU can run bf16 linears from prepacked oneDNN weights (x86
     only: the path measured and tested here)."""
-    mkldnn = getattr(torch.ops, "mkldnn", None)
     return (platform.machine().lower() in ("x86_64", "amd64")
-            and torch.backends.mkldnn.is_available() and mkldnn is not None
-            and hasattr(mkldnn, "_linear_pointwise")
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
