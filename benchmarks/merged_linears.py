@@ -1,0 +1,102 @@
+"""Do ToMe's fewer tokens make the bf16 linears faster? Linears, then the whole model.
+
+B/16's four bf16 linear layers (qkv, proj, fc1, fc2), prepacked for oneDNN as `--precision
+bf16` runs them on the CPU, at the unmerged row count (batch x 197 tokens) in each of the twelve
+layers, against the row counts that ToMe r leaves each layer; then the bf16 copy of B/16 with
+and without ToMe r, and fp32. One process, rotating rounds, medians. On a Zen 4 EPYC the
+linears' time falls with the rows; on AMX hosts it did not (docs/runs/cpu-amx).
+
+    python benchmarks/merged_linears.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from vitkit import create_model
+from vitkit.inference.merging import apply_token_merging, merge_schedule
+from vitkit.inference.packed_linear import PackedLinear, prepacking_available
+from vitkit.inference.precision import bf16_copy
+from vitkit.runtime import configure_cpu, cpu_description
+
+
+def linear_calls(calls: list[tuple[int, int, int]]) -> Callable[[], None]:
+    """One call of a prepacked bf16 linear per (rows, in, out) of `calls`."""
+    layers = {(a, b): PackedLinear(torch.randn(b, a) * 0.02, torch.zeros(b))
+              for _, a, b in calls}
+    inputs = {(m, a): torch.randn(m, a).bfloat16() for m, a, _ in calls}
+
+    def run() -> None:
+        for m, a, b in calls:
+            layers[a, b](inputs[m, a])
+    return run
+
+
+def block_calls(width: int, hidden: int, attention_rows: list[int], mlp_rows: list[int]
+                ) -> list[tuple[int, int, int]]:
+    """(rows, in, out) of each block's qkv and proj (the attention's rows) and fc1 and fc2 (the
+    MLP's rows: after the block's merge)."""
+    calls = []
+    for attention, mlp in zip(attention_rows, mlp_rows, strict=True):
+        calls += [(attention, width, 3 * width), (attention, width, width),
+                  (mlp, width, hidden), (mlp, hidden, width)]
+    return calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--merge", type=int, default=8, help="ToMe r")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    if not prepacking_available():
+        raise SystemExit("this CPU or torch cannot run prepacked bf16 linears (x86 oneDNN)")
+    configure_cpu(args.threads)
+    print(cpu_description(), flush=True)
+
+    model = create_model("B/16").eval()
+    config = model.config
+    tokens = [config.seq_len, *merge_schedule(config, args.merge, config.seq_len)]
+    rows = [args.batch * t for t in tokens]
+    full = block_calls(config.width, config.mlp_dim, rows[:1] * config.depth,
+                       rows[:1] * config.depth)
+    merged = block_calls(config.width, config.mlp_dim, rows[:-1], rows[1:])
+    images = torch.randn(args.batch, config.in_chans, *config.img_size)
+    bf16_model = bf16_copy(model)
+    merged_model = bf16_copy(apply_token_merging(create_model("B/16").eval(), args.merge))
+    runs = {f"linears, {rows[0]} rows each": linear_calls(full),
+            f"linears, ToMe {args.merge}'s rows ({rows[-1]}-{rows[0]})": linear_calls(merged),
+            "B/16 fp32": lambda: model(images),
+            "B/16 bf16 copy": lambda: bf16_model(images),
+            f"B/16 bf16 copy + ToMe {args.merge}": lambda: merged_model(images)}
+    flops = {label: 2 * sum(m * a * b for m, a, b in calls)
+             for label, calls in zip(list(runs)[:2], (full, merged), strict=True)}
+    seconds: dict[str, list[float]] = {label: [] for label in runs}
+    with torch.inference_mode():
+        for run in runs.values():
+            run()
+        for _ in range(args.rounds):
+            for label, run in runs.items():
+                begin = time.perf_counter()
+                run()
+                seconds[label].append(time.perf_counter() - begin)
+    medians = {label: statistics.median(values) for label, values in seconds.items()}
+    print(f"batch {args.batch}, medians of {args.rounds} rotating rounds")
+    for label, median in medians.items():
+        rate = (f"{flops[label] / median / 1e9:6.0f} GFLOP/s" if label in flops
+                else f"{medians['B/16 fp32'] / median:5.2f}x fp32")
+        print(f"{label:40s} {median * 1e3:8.1f} ms  {rate}")
+    full_time, merged_time = list(medians.values())[:2]
+    labels = list(flops)
+    print(f"ToMe {args.merge}'s rows: {flops[labels[1]] / flops[labels[0]]:.2f}x the linears' "
+          f"FLOPs in {merged_time / full_time:.2f}x their time")
+
+
+if __name__ == "__main__":
+    main()
