@@ -66,6 +66,72 @@ def test_a_known_merge_is_the_size_weighted_average():
     assert new_size.flatten().tolist() == [1.0, 1.0, 5.0, 1.0]
 
 
+def reference_merge(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int,
+                    num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ToMe's bipartite merge written out token by token (float64): A = even patches, B = odd;
+    each A token's most cosine-similar B; the r best-scored A tokens merge into theirs."""
+    tokens_out, sizes_out = [], []
+    for b in range(x.shape[0]):
+        patches = list(range(num_prefix, x.shape[1]))
+        set_a, set_b = patches[0::2], patches[1::2]
+        r_here = min(r, len(patches) // 2)
+        if r_here == 0:  # nothing to merge: the tokens as they are
+            tokens_out.append(x[b])
+            sizes_out.append(size[b])
+            continue
+        unit = torch.nn.functional.normalize(keys[b], dim=-1)
+        best = {a: max(set_b, key=lambda j, a=a: float(unit[a] @ unit[j])) for a in set_a}
+        merged = sorted(set_a, key=lambda a: -float(unit[a] @ unit[best[a]]))[:r_here]
+        total = {j: x[b, j] * size[b, j] for j in set_b}
+        weight = {j: size[b, j].clone() for j in set_b}
+        for a in merged:
+            total[best[a]] = total[best[a]] + x[b, a] * size[b, a]
+            weight[best[a]] = weight[best[a]] + size[b, a]
+        order = [*range(num_prefix), *[a for a in set_a if a not in merged], *set_b]
+        tokens_out.append(torch.stack([total[i] / weight[i] if i in total else x[b, i]
+                                       for i in order]))
+        sizes_out.append(torch.stack([weight[i] if i in weight else size[b, i] for i in order]))
+    return torch.stack(tokens_out), torch.stack(sizes_out)
+
+
+def keys_with_shared_targets(batch: int, tokens: int, num_prefix: int) -> torch.Tensor:
+    """Random keys where every fourth patch (all A tokens) nearly repeats the first B patch's
+    key, so several A tokens merge into one B token (distinct scores: no ties to break)."""
+    keys = torch.randn(batch, tokens, 4, dtype=torch.float64)
+    if tokens > num_prefix + 1:
+        shared = keys[:, num_prefix + 1:num_prefix + 2]
+        rows = keys[:, num_prefix::4]
+        keys[:, num_prefix::4] = shared + 1e-3 * torch.randn_like(rows)
+    return keys
+
+
+@pytest.mark.parametrize("batch,tokens,num_prefix,r", [(1, 5, 1, 1), (3, 17, 1, 4),
+                                                         (2, 18, 0, 3), (2, 65, 2, 8),
+                                                         (2, 9, 1, 100), (1, 2, 1, 1)])
+def test_merge_tokens_equals_the_token_by_token_merge(batch, tokens, num_prefix, r):
+    torch.manual_seed(tokens)
+    x = torch.randn(batch, tokens, 6, dtype=torch.float64)
+    size = torch.randint(1, 5, (batch, tokens, 1)).double()
+    keys = keys_with_shared_targets(batch, tokens, num_prefix)
+    new_x, new_size = merge_tokens(x, size, keys, r, num_prefix)
+    expected_x, expected_size = reference_merge(x, size, keys, r, num_prefix)
+    assert torch.equal(new_size, expected_size)
+    torch.testing.assert_close(new_x, expected_x, rtol=0, atol=1e-12)
+
+
+def test_bf16_merges_round_once():
+    """In bf16 a merged token is its float64 average rounded once: within half a bf16 step
+    (2^-9 relative, 2^-8 with the average's own float32 rounding) of the exact value."""
+    torch.manual_seed(4)
+    x = torch.randn(4, 65, 64).bfloat16()
+    size = torch.randint(1, 9, (4, 65, 1)).bfloat16()
+    keys = keys_with_shared_targets(4, 65, 1)
+    new_x, new_size = merge_tokens(x, size, keys, 16, 1)
+    expected_x, expected_size = merge_tokens(x.double(), size.double(), keys, 16, 1)
+    assert torch.equal(new_size.double(), expected_size)
+    torch.testing.assert_close(new_x.double(), expected_x, rtol=2**-8, atol=0)
+
+
 def test_identical_tokens_are_merged_by_a_block_into_one_of_size_two():
     torch.manual_seed(1)
     block = Block(32, 4, 64).eval()

@@ -74,12 +74,15 @@ def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int
     of highest similarity merge their A token into its B token as the size-weighted average
     (`size` (B, T, 1) holds each token's size). Returns (tokens, sizes) with T - r tokens:
     the prefix, then the unmerged A tokens in their order, then the B tokens.
+
+    The tokens move once, by one row gather into the output; then only the B tokens that
+    take merges are computed again (in at least float32, rounded once to x's dtype). Every
+    shape is fixed by x and r (no data-dependent sizes: meta tensors and compile work).
     """
     r = clip_merge_count(r, x.shape[1], num_prefix)
     if r == 0:
         return x, size
-    prefix_x, patches = x[:, :num_prefix], x[:, num_prefix:]
-    prefix_size, patch_size = size[:, :num_prefix], size[:, num_prefix:]
+    batch, tokens, width = x.shape
     metric = F.normalize(keys[:, num_prefix:], dim=-1)
     scores = metric[:, ::2] @ metric[:, 1::2].transpose(1, 2)  # (B, |A|, |B|)
     best_score, best_match = scores.max(dim=-1)
@@ -87,16 +90,34 @@ def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int
     merged_a, kept_a = order[:, :r], order[:, r:].sort(dim=-1).values
     target_b = best_match.gather(1, merged_a)
 
-    weighted = torch.cat([patches * patch_size, patch_size], dim=-1)  # sum x*size and size
-    set_a, set_b = weighted[:, ::2], weighted[:, 1::2]
-    width = weighted.shape[-1]
-    kept = set_a.gather(1, kept_a.unsqueeze(-1).expand(-1, -1, width))
-    moved = set_a.gather(1, merged_a.unsqueeze(-1).expand(-1, -1, width))
-    set_b = set_b.scatter_add(1, target_b.unsqueeze(-1).expand(-1, -1, width), moved)
-    summed = torch.cat([kept, set_b], dim=1)
-    new_size = summed[..., -1:]
-    new_x = (summed[..., :-1] / new_size).to(x.dtype)
-    return torch.cat([prefix_x, new_x], dim=1), torch.cat([prefix_size, new_size], dim=1)
+    count_a, count_b = scores.shape[1:]
+    steps = torch.arange(max(num_prefix, count_b), device=x.device)
+    rows_in = (torch.arange(batch, device=x.device) * tokens)[:, None]
+    rows_out = (torch.arange(batch, device=x.device) * (tokens - r))[:, None]
+    kept = torch.cat([steps[:num_prefix].expand(batch, -1), num_prefix + 2 * kept_a,
+                      (num_prefix + 1 + 2 * steps[:count_b]).expand(batch, -1)], dim=1)
+    kept = (rows_in + kept).flatten()  # the rows of x that stay, in output order
+    moved = (rows_in + num_prefix + 2 * merged_a).flatten()  # the A rows merged away
+    targets = (rows_out + num_prefix + count_a - r + target_b).flatten()  # their B rows, out
+    x_rows, size_rows = x.reshape(-1, width), size.reshape(-1, 1)
+    new_x, new_size = x_rows.index_select(0, kept), size_rows.index_select(0, kept)
+
+    # each target: (x_b size_b + its A tokens' x_a size_a) / (size_b + their size_a), summed
+    # per target in a slot (its first A token's), in at least float32 and rounded once
+    exact = torch.promote_types(x.dtype, torch.float32)
+    same_target = target_b[:, :, None] == target_b[:, None, :]  # (B, r, r)
+    slot = (same_target.int().argmax(dim=-1) + torch.arange(batch, device=x.device)[:, None] * r
+            ).flatten()
+    moved_size = size_rows.index_select(0, moved).to(exact)
+    moved_x = x_rows.index_select(0, moved).to(exact) * moved_size
+    slot_x = torch.zeros_like(moved_x).index_add_(0, slot, moved_x).index_select(0, slot)
+    slot_size = torch.zeros_like(moved_size).index_add_(0, slot, moved_size).index_select(0, slot)
+    target_x = new_x.index_select(0, targets).to(exact)
+    target_size = new_size.index_select(0, targets).to(exact)
+    total = target_size + slot_size
+    new_x.index_copy_(0, targets, ((target_x * target_size + slot_x) / total).to(x.dtype))
+    new_size.index_copy_(0, targets, total.to(size.dtype))
+    return new_x.view(batch, tokens - r, width), new_size.view(batch, tokens - r, 1)
 
 
 def size_bias(size: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
