@@ -4,7 +4,8 @@ B/16's four bf16 linear layers (qkv, proj, fc1, fc2), prepacked for oneDNN as `-
 bf16` runs them on the CPU, at the unmerged row count (batch x 197 tokens) in each of the twelve
 layers, against the row counts that ToMe r leaves each layer; then the bf16 copy of B/16 with
 and without ToMe r, and fp32. One process, rotating rounds, medians. On a Zen 4 EPYC the
-linears' time falls with the rows; on AMX hosts it did not (docs/runs/cpu-amx).
+linears' time falls with the rows; on AMX hosts it did not (docs/runs/cpu-amx). `--per-rows`
+adds the four linears at each row count alone, to show how their time follows the rows.
 
     python benchmarks/merged_linears.py --threads 2
 """
@@ -54,6 +55,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--per-rows", action="store_true",
+                        help="also time the four linears at each row count alone")
     args = parser.parse_args()
     if not prepacking_available():
         raise SystemExit("this CPU or torch cannot run prepacked bf16 linears (x86 oneDNN)")
@@ -77,6 +80,11 @@ def main() -> None:
             f"B/16 bf16 copy + ToMe {args.merge}": lambda: merged_model(images)}
     flops = {label: 2 * sum(m * a * b for m, a, b in calls)
              for label, calls in zip(list(runs)[:2], (full, merged), strict=True)}
+    if args.per_rows:
+        for m in sorted(set(rows), reverse=True):
+            one = block_calls(config.width, config.mlp_dim, [m], [m])
+            runs[f"linears at {m} rows"] = linear_calls(one)
+            flops[f"linears at {m} rows"] = 2 * sum(c[0] * c[1] * c[2] for c in one)
     seconds: dict[str, list[float]] = {label: [] for label in runs}
     with torch.inference_mode():
         for run in runs.values():
@@ -93,7 +101,7 @@ def main() -> None:
                 else f"{medians['B/16 fp32'] / median:5.2f}x fp32")
         print(f"{label:40s} {median * 1e3:8.1f} ms  {rate}")
     full_time, merged_time = list(medians.values())[:2]
-    labels = list(flops)
+    labels = list(flops)[:2]
     print(f"ToMe {args.merge}'s rows: {flops[labels[1]] / flops[labels[0]]:.2f}x the linears' "
           f"FLOPs in {merged_time / full_time:.2f}x their time")
 
