@@ -92,8 +92,8 @@ def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int
 
     count_a, count_b = scores.shape[1:]
     steps = torch.arange(max(num_prefix, count_b), device=x.device)
-    rows_in = (torch.arange(batch, device=x.device) * tokens)[:, None]
-    rows_out = (torch.arange(batch, device=x.device) * (tokens - r))[:, None]
+    samples = torch.arange(batch, device=x.device)[:, None]
+    rows_in, rows_out = samples * tokens, samples * (tokens - r)
     kept = torch.cat([steps[:num_prefix].expand(batch, -1), num_prefix + 2 * kept_a,
                       (num_prefix + 1 + 2 * steps[:count_b]).expand(batch, -1)], dim=1)
     kept = (rows_in + kept).flatten()  # the rows of x that stay, in output order
@@ -106,8 +106,7 @@ def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int
     # per target in a slot (its first A token's), in at least float32 and rounded once
     exact = torch.promote_types(x.dtype, torch.float32)
     same_target = target_b[:, :, None] == target_b[:, None, :]  # (B, r, r)
-    slot = (same_target.int().argmax(dim=-1) + torch.arange(batch, device=x.device)[:, None] * r
-            ).flatten()
+    slot = (same_target.int().argmax(dim=-1) + samples * r).flatten()
     moved_size = size_rows.index_select(0, moved).to(exact)
     moved_x = x_rows.index_select(0, moved).to(exact) * moved_size
     slot_x = torch.zeros_like(moved_x).index_add_(0, slot, moved_x).index_select(0, slot)
