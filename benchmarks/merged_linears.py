@@ -38,6 +38,11 @@ def linear_calls(calls: list[tuple[int, int, int]]) -> Callable[[], None]:
     return run
 
 
+def linear_flops(calls: list[tuple[int, int, int]]) -> int:
+    """The FLOPs of one `linear_calls` run: 2 x rows x in x out per call."""
+    return 2 * sum(rows * a * b for rows, a, b in calls)
+
+
 def block_calls(width: int, hidden: int, attention_rows: list[int], mlp_rows: list[int]
                 ) -> list[tuple[int, int, int]]:
     """(rows, in, out) of each block's qkv and proj (the attention's rows) and fc1 and fc2 (the
@@ -78,13 +83,13 @@ def main() -> None:
             "B/16 fp32": lambda: model(images),
             "B/16 bf16 copy": lambda: bf16_model(images),
             f"B/16 bf16 copy + ToMe {args.merge}": lambda: merged_model(images)}
-    flops = {label: 2 * sum(m * a * b for m, a, b in calls)
+    flops = {label: linear_flops(calls)
              for label, calls in zip(list(runs)[:2], (full, merged), strict=True)}
     if args.per_rows:
         for m in sorted(set(rows), reverse=True):
             one = block_calls(config.width, config.mlp_dim, [m], [m])
             runs[f"linears at {m} rows"] = linear_calls(one)
-            flops[f"linears at {m} rows"] = 2 * sum(c[0] * c[1] * c[2] for c in one)
+            flops[f"linears at {m} rows"] = linear_flops(one)
     seconds: dict[str, list[float]] = {label: [] for label in runs}
     with torch.inference_mode():
         for run in runs.values():
