@@ -10,7 +10,9 @@ bf16 copy of the model, prepacked; alone and with ToMe; and unpacked), `--precis
 the verbs resolve it here (alone and with the largest ToMe r: the issue's "fastest path") and
 ONNX Runtime fp32 (the graph `vitkit export` writes); with `--compile`, fp32, bf16, oneDNN int8
 and `auto` again as `vitkit benchmark --compile` runs them (frozen weights), alone and with the
-largest ToMe r. The last column is each row's first call (compilation for compiled rows).
+largest ToMe r. The last column is each row's first call (compilation for compiled rows); a second
+untimed call of every row follows, since compiled models whose frames are shared recompile
+once more when called in turn (Ti/16: up to 38 s in that round, 0.03 s after).
 
 Accuracy (`--accuracy WEIGHTS ...`): each trained model's test top-1 and images/s at fp32,
 int8, bf16 (`--precision bf16` on the CPU) and token merging r = 1, 2, ... (the ToMe curve),
@@ -189,6 +191,8 @@ def speed(args: argparse.Namespace) -> None:
     merge = [int(r) for r in args.merge.split(",") if r]
     rows = speed_rows(args.batch, merge, not args.no_onnx, not args.no_bf16, args.compile)
     first_call = {label: timed(runner) for label, (runner, _) in rows.items()}  # compiles
+    for runner, _ in rows.values():  # untimed: compiled models that share frames (the blocks'
+        runner()  # forward_first, forward_head) recompile these once more when called in turn
     times: dict[str, list[float]] = {label: [] for label in rows}
     order = list(rows)
     for rep in range(args.reps):
