@@ -6,8 +6,13 @@ layers, against the row counts that ToMe r leaves each layer; then the bf16 copy
 and without ToMe r, and fp32. One process, rotating rounds, medians. On a Zen 4 EPYC the
 linears' time falls with the rows; on AMX hosts it did not (docs/runs/cpu-amx). `--per-rows`
 adds the four linears at each row count alone, to show how their time follows the rows.
+The first two rows share four layers between the calls; `--row-hints` adds ToMe's rows with a
+layer of its own per call, as in the model (48 weights to stream, not 4), packed by default
+and packed for each call's row count (`PackedLinear(rows_hint=...)`, as inductor packs): does
+oneDNN's layout for its default row count slow the others down on AMX? (On a Zen 4 EPYC the
+hint moved single linears by up to 8% either way.)
 
-    python benchmarks/merged_linears.py --threads 2
+    python benchmarks/merged_linears.py --threads 2 [--per-rows] [--row-hints]
 """
 
 from __future__ import annotations
@@ -26,15 +31,20 @@ from vitkit.inference.precision import bf16_copy
 from vitkit.runtime import configure_cpu, cpu_description
 
 
-def linear_calls(calls: list[tuple[int, int, int]]) -> Callable[[], None]:
-    """One call of a prepacked bf16 linear per (rows, in, out) of `calls`."""
-    layers = {(a, b): PackedLinear(torch.randn(b, a) * 0.02, torch.zeros(b))
-              for _, a, b in calls}
+def linear_calls(calls: list[tuple[int, int, int]], own_layers: bool = False,
+                 row_hints: bool = False) -> Callable[[], None]:
+    """One call of a prepacked bf16 linear per (rows, in, out) of `calls`: one layer per
+    (in, out), shared by the calls, or with `own_layers` a layer of its own per call, as in the
+    model (`row_hints`: each packed for its call's rows)."""
+    layers = [PackedLinear(torch.randn(b, a) * 0.02, torch.zeros(b), m if row_hints else None)
+              for m, a, b in calls] if own_layers else []
+    shared = {(a, b): PackedLinear(torch.randn(b, a) * 0.02, torch.zeros(b))
+              for _, a, b in calls} if not own_layers else {}
     inputs = {(m, a): torch.randn(m, a).bfloat16() for m, a, _ in calls}
 
     def run() -> None:
-        for m, a, b in calls:
-            layers[a, b](inputs[m, a])
+        for index, (m, a, b) in enumerate(calls):
+            (layers[index] if own_layers else shared[a, b])(inputs[m, a])
     return run
 
 
@@ -62,6 +72,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--per-rows", action="store_true",
                         help="also time the four linears at each row count alone")
+    parser.add_argument("--row-hints", action="store_true",
+                        help="also time ToMe's rows with each linear packed for its rows")
     args = parser.parse_args()
     if not prepacking_available():
         raise SystemExit("this CPU or torch cannot run prepacked bf16 linears (x86 oneDNN)")
@@ -85,6 +97,12 @@ def main() -> None:
             f"B/16 bf16 copy + ToMe {args.merge}": lambda: merged_model(images)}
     flops = {label: linear_flops(calls)
              for label, calls in zip(list(runs)[:2], (full, merged), strict=True)}
+    if args.row_hints:
+        for hints in (False, True):
+            label = (f"linears, ToMe {args.merge}'s rows, {len(merged)} layers"
+                     + (", packed per rows" if hints else ""))
+            runs[label] = linear_calls(merged, own_layers=True, row_hints=hints)
+            flops[label] = linear_flops(merged)
     if args.per_rows:
         for m in sorted(set(rows), reverse=True):
             one = block_calls(config.width, config.mlp_dim, [m], [m])
@@ -104,7 +122,7 @@ def main() -> None:
     for label, median in medians.items():
         rate = (f"{flops[label] / median / 1e9:6.0f} GFLOP/s" if label in flops
                 else f"{medians['B/16 fp32'] / median:5.2f}x fp32")
-        print(f"{label:40s} {median * 1e3:8.1f} ms  {rate}")
+        print(f"{label:52s} {median * 1e3:8.1f} ms  {rate}")
     full_time, merged_time = list(medians.values())[:2]
     labels = list(flops)[:2]
     print(f"ToMe {args.merge}'s rows: {flops[labels[1]] / flops[labels[0]]:.2f}x the linears' "

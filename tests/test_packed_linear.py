@@ -50,6 +50,29 @@ def test_a_packed_linear_computes_the_linear_layer_in_bf16(shape: tuple[int, ...
     assert (packed.in_features, packed.out_features) == (64, 96)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 520])
+def test_a_layout_packed_for_a_row_count_serves_every_row_count(rows: int) -> None:
+    """`rows_hint` only picks oneDNN's layout: packed for 7 or 520 rows, the layer answers
+    every row count as the default packing does (the same bf16 arithmetic, other blocking),
+    and a deep copy keeps the hint."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96).bfloat16()
+    default = PackedLinear.from_linear(linear)
+    hinted = PackedLinear(linear.weight, linear.bias, rows_hint=rows)
+    x = torch.randn(rows, 64).bfloat16()
+    other = torch.randn(33, 64).bfloat16()
+    with torch.no_grad():
+        for batch in (x, other):
+            reference = torch.nn.functional.linear(batch.double(), linear.weight.double(),
+                                                   linear.bias.double())
+            assert relative_error(hinted(batch), reference) < 5e-3
+            assert relative_error(hinted(batch), default(batch)) < 5e-3
+    copied = copy.deepcopy(hinted)
+    assert copied.rows_hint == rows
+    with torch.no_grad():
+        assert torch.equal(copied(other), hinted(other))
+
+
 @pytest.mark.parametrize("merge", [0, 3])
 def test_the_bf16_copy_is_packed_and_answers_as_the_unpacked_copy(merge: int) -> None:
     model, batch = apply_token_merging(model_with_head(), merge), torch.randn(4, 3, 32, 32)

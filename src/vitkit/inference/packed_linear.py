@@ -30,12 +30,17 @@ def prepacking_available() -> bool:
 
 class PackedLinear(nn.Module):
     """`nn.Linear` with its bf16 weight held in oneDNN's layout: the same outputs, for
-    inference only (no gradient reaches the weight). `weight` gives a plain copy."""
+    inference only (no gradient reaches the weight). `weight` gives a plain copy.
+    `rows_hint`: the row count (batch x tokens) oneDNN picks the layout for, as inductor
+    passes it; None leaves the choice to oneDNN (any row count runs either way)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 rows_hint: int | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().bfloat16())
+        self.rows_hint = rows_hint
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().bfloat16(),
+                                                              rows_hint)
         self.register_buffer("bias", None if bias is None else bias.detach().bfloat16().clone())
 
     @classmethod
@@ -51,7 +56,7 @@ class PackedLinear(nn.Module):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PackedLinear:
         # oneDNN's packed tensors have no storage to copy: pack a plain copy again
-        copied = PackedLinear(self.weight, self.bias)
+        copied = PackedLinear(self.weight, self.bias, self.rows_hint)
         copied.train(self.training)
         return copied
 
