@@ -228,6 +228,15 @@ def test_bf16_on_the_cpu_is_a_bf16_copy_that_answers_in_float32_as_autocast_does
     apply_token_merging(model, 0)
 
 
+def test_bf16_asked_on_a_cpu_without_bf16_hardware_runs_and_says_it_may_be_slower() -> None:
+    slow = choose_precision("bf16", CPU, flags=frozenset({"avx2", "fma"}))
+    assert slow.name == "bf16"
+    assert "no bf16 matmuls in hardware" in slow.reason and "--precision auto" in slow.reason
+    for flags in (frozenset({"avx512_bf16"}), frozenset({"amx_bf16"})):
+        assert choose_precision("bf16", CPU, flags=flags).reason == "asked"
+    assert choose_precision("bf16", torch.device("cuda"), flags=frozenset()).reason == "asked"
+
+
 def test_unknown_and_misplaced_precisions_are_refused() -> None:
     with pytest.raises(ConfigError, match="'fp16' is not one of fp32, bf16, int8, auto"):
         choose_precision("fp16", CPU)

@@ -231,6 +231,10 @@ def choose_precision(requested: str | None, device: torch.device,
                                      "on)", "torch")
         measured = _int8_measurement(model, batch, None)
         return Precision("int8", f"asked; {measured['reason']}", str(measured["engine"]))
+    if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) is None:
+        return Precision("bf16", "asked; this CPU has no bf16 matmuls in hardware (AMX or "
+                                 "AVX512-BF16), so bf16 is emulated and likely slower than "
+                                 "fp32: --precision auto chooses by measuring")
     if requested != "auto":
         return Precision(requested, "asked")
     if device.type == "cuda":
