@@ -374,6 +374,18 @@ def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, exp
     assert amp_dtype("bf16", torch.device(device), width, flags) == torch.bfloat16
 
 
+def test_amp_bf16_on_a_cpu_without_bf16_hardware_trains_in_bf16_and_warns(caplog):
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert amp_dtype("bf16", CPU, 192, NO_AMX) == torch.bfloat16
+    assert "precision bf16 (amp=bf16; this CPU has no bf16 matmuls in hardware" in caplog.text
+    assert "amp=auto decides by the machine" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert amp_dtype("bf16", CPU, 192, AVX512_BF16) == torch.bfloat16
+        assert amp_dtype("bf16", torch.device("cuda"), 192, NO_AMX) == torch.bfloat16
+    assert caplog.text == ""
+
+
 def test_amp_auto_is_a_rule_so_every_rank_and_every_resume_decide_alike(monkeypatch):
     """No timing behind amp=auto: a measurement could differ between the ranks of a run, or
     between a run and its resume (another process on the cores), and break exact resuming."""

@@ -70,6 +70,8 @@ CLOSE = 1.25
 PATHS_VERSION = 2  # in remembered keys; raised when measurements change (2: packed bf16)
 MEASURE_BATCH = 8  # at most this many images in auto's measurement (eval, benchmark)
 AMP_MIN_WIDTH = 128  # bf16 training on a bf16 CPU pays from this width on (training_precision)
+EMULATED_BF16 = ("this CPU has no bf16 matmuls in hardware (AMX or AVX512-BF16), so bf16 is "
+                 "emulated and likely slower than fp32")
 PRECISION_HELP = ("number format: fp32 (default), bf16 (a bf16 copy of the model on CPUs, "
                   "autocast on CUDA), int8 (dynamic int8 Linear layers by the fastest engine "
                   "measured here, as --int8) or auto (the "
@@ -232,9 +234,8 @@ def choose_precision(requested: str | None, device: torch.device,
         measured = _int8_measurement(model, batch, None)
         return Precision("int8", f"asked; {measured['reason']}", str(measured["engine"]))
     if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) is None:
-        return Precision("bf16", "asked; this CPU has no bf16 matmuls in hardware (AMX or "
-                                 "AVX512-BF16), so bf16 is emulated and likely slower than "
-                                 "fp32: --precision auto chooses by measuring")
+        return Precision("bf16", f"asked; {EMULATED_BF16}: --precision auto chooses by "
+                                 "measuring")
     if requested != "auto":
         return Precision(requested, "asked")
     if device.type == "cuda":
@@ -325,6 +326,9 @@ def training_precision(amp: str, device: torch.device, width: int,
     faster; on a Zen 4 EPYC (AVX512-BF16, no AMX) the CIFAR step 1.51x (16 px) and 1.63x
     (24 px) faster; without either, CPU bf16 is emulated and slower."""
     if amp == "bf16":
+        if device.type == "cpu" and fast_bf16_cpu(flags) is None:
+            return Precision("bf16", f"amp=bf16; {EMULATED_BF16}: amp=auto decides by the "
+                                     "machine")
         return Precision("bf16", "amp=bf16")
     if amp != "auto":
         return Precision("fp32", f"amp={amp}")

@@ -218,4 +218,6 @@ def amp_dtype(amp: str, device: torch.device, width: int,
     chosen = training_precision(amp, device, width, flags)
     if amp == "auto":
         log.info("%s", chosen.describe())
+    elif chosen.reason != f"amp={amp}":  # asked for bf16 where it is emulated
+        log.warning("%s", chosen.describe())
     return torch.bfloat16 if chosen.name == "bf16" else None
