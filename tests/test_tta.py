@@ -151,3 +151,78 @@ def test_a_saved_model_folder_keeps_the_runs_tta_for_eval(flip_run: Path, tmp_pa
         load_pretrained(folder)
     save_pretrained(model, folder)  # the message's fix: the folder reads again, flip kept
     assert load_pretrained(folder).eval_tta == "flip"
+
+
+# -- flip TTA on weights trained without flips: a warning, with the fix -------------------------
+def test_the_warning_names_a_run_that_never_flipped_its_inputs() -> None:
+    from vitkit.inference.tta import unflipped_training_warning
+
+    unflipped = {"augment": {"flip": False}}
+    caution = unflipped_training_warning("flip", unflipped)
+    assert caution is not None and "augment.flip=false" in caution and "--tta none" in caution
+    assert unflipped_training_warning("none", unflipped) is None
+    assert unflipped_training_warning("flip", {"augment": {"flip": True}}) is None
+    assert unflipped_training_warning("flip", {"augment": {}}) is None  # pictures flip by default
+    assert unflipped_training_warning("flip", {}) is None
+    assert unflipped_training_warning("flip", {"augment": {}}, pictures=False)  # arrays do not
+    assert unflipped_training_warning("flip", None) is None  # no recipe: nothing to say
+
+
+def test_eval_and_predict_warn_when_flip_tta_meets_a_run_without_flips(flip_run: Path,
+                                                                      caplog, capsys) -> None:
+    """The digits recipe trains without flips (a digit's mirror image is no digit), so flip TTA
+    of its run warns; the fix the warning names, --tta none, runs without it."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main(["eval", str(flip_run), "--out", str(flip_run / "eval")]) == 0
+    assert "the training run never flipped its inputs (augment.flip=false)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main(["eval", str(flip_run), "--tta", "none", "--out", str(flip_run / "eval")]) \
+            == 0
+    assert "flipped" not in caplog.text
+    from vitkit.data.sources.digits import sample_digit
+
+    caplog.clear()
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main(["predict", str(flip_run), str(sample_digit()), "--json"]) == 0
+    assert "never flipped its inputs" in caplog.text
+    assert json.loads(capsys.readouterr().out)["topk"]  # stdout stays JSON
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main(["predict", str(flip_run), str(sample_digit()), "--tta", "none"]) == 0
+    assert "flipped" not in caplog.text
+
+
+def test_training_with_flip_tta_and_no_flips_warns(caplog) -> None:
+    import logging
+
+    from vitkit.train.config import load_train_config
+    from vitkit.train.data import augment_config
+
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        augment_config(load_train_config("digits", ["tta=flip"]), streamed=False)
+    assert "does not flip its training inputs (augment.flip=false)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        augment_config(load_train_config("digits", ["tta=flip", "augment.flip=true"]),
+                       streamed=False)
+        augment_config(load_train_config("digits", []), streamed=False)
+    assert caplog.text == ""
+
+
+def test_serving_a_run_without_flips_with_flip_tta_warns(flip_run: Path, caplog) -> None:
+    import logging
+
+    pytest.importorskip("fastapi", reason="vitkit serve needs the [serve] extra")
+    from vitkit.serve.service import ModelService
+
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        service = ModelService.load(str(flip_run))  # the run's own TTA: flip
+    assert service.tta == "flip" and "never flipped its inputs" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert ModelService.load(str(flip_run), tta="none").tta == "none"
+    assert "flipped" not in caplog.text

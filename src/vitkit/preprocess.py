@@ -78,6 +78,12 @@ class Preprocess:
     def channels(self) -> int:
         return len(self.mean)
 
+    @property
+    def pictures(self) -> bool:
+        """Whether the inputs are 8-bit pictures (grey or RGB over 0..255), not arrays in the
+        data's own units (data=arrays: `scale` 1)."""
+        return self.scale == 255.0 and self.channels in (1, 3)
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.update(img_size=list(self.img_size), mean=list(self.mean), std=list(self.std))

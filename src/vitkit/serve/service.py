@@ -33,7 +33,7 @@ from vitkit.analysis.figures import unit_scaled
 from vitkit.errors import InputError
 from vitkit.inference.precision import Precision, measurement_batch, requested_precision
 from vitkit.inference.speedup import speed_up
-from vitkit.inference.tta import recorded_tta, with_tta
+from vitkit.inference.tta import recorded_tta, unflipped_training_warning, with_tta
 from vitkit.model.vit import VisionTransformer
 from vitkit.predict import (
     Prediction,
@@ -119,6 +119,10 @@ class ModelService:
         runner, context, chosen = in_precision(served, requested_precision(precision, int8),
                                                sample, int8, True)
         tta = recorded_tta(tta, getattr(model, "eval_tta", "none"))
+        caution = unflipped_training_warning(tta, train_config,
+                                             preprocess_for(model).pictures)
+        if caution:
+            log.warning("%s", caution)
         return cls(model, with_tta(runner, tta), context, chosen, name, merge_tokens,
                    train_config, tta)
 
@@ -133,9 +137,7 @@ class ModelService:
     def inputs(self) -> str:
         """"images" for a model of 8-bit pictures, "arrays" for one trained on arrays
         (data=arrays: values in the data's units, `Preprocess.scale` 1)."""
-        if self.preprocess.scale == 255.0 and self.preprocess.channels in (1, 3):
-            return "images"
-        return "arrays"
+        return "images" if self.preprocess.pictures else "arrays"
 
     @property
     def precision_name(self) -> str:

@@ -241,6 +241,11 @@ def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = Non
                               "augment.flip=true and augment.mixup_alpha / cutmix_alpha)")
         augment = replace(augment, crop_padding=0, trivial_augment=False, random_erasing=0.0,
                           flip=bool(cfg.augment.get("flip", False)))
+    if cfg.tta == "flip" and not augment.flip:
+        log.warning("tta=flip averages each test input with its mirror image, but this run "
+                    "does not flip its training inputs (augment.flip=false), so the mirror "
+                    "images are new to the model and can cost accuracy: set tta=none, or "
+                    "augment.flip=true")
     return augment
 
 
