@@ -277,7 +277,7 @@ def test_eval_in_bf16_keeps_the_top1_and_records_the_precision(run, tmp_path, mo
     assert fp32["precision"] == "fp32" and "default" in fp32["precision_reason"]
     with caplog.at_level(logging.INFO, logger="vitkit"):
         bf16 = _eval(run, tmp_path / "eval", "--precision", "bf16")
-    assert "precision bf16 (asked)" in caplog.text
+    assert "precision bf16 (asked" in caplog.text  # and, without bf16 hardware, a caution
     assert bf16["precision"] == "bf16" and bf16["int8"] is None
     assert fp32["top1"] > 0.6 and abs(bf16["top1"] - fp32["top1"]) <= 0.01  # within 1 point
     assert (tmp_path / "eval" / "eval-digits-test-bf16.json").is_file()
@@ -309,7 +309,7 @@ def test_predict_in_bf16_gives_the_classes_of_fp32_and_keeps_stdout_json(run, tm
     fp32 = _predict_json(capsys, str(run), str(folder))
     with caplog.at_level(logging.INFO, logger="vitkit"):
         bf16 = _predict_json(capsys, str(run), str(folder), "--precision", "bf16")
-    assert "precision bf16 (asked)" in caplog.text  # on the log (stderr), not stdout
+    assert "precision bf16 (asked" in caplog.text  # on the log (stderr), not stdout
     assert len(bf16) == len(fp32) == 12
     assert [row["topk"][0]["index"] for row in bf16] == [row["topk"][0]["index"] for row in fp32]
     assert all(abs(a["topk"][0]["prob"] - b["topk"][0]["prob"]) < 0.05
