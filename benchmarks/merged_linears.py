@@ -36,15 +36,19 @@ def linear_calls(calls: list[tuple[int, int, int]], own_layers: bool = False,
     """One call of a prepacked bf16 linear per (rows, in, out) of `calls`: one layer per
     (in, out), shared by the calls, or with `own_layers` a layer of its own per call, as in the
     model (`row_hints`: each packed for its call's rows)."""
-    layers = [PackedLinear(torch.randn(b, a) * 0.02, torch.zeros(b), m if row_hints else None)
-              for m, a, b in calls] if own_layers else []
-    shared = {(a, b): PackedLinear(torch.randn(b, a) * 0.02, torch.zeros(b))
-              for _, a, b in calls} if not own_layers else {}
+    made: dict[object, PackedLinear] = {}
+    layers = []
+    for index, (m, a, b) in enumerate(calls):
+        key = index if own_layers else (a, b)
+        if key not in made:
+            made[key] = PackedLinear(torch.randn(b, a) * 0.02, torch.zeros(b),
+                                     m if row_hints else None)
+        layers.append(made[key])
     inputs = {(m, a): torch.randn(m, a).bfloat16() for m, a, _ in calls}
 
     def run() -> None:
-        for index, (m, a, b) in enumerate(calls):
-            (layers[index] if own_layers else shared[a, b])(inputs[m, a])
+        for layer, (m, a, _) in zip(layers, calls, strict=True):
+            layer(inputs[m, a])
     return run
 
 

@@ -48,7 +48,7 @@ from vitkit.inference.precision import (
     choose_precision,
     requested_precision,
 )
-from vitkit.inference.tta import check_tta, recorded_tta, unflipped_training_warning, with_tta
+from vitkit.inference.tta import check_tta, recorded_tta, warn_if_never_flipped, with_tta
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess, preprocess_for
 from vitkit.tasks import Task, task_of
@@ -407,9 +407,7 @@ def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int =
     notes = [f"{INPUT_NOTE} (a sample: vitkit predict {weights} --sample)"] \
         if trained_on == "digits" else []
     tta = recorded_tta(tta, record.eval_tta)
-    caution = unflipped_training_warning(tta, record.train_config, record.preprocess.pictures)
-    if caution:  # on stderr, so that --json stays JSON
-        log.warning("%s", caution)
+    warn_if_never_flipped(tta, record.train_config, record.preprocess.pictures)
     return Predictions(predict(model, files, topk=topk, batch_size=batch_size,
                                trained_on=trained_on, precision=precision, int8=int8,
                                tta=tta), notes)

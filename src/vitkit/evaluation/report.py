@@ -33,7 +33,7 @@ from vitkit.inference.precision import (
     requested_precision,
 )
 from vitkit.inference.speedup import speed_up
-from vitkit.inference.tta import recorded_tta, unflipped_training_warning, with_tta
+from vitkit.inference.tta import recorded_tta, warn_if_never_flipped, with_tta
 from vitkit.report import Report
 from vitkit.tasks import Task, make_task
 from vitkit.weights import build_model
@@ -90,9 +90,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     fast, context, chosen = _in_precision(speed_up(model, merge_tokens), precision, int8,
                                           batch_size)
     tta = recorded_tta(tta, weights.eval_tta)
-    caution = unflipped_training_warning(tta, weights.train_config, weights.preprocess.pictures)
-    if caution:
-        log.warning("%s", caution)
+    warn_if_never_flipped(tta, weights.train_config, weights.preprocess.pictures)
     fast = with_tta(fast, tta)
     int8 = chosen.engine if chosen.name == "int8" else None  # the engine that ran
     data, data_dir, limit = data_for(weights, data, data_dir, split, limit)

@@ -7,6 +7,7 @@ recipe, or the `eval_tta` a saved model folder keeps), so a run's own score is r
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,9 @@ from torch import nn
 from vitkit.preprocess import TTA_MODES, check_tta
 
 __all__ = ["TTA_HELP", "TTA_MODES", "FlipAveraged", "check_tta", "recorded_tta",
-           "unflipped_training_warning", "with_tta"]
+           "unflipped_training_warning", "warn_if_never_flipped", "with_tta"]
+
+log = logging.getLogger(__name__)
 
 TTA_HELP = ("test-time augmentation: flip averages the outputs on each image and its mirror "
             "image (2 forward passes); none (default: what the training run used)")
@@ -61,3 +64,12 @@ def unflipped_training_warning(tta: str, train_config: Mapping[str, Any] | None,
     return ("flip TTA averages each input with its mirror image, but the training run never "
             "flipped its inputs (augment.flip=false), so the mirror images are new to the "
             "model and can cost accuracy: use --tta none, or train with augment.flip=true")
+
+
+def warn_if_never_flipped(tta: str, train_config: Mapping[str, Any] | None,
+                          pictures: bool = True) -> None:
+    """Log `unflipped_training_warning`'s warning, when there is one (on stderr: a verb's
+    --json output stays JSON)."""
+    caution = unflipped_training_warning(tta, train_config, pictures)
+    if caution:
+        log.warning("%s", caution)

@@ -33,7 +33,7 @@ from vitkit.analysis.figures import unit_scaled
 from vitkit.errors import InputError
 from vitkit.inference.precision import Precision, measurement_batch, requested_precision
 from vitkit.inference.speedup import speed_up
-from vitkit.inference.tta import recorded_tta, unflipped_training_warning, with_tta
+from vitkit.inference.tta import recorded_tta, warn_if_never_flipped, with_tta
 from vitkit.model.vit import VisionTransformer
 from vitkit.predict import (
     Prediction,
@@ -119,10 +119,7 @@ class ModelService:
         runner, context, chosen = in_precision(served, requested_precision(precision, int8),
                                                sample, int8, True)
         tta = recorded_tta(tta, getattr(model, "eval_tta", "none"))
-        caution = unflipped_training_warning(tta, train_config,
-                                             preprocess_for(model).pictures)
-        if caution:
-            log.warning("%s", caution)
+        warn_if_never_flipped(tta, train_config, preprocess_for(model).pictures)
         return cls(model, with_tta(runner, tta), context, chosen, name, merge_tokens,
                    train_config, tta)
 
