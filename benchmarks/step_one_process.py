@@ -16,12 +16,16 @@ attention is that kernel; vitkit's CPU training attention (chunked, its matmuls 
 is not, so this one setting moves the ratio (docs/speed.md, "Two ways to measure the step").
 `MKL_DYNAMIC=FALSE` in the environment does the same without the call.
 
+`--compile` compiles both models with `torch.compile` (default mode, static shapes) before
+the warm-up steps, which then include the compile: the model-for-model figure for users who
+compile. vitkit's chunked CPU attention is one custom op there, timm's attention is SDPA.
+
 `--processes N` runs the whole measurement in N fresh processes, one after the other, and
 prints each one's ratio and their median: on a shared machine the same code moves between
 processes by more than within one (docs/speed.md, "Two ways to measure the step").
 
     python benchmarks/step_one_process.py [--tasks tutorial,train] [--reps 15] [--runtime]
-        [--set-threads N] [--processes N]
+        [--set-threads N] [--compile] [--processes N]
 """
 
 from __future__ import annotations
@@ -70,12 +74,15 @@ def step(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
     return run
 
 
-def measure(task: str, reps: int, iters: int) -> dict[str, float]:
+def measure(task: str, reps: int, iters: int, compile: bool = False) -> dict[str, float]:
     batch, *_, classes = TASKS[task]
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(batch, 3, 32, 32, generator=generator)
     labels = torch.randint(0, classes, (batch,), generator=generator)
-    runs = {name: step(model, images, labels) for name, model in models(task).items()}
+    built = models(task)
+    if compile:
+        built = {name: torch.compile(model, dynamic=False) for name, model in built.items()}
+    runs = {name: step(model, images, labels) for name, model in built.items()}
     for run in runs.values():
         run(), run()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -133,6 +140,8 @@ def main() -> None:
     parser.add_argument("--set-threads", type=int, metavar="N",
                         help="call torch.set_num_threads(N) first (which also turns MKL's "
                              "dynamic threading off)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile both models (default mode, static shapes) first")
     parser.add_argument("--processes", type=int, default=1, metavar="N",
                         help="repeat the measurement in N fresh processes, one after the other")
     args = parser.parse_args()
@@ -148,11 +157,12 @@ def main() -> None:
         configure_cpu()
     print(f"one process, {torch.get_num_threads()} threads, "
           f"{'vitkit runtime' if args.runtime else 'plain settings'}"
-          f"{', torch.set_num_threads called' if args.set_threads else ''}, "
+          f"{', torch.set_num_threads called' if args.set_threads else ''}"
+          f"{', both models compiled' if args.compile else ''}, "
           "torch.optim.AdamW for "
           f"both, medians of {args.reps} interleaved rounds of {args.iters} steps")
     for task in args.tasks.split(","):
-        seconds = measure(task, args.reps, args.iters)
+        seconds = measure(task, args.reps, args.iters, args.compile)
         batch = TASKS[task][0]
         ours, theirs = seconds["vitkit"], seconds["timm"]
         print(f"{task:<9} vitkit {ours * 1e3:7.1f} ms ({batch / ours:6.0f} img/s)  timm "

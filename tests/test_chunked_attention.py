@@ -113,3 +113,44 @@ def test_forward_first_equals_the_full_attention_for_a_linear_or_replaced_projec
     assert (module.forward_first(x, 2) - full).abs().max() < 1e-12
     module.qkv = Wrapped(module.qkv)
     assert (module.forward_first(x, 2) - full).abs().max() < 1e-12
+
+
+def test_the_chunked_attention_op_passes_torch_library_checks():
+    """Schema, autograd registration and the shapes `torch.compile` traces with (several chunks
+    and a remainder)."""
+    qkv = torch.randn(5, 9, 3 * 2 * 4, dtype=torch.float64, requires_grad=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunked, "CHUNK_ELEMENTS", 2 * 2 * 9 * 9)  # chunks of 2 samples
+        torch.library.opcheck(torch.ops.vitkit.chunked_attention.default, (qkv, 2),
+                              test_utils=("test_schema", "test_autograd_registration",
+                                          "test_faketensor"))
+
+
+def compiled_graphs(module: torch.nn.Module, x: torch.Tensor, dynamic: bool
+                    ) -> tuple[torch.Tensor, str]:
+    """`module(x)` under torch.compile with a backend that keeps the traced graphs as text."""
+    graphs = []
+
+    def keep_graph(graph_module, example_inputs):
+        graphs.append(str(graph_module.graph))
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    out, _ = torch.compile(module, backend=keep_graph, dynamic=dynamic)(x)
+    return out, "\n".join(graphs)
+
+
+def test_compile_traces_the_chunked_attention_as_one_op_with_eager_values_and_gradients():
+    torch.manual_seed(0)
+    module = Attention(24, 3).double().train()
+    x = torch.randn(5, 17, 24, dtype=torch.float64, requires_grad=True)
+    expected, _ = module(x)
+    expected_grad = torch.autograd.grad(expected.square().sum(), x)[0]
+    for dynamic in (False, True):  # dynamic: the op's chunks specialise the batch size
+        out, graphs = compiled_graphs(module, x, dynamic)
+        assert "vitkit.chunked_attention" in graphs
+        assert "scaled_dot_product_attention" not in graphs
+        assert (out - expected).abs().max() < 1e-12
+        grad = torch.autograd.grad(out.square().sum(), x)[0]
+        assert (grad - expected_grad).abs().max() < 1e-12
+    torch._dynamo.reset()

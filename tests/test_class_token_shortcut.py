@@ -89,7 +89,7 @@ def test_a_training_step_equals_timms_in_loss_and_gradients():
     model.train(), reference.train()
     images, labels = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
     loss = F.cross_entropy(model(images), labels)
-    assert "_ChunkedAttentionBackward" in backward_nodes(loss)
+    assert any("vitkit_chunked_attention" in name for name in backward_nodes(loss))
     expected = F.cross_entropy(reference(images), labels)
     grads = dict(zip([n for n, _ in model.named_parameters()],
                      torch.autograd.grad(loss, list(model.parameters())), strict=True))

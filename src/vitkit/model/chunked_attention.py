@@ -38,28 +38,43 @@ TRANSPOSED_BELOW = 16
 def use_chunked_attention(qkv: torch.Tensor, num_heads: int, dropout: float) -> bool:
     """Whether the chunked path serves this call: CPU training in fp32/fp64 (a backward pass
     will follow), no attention dropout, at most MAX_TOKENS tokens and MAX_HEAD_DIM per head,
-    not under compile or autocast (their own attention lowering stays in charge)."""
+    not under autocast (its own attention lowering stays in charge). Under `torch.compile` the
+    op is traced whole; its chunks are counted from the batch size, so a graph holds for one
+    batch size (`compile=true` compiles static shapes anyway)."""
     return (qkv.device.type == "cpu" and qkv.requires_grad and torch.is_grad_enabled()
             and dropout == 0.0 and qkv.dtype in (torch.float32, torch.float64)
             and qkv.shape[1] <= MAX_TOKENS and qkv.shape[-1] // 3 // num_heads <= MAX_HEAD_DIM
             and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing())
+            and not torch.jit.is_tracing())
 
 
 def chunked_attention(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Multi-head attention from the fused projection `qkv` (B, T, 3D), laid out [q | k | v]
     with heads contiguous inside each, to the concatenated heads (B, T, D): equal to
-    `scaled_dot_product_attention` on the split heads, gradients included."""
-    return _ChunkedAttention.apply(qkv.contiguous(), num_heads)
+    `scaled_dot_product_attention` on the split heads, gradients included. One custom op
+    (`torch.ops.vitkit.chunked_attention`), so `torch.compile` keeps it whole and fuses what
+    lies around it."""
+    return torch.ops.vitkit.chunked_attention(qkv.contiguous(), num_heads)[0]
+
+
+def _spans(batch: int, num_heads: int, tokens: int) -> list[tuple[int, int]]:
+    """The chunks of samples whose attention matrices together hold about CHUNK_ELEMENTS."""
+    chunk = max(1, CHUNK_ELEMENTS // (num_heads * tokens * tokens))
+    return [(start, min(start + chunk, batch)) for start in range(0, batch, chunk)]
 
 
 class _Layout:
     """Where q, k, v of one chunk live: (3, c * heads, T, D_h), or with `transposed`
     (3, c * heads, D_h, T); the products of attention in that layout."""
 
-    def __init__(self, num_heads: int, head_dim: int) -> None:
+    def __init__(self, num_heads: int, head_dim: int, transposed: bool | None = None) -> None:
         self.num_heads, self.head_dim = num_heads, head_dim
-        self.transposed = head_dim < TRANSPOSED_BELOW
+        self.scale = head_dim**-0.5
+        self.transposed = head_dim < TRANSPOSED_BELOW if transposed is None else transposed
+
+    def inner(self, tokens: int) -> tuple[int, int]:
+        """The last two dims of q, k, v per head: (D_h, T) transposed, else (T, D_h)."""
+        return (self.head_dim, tokens) if self.transposed else (tokens, self.head_dim)
 
     def _per_head(self, tensor: torch.Tensor, samples: int, parts: int) -> torch.Tensor:
         """A (c, T, parts * D) tensor's view as (c, parts, heads, T, D_h) in this layout's
@@ -71,7 +86,7 @@ class _Layout:
         """(c, T, parts * D) -> a new tensor (parts, c * heads, ...) per head in this layout:
         q, k, v from the fused projection (parts=3), or the output's gradient (parts=1)."""
         samples, tokens = tensor.shape[:2]
-        inner = (self.head_dim, tokens) if self.transposed else (tokens, self.head_dim)
+        inner = self.inner(tokens)
         heads = tensor.new_empty(parts, samples * self.num_heads, *inner)
         heads.view(parts, samples, self.num_heads, *inner).copy_(
             self._per_head(tensor, samples, parts).transpose(0, 1))
@@ -98,44 +113,79 @@ class _Layout:
         return torch.bmm(p, x, out=out)
 
 
-class _ChunkedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
-        batch, tokens, width3 = qkv.shape
-        width = width3 // 3
-        layout = _Layout(num_heads, width // num_heads)
-        scale = layout.head_dim**-0.5
-        chunk = max(1, CHUNK_ELEMENTS // (num_heads * tokens * tokens))
-        spans = [(start, min(start + chunk, batch)) for start in range(0, batch, chunk)]
-        out = qkv.new_empty(batch, tokens, width)
-        heads, probs = [], []
-        for start, stop in spans:
-            h = layout.heads(qkv[start:stop], 3)
-            q, k, v = h[0].mul_(scale), h[1], h[2]  # q pre-scaled, as kept for backward
-            p = layout.scores(q, k).softmax(dim=-1)
-            layout.write(out[start:stop], layout.times(p, v), 1)
-            heads.append(h)
-            probs.append(p)
-        ctx.layout, ctx.scale = layout, scale
-        ctx.kept = (spans, heads, probs)
-        return out
+@torch.library.custom_op("vitkit::chunked_attention", mutates_args=())
+def _forward(qkv: torch.Tensor, num_heads: int
+             ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The attention output, and per chunk q, k, v in the layout (q pre-scaled) and the
+    probabilities, both kept for the backward pass."""
+    batch, tokens, width3 = qkv.shape
+    layout = _Layout(num_heads, width3 // 3 // num_heads)
+    out = qkv.new_empty(batch, tokens, width3 // 3)
+    heads, probs = [], []
+    for start, stop in _spans(batch, num_heads, tokens):
+        h = layout.heads(qkv[start:stop], 3)
+        q, k, v = h[0].mul_(layout.scale), h[1], h[2]
+        p = layout.scores(q, k).softmax(dim=-1)
+        layout.write(out[start:stop], layout.times(p, v), 1)
+        heads.append(h)
+        probs.append(p)
+    return out, heads, probs
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
-        spans, heads, probs = ctx.kept
-        ctx.kept = None
-        layout, scale = ctx.layout, ctx.scale
-        grad_out = grad_out.contiguous()
-        batch, tokens, width = grad_out.shape
-        grad = grad_out.new_empty(batch, tokens, 3 * width)
-        for (start, stop), h, p in zip(spans, heads, probs, strict=True):
-            q, k, v = h[0], h[1], h[2]
-            grad_o = layout.heads(grad_out[start:stop], 1)[0]
-            grad_h = torch.empty_like(h)
-            layout.times(p.transpose(1, 2), grad_o, out=grad_h[2])
-            grad_s = torch._softmax_backward_data(layout.scores(grad_o, v), p, -1, p.dtype)
-            layout.times(grad_s, k, out=grad_h[0]).mul_(scale)
-            layout.times(grad_s.transpose(1, 2), q, out=grad_h[1])  # q holds scale already
-            layout.write(grad[start:stop], grad_h, 3)
-        return grad, None
+
+@_forward.register_fake
+def _forward_shapes(qkv: torch.Tensor, num_heads: int
+                    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    batch, tokens, width3 = qkv.shape
+    layout = _Layout(num_heads, width3 // 3 // num_heads)
+    spans = _spans(batch, num_heads, tokens)
+    return (qkv.new_empty(batch, tokens, width3 // 3),
+            [qkv.new_empty(3, (stop - start) * num_heads, *layout.inner(tokens))
+             for start, stop in spans],
+            [qkv.new_empty((stop - start) * num_heads, tokens, tokens) for start, stop in spans])
+
+
+@torch.library.custom_op("vitkit::chunked_attention_backward", mutates_args=())
+def _backward(grad_out: torch.Tensor, heads: list[torch.Tensor], probs: list[torch.Tensor],
+              num_heads: int, transposed: bool) -> torch.Tensor:
+    """The gradient of the fused projection, in its layout, from the kept chunks."""
+    grad_out = grad_out.contiguous()
+    batch, tokens, width = grad_out.shape
+    layout = _Layout(num_heads, width // num_heads, transposed)
+    grad = grad_out.new_empty(batch, tokens, 3 * width)
+    for (start, stop), h, p in zip(_spans(batch, num_heads, tokens), heads, probs, strict=True):
+        q, k, v = h[0], h[1], h[2]
+        grad_o = layout.heads(grad_out[start:stop], 1)[0]
+        grad_h = torch.empty_like(h)
+        layout.times(p.transpose(1, 2), grad_o, out=grad_h[2])
+        grad_s = torch._softmax_backward_data(layout.scores(grad_o, v), p, -1, p.dtype)
+        layout.times(grad_s, k, out=grad_h[0]).mul_(layout.scale)
+        layout.times(grad_s.transpose(1, 2), q, out=grad_h[1])  # q holds the scale already
+        layout.write(grad[start:stop], grad_h, 3)
+    return grad
+
+
+@_backward.register_fake
+def _backward_shape(grad_out: torch.Tensor, heads: list[torch.Tensor],
+                    probs: list[torch.Tensor], num_heads: int, transposed: bool
+                    ) -> torch.Tensor:
+    batch, tokens, width = grad_out.shape
+    return grad_out.new_empty(batch, tokens, 3 * width)
+
+
+def _keep_for_backward(ctx, inputs: tuple, output: tuple) -> None:
+    _, heads, probs = output
+    ctx.num_heads = inputs[1]
+    ctx.transposed = _Layout(inputs[1], inputs[0].shape[-1] // 3 // inputs[1]).transposed
+    ctx.save_for_backward(*heads, *probs)
+    ctx.chunks = len(heads)
+    ctx.mark_non_differentiable(*heads, *probs)
+    ctx.set_materialize_grads(False)  # no zero gradients for the kept chunks
+
+
+def _gradient(ctx, grad_out: torch.Tensor, *_kept_grads) -> tuple[torch.Tensor, None]:
+    kept = ctx.saved_tensors
+    heads, probs = list(kept[:ctx.chunks]), list(kept[ctx.chunks:])
+    return _backward(grad_out, heads, probs, ctx.num_heads, ctx.transposed), None
+
+
+_forward.register_autograd(_gradient, setup_context=_keep_for_backward)
