@@ -113,7 +113,9 @@ class _Layout:
         return torch.bmm(p, x, out=out)
 
 
-@torch.library.custom_op("vitkit::chunked_attention", mutates_args=())
+# Explicit schemas: no reliance on type inference (older torch reads `typing.List` only).
+@torch.library.custom_op("vitkit::chunked_attention", mutates_args=(),
+                         schema="(Tensor qkv, int num_heads) -> (Tensor, Tensor[], Tensor[])")
 def _forward(qkv: torch.Tensor, num_heads: int
              ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The attention output, and per chunk q, k, v in the layout (q pre-scaled) and the
@@ -144,7 +146,10 @@ def _forward_shapes(qkv: torch.Tensor, num_heads: int
             [qkv.new_empty((stop - start) * num_heads, tokens, tokens) for start, stop in spans])
 
 
-@torch.library.custom_op("vitkit::chunked_attention_backward", mutates_args=())
+@torch.library.custom_op(
+    "vitkit::chunked_attention_backward", mutates_args=(),
+    schema="(Tensor grad_out, Tensor[] heads, Tensor[] probs, int num_heads, bool transposed)"
+           " -> Tensor")
 def _backward(grad_out: torch.Tensor, heads: list[torch.Tensor], probs: list[torch.Tensor],
               num_heads: int, transposed: bool) -> torch.Tensor:
     """The gradient of the fused projection, in its layout, from the kept chunks."""
