@@ -21,8 +21,13 @@ shapes, as `vitkit train compile=true` does), vitkit and timm alike, both with t
 runtime; each compiled row's first call (compilation) is timed apart from the medians and
 printed below the table.
 
+`--processes N` repeats the whole measurement with N fresh sets of workers, one after the
+other, prints each table, and ends with each row's "model for model" ratio in every set and
+their median: on a shared machine the same code moves between processes by more than within
+one (as `benchmarks/step_one_process.py --processes`).
+
     python benchmarks/throughput.py [--reps 7] [--threads 2] [--tasks infer,train,tutorial]
-        [--libraries vitkit,timm,hf,timm+runtime,vitkit+compile,timm+compile]
+        [--libraries vitkit,timm,hf,timm+runtime,vitkit+compile,timm+compile] [--processes N]
 """
 
 from __future__ import annotations
@@ -212,37 +217,78 @@ def report(task: Task, times: dict[str, list[float]], first: dict[str, float],
     return lines
 
 
+Timings = dict[str, tuple[dict[str, list[float]], dict[str, float]]]
+
+
+def measure(libraries: list[str], tasks: list[str], threads: int, reps: int,
+            peak: MatmulPeak) -> Timings:
+    """Each task's per-library seconds and first-call seconds, from a fresh worker process per
+    library (stopped at the end)."""
+    ctx = mp.get_context("spawn")
+    pipes, procs = {}, []
+    for lib in libraries:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=worker, args=(lib, threads, child), daemon=True)
+        proc.start()
+        pipes[lib], procs = parent, [*procs, proc]
+    try:
+        return {name: time_task(TASKS[name], pipes, reps, peak) for name in tasks}
+    finally:
+        for conn in pipes.values():
+            conn.send(("stop", None))
+        for proc in procs:
+            proc.join(timeout=30)
+
+
+def model_for_model(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each row's speed over the row with its settings, for the rows that have one."""
+    return {lib: statistics.median(times[SAME_SETTINGS[lib]]) / statistics.median(samples)
+            for lib, samples in times.items()
+            if SAME_SETTINGS[lib] != lib and SAME_SETTINGS[lib] in times}
+
+
+def summary(runs: list[Timings]) -> list[str]:
+    """Per task and row: the "model for model" ratio of each set of workers and the median."""
+    lines = []
+    for task in runs[0]:
+        ratios: dict[str, list[float]] = {}
+        for timings in runs:
+            for lib, ratio in model_for_model(timings[task][0]).items():
+                ratios.setdefault(lib, []).append(ratio)
+        for lib, values in ratios.items():
+            lines.append(f"{task:<9} {LABELS[lib]} vs {LABELS[SAME_SETTINGS[lib]]} in "
+                         f"{len(values)} sets of workers: "
+                         f"{', '.join(f'{v:.2f}x' for v in sorted(values))}; median "
+                         f"{statistics.median(values):.2f}x")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--tasks", default="infer,train")
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="repeat the measurement with N fresh sets of worker processes")
     args = parser.parse_args()
     set_threads(args.threads)
     print(cpu_description(), flush=True)
     peak = MatmulPeak(args.threads)
     peak.sample(10)
-    ctx = mp.get_context("spawn")
-    pipes, procs = {}, []
-    for lib in args.libraries.split(","):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker, args=(lib, args.threads, child), daemon=True)
-        proc.start()
-        pipes[lib], procs = parent, [*procs, proc]
-    try:
-        timings = {name: time_task(TASKS[name], pipes, args.reps, peak)
-                   for name in args.tasks.split(",")}
-        print(f"torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
+    runs = []
+    for index in range(args.processes):
+        timings = measure(args.libraries.split(","), args.tasks.split(","), args.threads,
+                          args.reps, peak)
+        runs.append(timings)
+        heading = f"set of workers {index + 1} of {args.processes}: " if args.processes > 1 else ""
+        print(f"{heading}torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
               f"{peak.gflops:.0f} GFLOP/s (2048x2048, best of {peak.samples} timed before and "
               "between the repetitions); MFU = matmul FLOPs / time / peak\n")
         for name, (times, first) in timings.items():
             print("\n".join(report(TASKS[name], times, first, peak.gflops)), "\n", flush=True)
-    finally:
-        for conn in pipes.values():
-            conn.send(("stop", None))
-        for proc in procs:
-            proc.join(timeout=30)
+    if args.processes > 1:
+        print("\n".join(summary(runs)), flush=True)
 
 
 if __name__ == "__main__":
