@@ -157,7 +157,9 @@ def _backward(grad_out: torch.Tensor, heads: list[torch.Tensor], probs: list[tor
     batch, tokens, width = grad_out.shape
     layout = _Layout(num_heads, width // num_heads, transposed)
     grad = grad_out.new_empty(batch, tokens, 3 * width)
-    for (start, stop), h, p in zip(_spans(batch, num_heads, tokens), heads, probs, strict=True):
+    start = 0
+    for h, p in zip(heads, probs, strict=True):  # the forward pass's chunks, as kept
+        stop = start + p.shape[0] // num_heads
         q, k, v = h[0], h[1], h[2]
         grad_o = layout.heads(grad_out[start:stop], 1)[0]
         grad_h = torch.empty_like(h)
@@ -166,6 +168,7 @@ def _backward(grad_out: torch.Tensor, heads: list[torch.Tensor], probs: list[tor
         layout.times(grad_s, k, out=grad_h[0]).mul_(layout.scale)
         layout.times(grad_s.transpose(1, 2), q, out=grad_h[1])  # q holds the scale already
         layout.write(grad[start:stop], grad_h, 3)
+        start = stop
     return grad
 
 
