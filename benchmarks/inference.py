@@ -68,15 +68,15 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool, with_bf16: bool = 
         return call
 
     rows = {"timm fp32": (_call(timm_model, images), 0), "vitkit fp32": (_call(model, images), 0)}
-    int8 = {engine: quantize_int8(model, engine) for engine in available_engines(model)
-            if with_onnx or engine != "onnxruntime"}
-    for engine, module in int8.items():
-        rows[f"vitkit int8 ({engine})"] = (_call(module, images), 0)
+    engines = [engine for engine in available_engines()
+               if with_onnx or engine != "onnxruntime"]
+    for engine in engines:
+        rows[f"vitkit int8 ({engine})"] = (_call(quantize_int8(model, engine), images), 0)
     for r in merge:
         rows[f"vitkit ToMe r={r}"] = (merged(model, r), r)
-        for engine in available_engines(apply_token_merging(copy.deepcopy(model), r)):
-            if engine in int8:  # ONNX Runtime's graph cannot merge tokens
-                rows[f"vitkit int8 ({engine}) + ToMe r={r}"] = (merged(int8[engine], r), r)
+        for engine in engines:  # merged first, then quantised (ONNX Runtime exports the merge)
+            int8_merged = quantize_int8(apply_token_merging(copy.deepcopy(model), r), engine)
+            rows[f"vitkit int8 ({engine}) + ToMe r={r}"] = (_call(int8_merged, images), r)
     if with_bf16:
         def autocast() -> contextlib.AbstractContextManager:
             return torch.autocast("cpu", dtype=torch.bfloat16)

@@ -1,12 +1,12 @@
 """Does `--precision auto` pick the fastest path? Its choice, then the paths timed.
 
 One process: `auto`'s own measurement for the model with ToMe r (a fresh cache, so it
-measures), then vitkit fp32, the bf16 copy alone and with ToMe r, oneDNN int8 with ToMe r and
-`auto`'s choice with ToMe r, timed in rotating rounds (the first call of each untimed;
-medians). A quick check for a machine lent for minutes (an AMX host); the full table is
-benchmarks/inference.py.
+measures), then vitkit fp32, the bf16 copy alone and with ToMe r (not with `--no-bf16`),
+oneDNN's and ONNX Runtime's int8 with ToMe r and `auto`'s choice with ToMe r, timed in
+rotating rounds (the first call of each untimed; medians). A quick check for a machine lent
+for minutes (an AMX host); the full table is benchmarks/inference.py.
 
-    python benchmarks/precision_choice.py --model B/16 --merge 8 --threads 2
+    python benchmarks/precision_choice.py --model B/16 --merge 8 --threads 2 [--no-bf16]
     python benchmarks/precision_choice.py --auto-warmups 3 --auto-rounds 5   # auto's settings
 """
 
@@ -24,6 +24,7 @@ from vitkit import create_model
 from vitkit.inference import precision as precision_module
 from vitkit.inference.merging import apply_token_merging
 from vitkit.inference.precision import Precision, apply_precision, choose_precision
+from vitkit.inference.quantize import available_engines
 from vitkit.runtime import configure_cpu, cpu_description
 
 
@@ -38,6 +39,8 @@ def main() -> None:
                         help="untimed calls of each path before auto's timed rounds")
     parser.add_argument("--auto-rounds", type=int, default=precision_module.ROUNDS,
                         help="auto's timed rounds (more while its two fastest paths are close)")
+    parser.add_argument("--no-bf16", action="store_true",
+                        help="leave out the bf16 rows (minutes on a CPU without fast bf16)")
     args = parser.parse_args()
     precision_module.WARMUP_CALLS, precision_module.ROUNDS = args.auto_warmups, args.auto_rounds
 
@@ -56,10 +59,14 @@ def main() -> None:
     print(f"auto{tome} -> {chosen} ({time.perf_counter() - start:.0f} s; {args.auto_warmups} "
           f"warm-up call(s), {args.auto_rounds}+ rounds): {auto.reason}", flush=True)
 
-    paths = {"fp32": (model, None), "bf16 copy": (model, Precision("bf16", "")),
-             f"bf16 copy{tome}": (merged, Precision("bf16", "")),
-             f"int8 onednn{tome}": (merged, Precision("int8", "", "onednn")),
-             f"auto ({chosen}){tome}": (merged, auto)}
+    paths = {"fp32": (model, None)}
+    if not args.no_bf16:
+        paths |= {"bf16 copy": (model, Precision("bf16", "")),
+                  f"bf16 copy{tome}": (merged, Precision("bf16", ""))}
+    for engine in ("onednn", "onnxruntime"):
+        if engine in available_engines():
+            paths[f"int8 {engine}{tome}"] = (merged, Precision("int8", "", engine))
+    paths[f"auto ({chosen}){tome}"] = (merged, auto)
     runners = {label: module if precision is None else apply_precision(module, precision, cpu)[0]
                for label, (module, precision) in paths.items()}
     seconds: dict[str, list[float]] = {label: [] for label in runners}

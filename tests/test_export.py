@@ -201,3 +201,24 @@ def test_cli_unknown_format(tmp_path, capsys):
     assert main(["export", str(folder), "--format", "tflite"]) == 2
     err = capsys.readouterr().err
     assert "vitkit export: error: unknown format 'tflite'" in err and "onnx" in err
+
+
+@pytest.mark.parametrize("pool", ["class_token", "mean_patches"])
+def test_a_token_merging_model_exports_and_matches(tmp_path, pool):
+    model = vitkit.apply_token_merging(random_model(img_size=64, depth=3, pool=pool), 4)
+    path = export_onnx(model, tmp_path / "m.onnx", dynamic_size=False)
+    assert check_onnx(model, path, batch_sizes=(1, 4)) <= TOL
+    assert read_metadata(path)["merge_tokens"] == 4
+    plain = export_onnx(random_model(), tmp_path / "plain.onnx")
+    assert read_metadata(plain)["merge_tokens"] == 0
+
+
+def test_a_token_merging_model_refuses_a_dynamic_size_with_the_fix(tmp_path):
+    model = vitkit.apply_token_merging(random_model(img_size=64), 4)
+    with pytest.raises(ExportError, match=r"export without --dynamic-size \(dynamic_size=Fals"):
+        export_onnx(model, tmp_path / "m.onnx", dynamic_size=True)
+    model.set_dynamic_img_size()  # the model's own setting asks for a dynamic size too
+    with pytest.raises(ExportError, match="exports at its image size only"):
+        export_onnx(model, tmp_path / "m.onnx")
+    path = export_onnx(model, tmp_path / "m.onnx", dynamic_size=False)  # the fix
+    assert check_onnx(model, path, batch_sizes=(2,)) <= TOL

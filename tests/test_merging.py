@@ -304,3 +304,28 @@ def test_a_one_block_merging_model_takes_the_shortcut_with_no_sizes_yet():
         full = model.forward_head(model.forward_features(images))
         assert (model(images) - full).abs().max().item() < 1e-12
     assert model.token_sizes is None  # no block merged before the last one
+
+
+def test_merge_tokens_exports_to_onnx_with_several_merges_into_one_token(tmp_path):
+    """The merge as ONNX: onnxruntime gives the same tokens and sizes when several A tokens
+    merge into one B token (a scatter-add exported without its reduction kept only one)."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+
+    class Merge(torch.nn.Module):
+        def forward(self, x, size, keys):
+            return merge_tokens(x, size, keys, 8, 1)
+
+    torch.manual_seed(5)
+    x, size = torch.randn(3, 33, 6), torch.randint(1, 5, (3, 33, 1)).float()
+    keys = keys_with_shared_targets(3, 33, 1).float()
+    path = tmp_path / "merge.onnx"
+    torch.onnx.export(Merge(), (x, size, keys), str(path), dynamo=False,
+                      input_names=["x", "size", "keys"])
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got_x, got_size = session.run(None, {"x": x.numpy(), "size": size.numpy(),
+                                         "keys": keys.numpy()})
+    expected_x, expected_size = merge_tokens(x, size, keys, 8, 1)
+    assert (expected_size > 2).any()  # some B token took more than one A token
+    assert torch.equal(torch.from_numpy(got_size), expected_size)
+    torch.testing.assert_close(torch.from_numpy(got_x), expected_x, rtol=0, atol=1e-5)

@@ -60,8 +60,8 @@ def test_auto_on_a_bf16_cpu_times_bf16_against_int8_and_keeps_the_fastest(
                         _fake_timings({"bf16": 2.5, "torch": 2.1, "onednn": 3.7}, calls))
     amx = frozenset({"amx_bf16"})
     chosen = choose_precision("auto", CPU, model, batch, flags=amx)
-    assert calls == [sorted(["fp32", "bf16", *available_engines(model)])]  # timed together
-    if "onednn" in available_engines(model):
+    assert calls == [sorted(["fp32", "bf16", *available_engines()])]  # timed together
+    if "onednn" in available_engines():
         assert chosen.name == "int8" and chosen.engine == "onednn"
         assert "bf16 2.50x" in chosen.reason and "onednn 3.70x" in chosen.reason
     assert "AMX" in chosen.reason
@@ -82,7 +82,7 @@ def test_on_amx_int8_replaces_bf16_only_when_clearly_faster(
     against bf16 + ToMe at 2.78x, where longer timings gave bf16 4.28x and int8 3.90x): there
     int8 must measure `AMX_BF16_PREFERENCE` times bf16's speed; elsewhere the fastest wins."""
     model = tiny()
-    if "onednn" not in available_engines(model):
+    if "onednn" not in available_engines():
         pytest.skip("needs oneDNN's int8 engine")
     calls: list = []
     speeds = {"bf16": 2.78, "torch": 2.16, "onednn": 3.50}
@@ -155,7 +155,7 @@ def test_int8_engine_is_the_fastest_measured_remembered_and_pinnable(
     chosen = choose_precision("int8", CPU, model, batch)
     assert chosen.engine == "onednn" and "(onednn; " in chosen.describe()
     assert "onednn 2.50x" in chosen.reason and "torch 1.50x" in chosen.reason  # each engine
-    assert calls[0] == sorted(["fp32", *available_engines(model)])
+    assert calls[0] == sorted(["fp32", *available_engines()])
     again = choose_precision("int8", CPU, model, batch)
     assert again.engine == "onednn" and "measured before" in again.reason and len(calls) == 1
     pinned = choose_precision("int8", CPU, model, batch, int8_engine="torch")
@@ -170,7 +170,7 @@ def test_every_int8_engine_runs_the_model_close_to_fp32_and_keeps_its_attributes
     model, batch = tiny(), torch.randn(4, 3, 16, 16)
     with torch.no_grad():
         reference = model(batch)
-        for engine in available_engines(model):
+        for engine in available_engines():
             quantized = quantize_int8(model, engine)
             out = quantized(batch).float()
             assert out.shape == reference.shape, engine

@@ -2,6 +2,7 @@
 ONNX Runtime), composes with token merging, and a missing engine says how to get one."""
 
 import copy
+import shutil
 import sys
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def test_a_missing_int8_engine_says_how_to_install_it(monkeypatch, run):
         quantize_int8(model, "torchao")
     assert "use engine 'torch'" in str(info.value)
     assert quantize_int8(model, "torch") is not model  # the advice works
-    assert "torchao" not in available_engines(model)  # and auto does not measure it
+    assert "torchao" not in available_engines()  # and auto does not measure it
 
 
 def test_an_unknown_int8_engine_is_refused(run):
@@ -133,8 +134,7 @@ def test_cli_eval_predict_and_export_take_int8_and_merge_tokens(run, tmp_path, c
     import json
 
     report = json.loads((out / "eval.json").read_text())
-    # the engine measured fastest; ONNX Runtime's graph cannot merge tokens, so it is not one
-    assert report["int8"] in ("torch", "onednn")
+    assert report["int8"] in available_engines()  # the engine measured fastest, merging too
     assert f"int8 ({report['int8']}), 1 tokens merged per layer: top-1" in text
     assert report["merge_tokens"] == 1 and report["top1"] > 0.5
 
@@ -159,15 +159,26 @@ def test_cli_eval_predict_and_export_take_int8_and_merge_tokens(run, tmp_path, c
     assert np.isfinite(target.stat().st_size)
 
 
-def test_cli_refuses_negative_merge_tokens_and_merge_tokens_on_export(run, tmp_path, capsys):
+def test_cli_refuses_negative_merge_tokens(run, capsys):
     with pytest.raises(SystemExit):
         main(["eval", str(run), "--merge-tokens", "-1"])
     assert "must be >= 0" in capsys.readouterr().err
-    assert main(["export", str(run / "best.pt"), "--merge-tokens", "2",
-                 "--out", str(tmp_path / "x.onnx")]) == 2
+
+
+def test_cli_exports_a_merging_graph_at_the_models_size(run, tmp_path, capsys):
+    checkpoint = tmp_path / "best.pt"
+    shutil.copy(run / "best.pt", checkpoint)
+    assert main(["export", str(checkpoint), "--merge-tokens", "2", "--int8"]) == 0
+    out = capsys.readouterr().out
+    target = tmp_path / "best.merge2.int8.onnx"  # beside the weights, named for both
+    assert target.is_file() and f"wrote {target}" in out and "merges 2 tokens per layer" in out
+    assert out.rstrip().endswith("OK") and read_metadata(target)["merge_tokens"] == 2
+    assert main(["export", str(checkpoint), "--merge-tokens", "2", "--dynamic-size"]) == 2
     err = capsys.readouterr().err
-    assert "--merge-tokens does not export" in err and "export without it" in err
-    assert main(["export", str(run / "best.pt"), "--out", str(tmp_path / "x.onnx")]) == 0
+    assert "exports at its image size only" in err and "export without --dynamic-size" in err
+    assert main(["export", str(checkpoint), "--merge-tokens", "2"]) == 0  # the fix
+    assert (tmp_path / "best.merge2.onnx").is_file() and capsys.readouterr().out.rstrip() \
+        .endswith("OK")
 
 
 
@@ -290,3 +301,13 @@ def test_int8_keeps_a_trained_model_closer_to_fp32_than_torchs_seven_bits(run, d
         error[scheme] = (int8 - fp32).abs().mean().item()
     for scheme in schemes:
         assert error[scheme] < 0.75 * error["torch"], error
+
+
+def test_onnxruntime_int8_runs_a_merging_model_as_torch_does(run, digits_test):
+    pytest.importorskip("onnxruntime")
+    images, _ = digits_test
+    model = apply_token_merging(load_pretrained(run).eval(), 4)
+    fp32 = _logits(model, images)
+    int8 = _logits(quantize_int8(model, "onnxruntime"), images)
+    assert (fp32.argmax(1) == int8.argmax(1)).double().mean() >= MIN_AGREEMENT
+    assert (int8 - fp32).abs().max() <= 0.05 * (fp32.max() - fp32.min())

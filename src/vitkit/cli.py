@@ -386,8 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_int8_arguments(export, "the ONNX graph, with onnxruntime's quantize_dynamic (int8 "
                        "MatMul/Gemm weights), checked against the float model; default "
                        "output .int8.onnx", eager=False)
-    add_merge_tokens_argument(export, "; not exportable (refused): token merging runs in "
-                                      "PyTorch")
+    add_merge_tokens_argument(export, "; in the graph, at the model's image size (not with "
+                                      "--dynamic-size); default output .mergeR.onnx")
     export.set_defaults(run=cmd_export)
     explain = verbs.add_parser("explain", help="attention rollout and maps, mean attention "
                                                "distance, position and filter figures")

@@ -158,7 +158,8 @@ def forward_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = No
     `tokens_per_layer` is a token schedule: the tokens each layer keeps for its MLP (and hands
     to the next layer), e.g. `vitkit.inference.merging.merge_schedule` for token merging;
     default: every token through every layer. A layer that keeps fewer tokens than it attends
-    over also pays token merging's bipartite matching (key similarities of sets A and B).
+    over also pays token merging's bipartite matching (key similarities of sets A and B) and
+    the sums over the tokens merged into one (a 0/1 matrix product).
     """
     size, stem = _size_and_stem(config, img_size, stem)
     tokens, width, mlp = token_count(config, size, stem), config.width, config.mlp_dim
@@ -170,8 +171,11 @@ def forward_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = No
     blocks = 0
     for merged in tokens_per_layer:
         patches = tokens - config.num_prefix_tokens
+        r = tokens - merged
+        # token merging: key similarities of sets A and B; per merged token, the sums (of
+        # tokens and of sizes) over the merged tokens that share its target
         matching = 2 * ((patches + 1) // 2) * (patches // 2) * (width // config.num_heads) \
-            if merged < tokens else 0  # token merging: key similarities of sets A and B
+            + 2 * r * r * (width + 1) if r else 0
         blocks += (2 * tokens * width * 3 * width     # qkv
                    + 2 * 2 * tokens * tokens * width  # q k^T and A v
                    + 2 * tokens * width * width       # output projection

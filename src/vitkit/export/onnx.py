@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from vitkit.errors import ExportError, VitkitError
+from vitkit.inference.merging import merged_per_layer, merges_tokens
 from vitkit.model.vit import VisionTransformer
 
 FORMATS = ("onnx",)
@@ -134,7 +135,8 @@ def _output_description(model: VisionTransformer) -> dict[str, Any]:
 def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
                   dynamic_size: bool) -> dict[str, str]:
     """What a consumer needs beside the graph: preprocessing, class names, config, the task
-    (kind, output names, target standardisation) and what the output is (JSON)."""
+    (kind, output names, target standardisation), what the output is, and the tokens merged
+    per layer (0: no token merging) (JSON)."""
     from vitkit.preprocess import preprocess_for
     from vitkit.tasks import task_of
     from vitkit.version import __version__
@@ -153,6 +155,7 @@ def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
                              else None}),
         "output": json.dumps(_output_description(model)),
         "task": json.dumps(task_of(model).spec.to_dict()),
+        "merge_tokens": json.dumps(merged_per_layer(model)),
     }
 
 
@@ -165,9 +168,16 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, dynamic_batch: bo
     (`config.dynamic_img_size`): the file then takes every size the model does. With
     `dynamic_size=True` the model's dynamic image size is switched on first (in place);
     False exports the fixed size. Preprocessing, class names and the config go into the
-    file's metadata_props as JSON strings. Puts `model` in eval mode.
+    file's metadata_props as JSON strings. Puts `model` in eval mode. A token-merging model
+    (`apply_token_merging`) exports at its fixed image size: each layer's merge count is
+    fixed by the token count.
     """
     onnx = require("onnx")
+    if merges_tokens(model) and (dynamic_size or (dynamic_size is None
+                                                  and model.config.dynamic_img_size)):
+        raise ExportError("a token-merging model exports at its image size only (each "
+                          "layer's merge count follows from the token count): export without "
+                          "--dynamic-size (dynamic_size=False)")
     if opset is not None and opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old: the attention (scaled_dot_product_attention)"
                           f" needs opset {MIN_OPSET} or newer; leave --opset out for torch's "

@@ -15,10 +15,12 @@ CHECK_BATCHES = (1, 3)
 CHECK_ATOL = 1e-4
 
 
-def default_output_path(weights: str, int8: bool = False) -> Path:
+def default_output_path(weights: str, int8: bool = False, merge_tokens: int = 0) -> Path:
     """Beside the weights: FILE.onnx for a file, FOLDER/model.onnx for a folder (.int8.onnx
-    with int8); for a checkpoint name, NAME.onnx here ("/" becomes "-")."""
-    suffix = ".int8.onnx" if int8 else ".onnx"
+    with int8, .mergeR before it with token merging); for a checkpoint name, NAME.onnx here
+    ("/" becomes "-")."""
+    suffix = (f".merge{merge_tokens}" if merge_tokens else "") + (".int8.onnx" if int8
+                                                                  else ".onnx")
     source = Path(weights)
     if source.is_dir():
         return source / f"model{suffix}"
@@ -33,22 +35,25 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     """Export weights (any source `load_pretrained` reads) to `out` (default:
     `default_output_path`) and check the file with onnxruntime: within 1e-4 of PyTorch, or
     for `int8`, within INT8_RTOL x the logits' range with the clear top-1 classes kept.
-    Token merging is refused: it runs in PyTorch, and the graph has a fixed token count."""
+    `merge_tokens` R: the graph merges R tokens per layer (token merging), at the model's
+    image size only, checked against the merging model."""
     from vitkit.catalog import load_pretrained
+    from vitkit.inference.merging import apply_token_merging, check_merge_count
 
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}: use --format " + " or ".join(FORMATS))
-    if merge_tokens:
-        raise ExportError("--merge-tokens does not export: token merging runs in PyTorch "
-                          "(vitkit eval/predict --merge-tokens R); export without it (--int8 "
-                          "makes the ONNX file faster)")
-    out = default_output_path(weights, int8) if out is None else out
+    out = default_output_path(weights, int8, merge_tokens) if out is None else out
     model = load_pretrained(weights, weights_dir=weights_dir)
+    if merge_tokens:
+        check_merge_count(model.config, merge_tokens)
+        model = apply_token_merging(model, merge_tokens)
     write = export_onnx_int8 if int8 else export_onnx
     path = write(model, out, dynamic_size=dynamic_size, opset=opset)
     axes = "batch, height, width" if dynamic_size else "batch"
     size_mib = path.stat().st_size / 2**20
-    lines = [f"wrote {path} ({size_mib:.1f} MiB{', int8' if int8 else ''}, dynamic {axes})"]
+    merging = f", merges {merge_tokens} tokens per layer" if merge_tokens else ""
+    lines = [f"wrote {path} ({size_mib:.1f} MiB{', int8' if int8 else ''}{merging}, "
+             f"dynamic {axes})"]
     sizes = default_check_sizes(model) if dynamic_size else []
     where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
     kind = task_of(model).kind
@@ -56,7 +61,7 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
         lines.append("output 'values': the regression targets' units (de-standardised in the "
                      "graph; the task and its target mean/std are in the file's metadata)")
     data = {"path": str(path), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
-            "checked_at": where, "task": kind}
+            "merge_tokens": merge_tokens, "checked_at": where, "task": kind}
     if int8:
         diff, agree = check_onnx_int8(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes)
         outputs = "values" if kind == "regression" else "logits"

@@ -26,7 +26,7 @@ from vitkit.model.vit import VisionTransformer
 
 __all__ = ["MergingBlock", "MergingVisionTransformer", "apply_token_merging",
            "attend_with_sizes", "check_merge_count", "clip_merge_count", "largest_merge_count",
-           "merge_schedule", "merge_tokens", "size_bias"]
+           "merge_schedule", "merge_tokens", "merged_per_layer", "merges_tokens", "size_bias"]
 
 
 def clip_merge_count(r: int, tokens: int, num_prefix: int) -> int:
@@ -52,6 +52,17 @@ def check_merge_count(config: ViTConfig, r: int) -> None:
             f"cannot merge {r} tokens per layer: the model has {config.num_patches} patch "
             f"tokens (+{config.num_prefix_tokens} prefix), and a layer merges at most half "
             f"of them: use --merge-tokens {largest} or less")
+
+
+def merged_per_layer(model: object) -> int:
+    """The r that `apply_token_merging` gave `model` (0: no token merging)."""
+    return max((getattr(block, "merge_r", 0) for block in getattr(model, "blocks", [])),
+               default=0)
+
+
+def merges_tokens(model: object) -> bool:
+    """Whether `model` merges tokens (`apply_token_merging` with r > 0)."""
+    return merged_per_layer(model) > 0
 
 
 def merge_schedule(config: ViTConfig, r: int, tokens: int) -> list[int]:
@@ -102,15 +113,16 @@ def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int
     x_rows, size_rows = x.reshape(-1, width), size.reshape(-1, 1)
     new_x, new_size = x_rows.index_select(0, kept), size_rows.index_select(0, kept)
 
-    # each target: (x_b size_b + its A tokens' x_a size_a) / (size_b + their size_a), summed
-    # per target in a slot (its first A token's), in at least float32 and rounded once
+    # each target: (x_b size_b + its A tokens' x_a size_a) / (size_b + their size_a), in at
+    # least float32 and rounded once. Each merged A token gets the sum over the A tokens that
+    # share its target as a 0/1 matrix product, not a scatter-add: torch's ONNX exporter
+    # writes index_add_ as a scatter without its reduction, which loses all but one addend.
     exact = torch.promote_types(x.dtype, torch.float32)
-    same_target = target_b[:, :, None] == target_b[:, None, :]  # (B, r, r)
-    slot = (same_target.int().argmax(dim=-1) + samples * r).flatten()
+    same_target = (target_b[:, :, None] == target_b[:, None, :]).to(exact)  # (B, r, r)
     moved_size = size_rows.index_select(0, moved).to(exact)
     moved_x = x_rows.index_select(0, moved).to(exact) * moved_size
-    slot_x = torch.zeros_like(moved_x).index_add_(0, slot, moved_x).index_select(0, slot)
-    slot_size = torch.zeros_like(moved_size).index_add_(0, slot, moved_size).index_select(0, slot)
+    slot_x = torch.bmm(same_target, moved_x.view(batch, r, width)).view(-1, width)
+    slot_size = torch.bmm(same_target, moved_size.view(batch, r, 1)).view(-1, 1)
     target_x = new_x.index_select(0, targets).to(exact)
     target_size = new_size.index_select(0, targets).to(exact)
     total = target_size + slot_size

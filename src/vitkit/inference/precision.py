@@ -46,6 +46,7 @@ from torch import nn
 
 from vitkit.errors import ConfigError
 from vitkit.files import cache_root, write_atomic
+from vitkit.inference.merging import merged_per_layer
 from vitkit.inference.packed_linear import prepack_linears, prepacking_available
 from vitkit.inference.quantize import AUTO as INT8_AUTO
 from vitkit.inference.quantize import available_engines, engine_scheme, quantize_int8
@@ -166,7 +167,7 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
     fastest kept), and bf16 when `with_bf16` (then "engine" may be "bf16"; an int8 engine
     replaces it only when `bf16_preference` times faster), timed against fp32 on `batch`;
     remembered per machine, model and batch."""
-    engines = available_engines(model) if engine in (None, INT8_AUTO) else [engine]
+    engines = available_engines() if engine in (None, INT8_AUTO) else [engine]
     paths = ["bf16", *engines] if with_bf16 else engines
     preference = bf16_preference if with_bf16 else 1.0
     key = (f"v{PATHS_VERSION}:int8:{'|'.join(paths)}|"
@@ -269,8 +270,8 @@ def _measurement_key(model: nn.Module, batch: torch.Tensor) -> str:
     config = getattr(model, "config", None)
     shape = (f"{config.width}x{config.depth}x{config.mlp_dim}/p{config.patch_size}"
              if config is not None else type(model).__name__)
-    merged = {getattr(block, "merge_r", 0) for block in getattr(model, "blocks", [])}
-    shape += f"/merge{max(merged)}" if merged and max(merged) else ""  # ToMe: fewer tokens
+    merged = merged_per_layer(model)
+    shape += f"/merge{merged}" if merged else ""  # ToMe: fewer tokens
     return "|".join([cpu_model_and_flags()[0], torch.__version__, str(torch.get_num_threads()),
                      shape, "x".join(str(d) for d in batch.shape)])
 

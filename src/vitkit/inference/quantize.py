@@ -50,17 +50,16 @@ def _require_torchao() -> Any:
                           "torch)") from exc
 
 
-def available_engines(model: nn.Module | None = None) -> list[str]:
-    """The int8 engines this install can run `model` with: torch always, onednn where torch
-    was built with it, onnxruntime where onnx/onnxruntime are installed and the model has no
-    token merging (the exported graph has a fixed token count), torchao where installed."""
+def available_engines() -> list[str]:
+    """The int8 engines this install runs, each with token merging too: torch always, onednn
+    where torch was built with it, onnxruntime where onnx/onnxruntime are installed, torchao
+    where installed."""
     from vitkit.inference.onnx_int8 import onnxruntime_available
 
     engines = ["torch"]
     if "onednn" in torch.backends.quantized.supported_engines:
         engines.append("onednn")
-    merged = any(getattr(block, "merge_r", 0) for block in getattr(model, "blocks", []))
-    if onnxruntime_available() and not merged:
+    if onnxruntime_available():
         engines.append("onnxruntime")
     if installed("torchao"):
         engines.append("torchao")

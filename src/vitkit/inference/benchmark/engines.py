@@ -55,10 +55,6 @@ class EngineOptions:
         if self.compile and self.engine != "torch":
             raise ConfigError("--compile applies to the torch engine only: drop --compile, or "
                               "use --engine torch")
-        if self.merge_tokens and self.engine == "onnxruntime":
-            raise ConfigError("token merging runs in the torch engine only (the exported graph "
-                              "has a fixed token count): drop --merge-tokens, or use --engine "
-                              "torch")
         if self.int8_engine is not None and self.engine != "torch":
             raise ConfigError("--int8-engine applies to the torch engine only (onnxruntime "
                               "quantises the graph itself): drop --int8-engine, or use "
