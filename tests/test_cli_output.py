@@ -132,20 +132,18 @@ def test_fewshot_writes_its_figure_where_the_help_says(digits_run, tmp_path, mon
 
 
 # -- --merge-tokens: refused beyond what the model can merge ---------------------------------
-@pytest.mark.parametrize("verb, extra", [("eval", []), ("predict", ["digit.png"]),
-                                         ("benchmark", ["--iters", "1", "--warmup", "0"])])
+@pytest.mark.parametrize("verb, extra", [("eval", ["--out", "out"]), ("predict", ["digit.png"]),
+                                         ("benchmark", ["--iters", "1", "--warmup", "0"]),
+                                         ("export", ["--out", "merged.onnx"])])
 def test_merging_more_tokens_than_the_model_has_is_refused(verb, extra, digits_run, tmp_path,
                                                            capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "digit.png")
-    code = main([verb, str(digits_run), *extra, "--merge-tokens", "20", "--out",
-                 str(tmp_path / "out")] if verb == "eval" else
-                [verb, str(digits_run), *extra, "--merge-tokens", "20"])
+    code = main([verb, str(digits_run), *extra, "--merge-tokens", "20"])
     err = capsys.readouterr().err
     assert code == 2 and "cannot merge 20 tokens per layer: the model has 16 patch tokens " \
                          "(+1 prefix)" in err and "use --merge-tokens 8 or less" in err, err
-    argv = [verb, str(digits_run), *extra, "--merge-tokens", "8"]
-    assert main(argv + (["--out", str(tmp_path / "out")] if verb == "eval" else [])) == 0
+    assert main([verb, str(digits_run), *extra, "--merge-tokens", "8"]) == 0
 
 
 # -- top-5 only with more than 5 classes ------------------------------------------------------

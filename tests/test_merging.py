@@ -35,10 +35,11 @@ def test_r0_restores_the_plain_model_bit_for_bit(pool):
     with torch.no_grad():
         plain = model(images)
         merged = apply_token_merging(model, 2)(images)
-        assert isinstance(model, MergingVisionTransformer)
+        assert isinstance(model, MergingVisionTransformer) and model.merge_r == 2
         assert not torch.equal(merged, plain)  # merging changed something
         restored = apply_token_merging(model, 0)(images)
     assert type(model) is VisionTransformer and all(type(b) is Block for b in model.blocks)
+    assert getattr(model, "merge_r", 0) == 0  # what the ONNX export and auto read
     assert torch.equal(restored, plain)
 
 

@@ -8,6 +8,7 @@ a bug: its traceback is kept and the user is asked to report it.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -217,10 +218,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> None:
     from vitkit.export import export_weights
+    from vitkit.inference import speed_up
 
+    merging = functools.partial(speed_up, merge_tokens=args.merge_tokens)
     print_report(export_weights(args.weights, args.out, format=args.format, int8=args.int8,
                                 dynamic_size=args.dynamic_size, opset=args.opset,
-                                merge_tokens=args.merge_tokens, weights_dir=args.weights_dir))
+                                weights_dir=args.weights_dir,
+                                prepare=merging if args.merge_tokens else None))
 
 
 def cmd_explain(args: argparse.Namespace) -> None:

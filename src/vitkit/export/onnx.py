@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from vitkit.errors import ExportError, VitkitError
-from vitkit.inference.merging import merged_per_layer, merges_tokens
 from vitkit.model.vit import VisionTransformer
 
 FORMATS = ("onnx",)
@@ -155,7 +154,7 @@ def onnx_metadata(model: VisionTransformer, dynamic_batch: bool,
                              else None}),
         "output": json.dumps(_output_description(model)),
         "task": json.dumps(task_of(model).spec.to_dict()),
-        "merge_tokens": json.dumps(merged_per_layer(model)),
+        "merge_tokens": json.dumps(getattr(model, "merge_r", 0)),
     }
 
 
@@ -173,8 +172,8 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, dynamic_batch: bo
     fixed by the token count.
     """
     onnx = require("onnx")
-    if merges_tokens(model) and (dynamic_size or (dynamic_size is None
-                                                  and model.config.dynamic_img_size)):
+    merging = getattr(model, "merge_r", 0)  # set by vitkit.inference.apply_token_merging
+    if merging and (dynamic_size or (dynamic_size is None and model.config.dynamic_img_size)):
         raise ExportError("a token-merging model exports at its image size only (each "
                           "layer's merge count follows from the token count): export without "
                           "--dynamic-size (dynamic_size=False)")

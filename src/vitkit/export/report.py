@@ -3,11 +3,13 @@ against the model it came from; the report says where it went and how close it i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from vitkit.errors import ExportError
 from vitkit.export.int8 import INT8_RTOL, check_onnx_int8, export_onnx_int8
 from vitkit.export.onnx import FORMATS, check_onnx, default_check_sizes, export_onnx
+from vitkit.model.vit import VisionTransformer
 from vitkit.report import Report
 from vitkit.tasks import task_of
 
@@ -31,22 +33,24 @@ def default_output_path(weights: str, int8: bool = False, merge_tokens: int = 0)
 
 def export_weights(weights: str, out: str | Path | None = None, *, format: str = "onnx",
                    int8: bool = False, dynamic_size: bool = False, opset: int | None = None,
-                   merge_tokens: int = 0, weights_dir: str | Path | None = None) -> Report:
+                   weights_dir: str | Path | None = None,
+                   prepare: Callable[[VisionTransformer], VisionTransformer] | None = None
+                   ) -> Report:
     """Export weights (any source `load_pretrained` reads) to `out` (default:
     `default_output_path`) and check the file with onnxruntime: within 1e-4 of PyTorch, or
     for `int8`, within INT8_RTOL x the logits' range with the clear top-1 classes kept.
-    `merge_tokens` R: the graph merges R tokens per layer (token merging), at the model's
-    image size only, checked against the merging model."""
+    `prepare` changes the loaded model first: `vitkit export --merge-tokens R` passes token
+    merging (`vitkit.inference.speed_up`), and the graph then merges as the model does, at
+    its image size only, checked against it."""
     from vitkit.catalog import load_pretrained
-    from vitkit.inference.merging import apply_token_merging, check_merge_count
 
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}: use --format " + " or ".join(FORMATS))
-    out = default_output_path(weights, int8, merge_tokens) if out is None else out
     model = load_pretrained(weights, weights_dir=weights_dir)
-    if merge_tokens:
-        check_merge_count(model.config, merge_tokens)
-        model = apply_token_merging(model, merge_tokens)
+    if prepare is not None:
+        model = prepare(model)
+    merge_tokens = getattr(model, "merge_r", 0)  # set by token merging
+    out = default_output_path(weights, int8, merge_tokens) if out is None else out
     write = export_onnx_int8 if int8 else export_onnx
     path = write(model, out, dynamic_size=dynamic_size, opset=opset)
     axes = "batch, height, width" if dynamic_size else "batch"

@@ -26,7 +26,7 @@ from vitkit.model.vit import VisionTransformer
 
 __all__ = ["MergingBlock", "MergingVisionTransformer", "apply_token_merging",
            "attend_with_sizes", "check_merge_count", "clip_merge_count", "largest_merge_count",
-           "merge_schedule", "merge_tokens", "merged_per_layer", "merges_tokens", "size_bias"]
+           "merge_schedule", "merge_tokens", "size_bias"]
 
 
 def clip_merge_count(r: int, tokens: int, num_prefix: int) -> int:
@@ -52,17 +52,6 @@ def check_merge_count(config: ViTConfig, r: int) -> None:
             f"cannot merge {r} tokens per layer: the model has {config.num_patches} patch "
             f"tokens (+{config.num_prefix_tokens} prefix), and a layer merges at most half "
             f"of them: use --merge-tokens {largest} or less")
-
-
-def merged_per_layer(model: object) -> int:
-    """The r that `apply_token_merging` gave `model` (0: no token merging)."""
-    return max((getattr(block, "merge_r", 0) for block in getattr(model, "blocks", [])),
-               default=0)
-
-
-def merges_tokens(model: object) -> bool:
-    """Whether `model` merges tokens (`apply_token_merging` with r > 0)."""
-    return merged_per_layer(model) > 0
 
 
 def merge_schedule(config: ViTConfig, r: int, tokens: int) -> list[int]:
@@ -195,9 +184,12 @@ class MergingVisionTransformer(VisionTransformer):
     (B, T', 1) for `pool`; with `return_attention` each layer's weights have that layer's
     token count. The mean pools weight each token by its size. `forward` takes the class-token
     shortcut as `VisionTransformer.forward` does (then `token_sizes` is the class token's).
+    `merge_r`: the tokens merged per layer; code below this package (the ONNX export) reads
+    it as `getattr(model, "merge_r", 0)`.
     """
 
     token_sizes: torch.Tensor | None = None
+    merge_r: int = 0
 
     def forward(self, images: torch.Tensor, return_attention: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
@@ -268,11 +260,11 @@ def apply_token_merging(model: VisionTransformer, r: int) -> VisionTransformer:
                 del block.merge_r, block.num_prefix
         if isinstance(model, MergingVisionTransformer):
             model.__class__ = VisionTransformer
-            del model.token_sizes
+            del model.token_sizes, model.merge_r
         return model
     for block in blocks:
         block.__class__ = MergingBlock
         block.merge_r, block.num_prefix = r, model.config.num_prefix_tokens
     model.__class__ = MergingVisionTransformer
-    model.token_sizes = None
+    model.token_sizes, model.merge_r = None, r
     return model

@@ -46,7 +46,6 @@ from torch import nn
 
 from vitkit.errors import ConfigError
 from vitkit.files import cache_root, write_atomic
-from vitkit.inference.merging import merged_per_layer
 from vitkit.inference.packed_linear import prepack_linears, prepacking_available
 from vitkit.inference.quantize import AUTO as INT8_AUTO
 from vitkit.inference.quantize import available_engines, engine_scheme, quantize_int8
@@ -270,7 +269,7 @@ def _measurement_key(model: nn.Module, batch: torch.Tensor) -> str:
     config = getattr(model, "config", None)
     shape = (f"{config.width}x{config.depth}x{config.mlp_dim}/p{config.patch_size}"
              if config is not None else type(model).__name__)
-    merged = merged_per_layer(model)
+    merged = getattr(model, "merge_r", 0)  # `apply_token_merging`'s r
     shape += f"/merge{merged}" if merged else ""  # ToMe: fewer tokens
     return "|".join([cpu_model_and_flags()[0], torch.__version__, str(torch.get_num_threads()),
                      shape, "x".join(str(d) for d in batch.shape)])
