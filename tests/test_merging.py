@@ -330,3 +330,18 @@ def test_merge_tokens_exports_to_onnx_with_several_merges_into_one_token(tmp_pat
     assert (expected_size > 2).any()  # some B token took more than one A token
     assert torch.equal(torch.from_numpy(got_size), expected_size)
     torch.testing.assert_close(torch.from_numpy(got_x), expected_x, rtol=0, atol=1e-5)
+
+
+def test_merging_under_bf16_autocast_keeps_the_sums_in_float32():
+    """Autocast (CUDA's bf16 path) must not round the merged sums: the sizes stay whole and
+    add up, and the size-weighted sum of the tokens is kept to float32's rounding."""
+    torch.manual_seed(6)
+    x = torch.randn(2, 65, 32)
+    size = torch.randint(100, 200, (2, 65, 1)).float()  # sizes above 256 once merged
+    keys = keys_with_shared_targets(2, 65, 1).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        new_x, new_size = merge_tokens(x, size, keys, 16, 1)
+    assert new_x.dtype == torch.float32 and (new_size > 256).any()
+    assert torch.equal(new_size.sum(dim=1), size.sum(dim=1))
+    torch.testing.assert_close((new_x * new_size).sum(dim=1), (x * size).sum(dim=1),
+                               rtol=0, atol=0.05)

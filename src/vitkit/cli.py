@@ -429,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "quantize_int8); --engine onnxruntime: the exported graph's "
                               "(onnxruntime quantize_dynamic)")
     add_precision_argument(bench)
-    add_merge_tokens_argument(bench, "; --engine torch only")
+    add_merge_tokens_argument(bench)
     bench.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
                        help="torch (default) or onnxruntime (exported with vitkit export)")
     bench.add_argument("--compile", action="store_true",

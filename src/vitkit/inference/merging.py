@@ -16,6 +16,8 @@ switches it back to the plain classes, so the plain code path runs again.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -106,18 +108,28 @@ def merge_tokens(x: torch.Tensor, size: torch.Tensor, keys: torch.Tensor, r: int
     # least float32 and rounded once. Each merged A token gets the sum over the A tokens that
     # share its target as a 0/1 matrix product, not a scatter-add: torch's ONNX exporter
     # writes index_add_ as a scatter without its reduction, which loses all but one addend.
+    # Autocast stays off there: it would round the sums (and sizes above 256) to bf16.
     exact = torch.promote_types(x.dtype, torch.float32)
     same_target = (target_b[:, :, None] == target_b[:, None, :]).to(exact)  # (B, r, r)
     moved_size = size_rows.index_select(0, moved).to(exact)
     moved_x = x_rows.index_select(0, moved).to(exact) * moved_size
-    slot_x = torch.bmm(same_target, moved_x.view(batch, r, width)).view(-1, width)
-    slot_size = torch.bmm(same_target, moved_size.view(batch, r, 1)).view(-1, 1)
+    with _autocast_off(x.device.type):
+        slot_x = torch.bmm(same_target, moved_x.view(batch, r, width)).view(-1, width)
+        slot_size = torch.bmm(same_target, moved_size.view(batch, r, 1)).view(-1, 1)
     target_x = new_x.index_select(0, targets).to(exact)
     target_size = new_size.index_select(0, targets).to(exact)
     total = target_size + slot_size
     new_x.index_copy_(0, targets, ((target_x * target_size + slot_x) / total).to(x.dtype))
     new_size.index_copy_(0, targets, total.to(size.dtype))
     return new_x.view(batch, tokens - r, width), new_size.view(batch, tokens - r, 1)
+
+
+def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """A context with autocast off on `device_type` (nothing where autocast does not exist:
+    the meta device)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def size_bias(size: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -260,7 +272,8 @@ def apply_token_merging(model: VisionTransformer, r: int) -> VisionTransformer:
                 del block.merge_r, block.num_prefix
         if isinstance(model, MergingVisionTransformer):
             model.__class__ = VisionTransformer
-            del model.token_sizes, model.merge_r
+            del model.token_sizes
+            model.__dict__.pop("merge_r", None)  # an instance value, if set
         return model
     for block in blocks:
         block.__class__ = MergingBlock
