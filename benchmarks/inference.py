@@ -74,8 +74,9 @@ def speed_rows(batch: int, merge: list[int], with_onnx: bool, with_bf16: bool = 
         rows[f"vitkit int8 ({engine})"] = (_call(quantize_int8(model, engine), images), 0)
     for r in merge:
         rows[f"vitkit ToMe r={r}"] = (merged(model, r), r)
+        merged_model = apply_token_merging(copy.deepcopy(model), r)
         for engine in engines:  # merged first, then quantised (ONNX Runtime exports the merge)
-            int8_merged = quantize_int8(apply_token_merging(copy.deepcopy(model), r), engine)
+            int8_merged = quantize_int8(merged_model, engine)
             rows[f"vitkit int8 ({engine}) + ToMe r={r}"] = (_call(int8_merged, images), r)
     if with_bf16:
         def autocast() -> contextlib.AbstractContextManager:

@@ -220,11 +220,11 @@ def cmd_export(args: argparse.Namespace) -> None:
     from vitkit.export import export_weights
     from vitkit.inference import speed_up
 
-    merging = functools.partial(speed_up, merge_tokens=args.merge_tokens)
+    merging = functools.partial(speed_up, merge_tokens=args.merge_tokens) \
+        if args.merge_tokens else None
     print_report(export_weights(args.weights, args.out, format=args.format, int8=args.int8,
                                 dynamic_size=args.dynamic_size, opset=args.opset,
-                                weights_dir=args.weights_dir,
-                                prepare=merging if args.merge_tokens else None))
+                                weights_dir=args.weights_dir, prepare=merging))
 
 
 def cmd_explain(args: argparse.Namespace) -> None:

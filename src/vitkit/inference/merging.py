@@ -201,7 +201,11 @@ class MergingVisionTransformer(VisionTransformer):
     """
 
     token_sizes: torch.Tensor | None = None
-    merge_r: int = 0
+
+    @property
+    def merge_r(self) -> int:
+        """The tokens each block merges (`apply_token_merging`'s r)."""
+        return max((getattr(block, "merge_r", 0) for block in self.blocks), default=0)
 
     def forward(self, images: torch.Tensor, return_attention: bool = False
                 ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
@@ -273,11 +277,10 @@ def apply_token_merging(model: VisionTransformer, r: int) -> VisionTransformer:
         if isinstance(model, MergingVisionTransformer):
             model.__class__ = VisionTransformer
             del model.token_sizes
-            model.__dict__.pop("merge_r", None)  # an instance value, if set
         return model
     for block in blocks:
         block.__class__ = MergingBlock
         block.merge_r, block.num_prefix = r, model.config.num_prefix_tokens
     model.__class__ = MergingVisionTransformer
-    model.token_sizes, model.merge_r = None, r
+    model.token_sizes = None
     return model
