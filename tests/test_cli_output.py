@@ -67,7 +67,10 @@ def test_int8_export_prints_only_its_report(digits_run, tmp_path):
                           cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith(f"wrote {out}")
-    assert len(done.stdout.splitlines()) == 2  # the file, and its check against PyTorch
+    lines = done.stdout.splitlines()  # the file, the float graph's check, the int8 check
+    assert len(lines) == 3, lines
+    assert lines[1].startswith("onnxruntime check of the fp32 graph before quantisation")
+    assert lines[2].startswith("onnxruntime check (int8 vs fp32)") and lines[2].endswith("OK")
     assert done.stderr.strip() == f"{digits_run} is a run folder: using best.pt", done.stderr
 
 

@@ -2,6 +2,7 @@
 ONNX Runtime), composes with token merging, and a missing engine says how to get one."""
 
 import copy
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -311,3 +312,70 @@ def test_onnxruntime_int8_runs_a_merging_model_as_torch_does(run, digits_test):
     int8 = _logits(quantize_int8(model, "onnxruntime"), images)
     assert (fp32.argmax(1) == int8.argmax(1)).double().mean() >= MIN_AGREEMENT
     assert (int8 - fp32).abs().max() <= 0.05 * (fp32.max() - fp32.min())
+
+
+@pytest.fixture
+def unfaithful_exporter(monkeypatch) -> float:
+    """The int8 exports write a graph whose logits are all 0.05 above the model's: inside
+    int8's tolerance (0.1 x the logits' range; the top-1 is kept), far outside the float
+    check's 1e-4. The token-merging bug of f3f91ca (a scatter without its reduction, 0.05-0.2
+    off) was of this kind. Returns the shift."""
+    import vitkit.export.int8 as int8_export
+
+    export_faithfully = int8_export.export_onnx
+
+    def export_shifted(model, path, **kwargs):
+        shifted = copy.deepcopy(model)
+        with torch.no_grad():
+            shifted.head.bias.add_(0.05)
+        return export_faithfully(shifted, path, **kwargs)
+
+    monkeypatch.setattr(int8_export, "export_onnx", export_shifted)
+    return 0.05
+
+
+def test_an_int8_export_checks_its_float_graph_before_quantising(run, tmp_path,
+                                                                  unfaithful_exporter):
+    pytest.importorskip("onnxruntime")
+    model = load_pretrained(run).eval()
+    unchecked = export_onnx_int8(model, tmp_path / "unchecked.onnx", check_float=False)
+    diff, agreement = check_onnx_int8(model, unchecked)  # int8's own check lets it through
+    assert diff >= 0.5 * unfaithful_exporter and agreement > 0.9
+    target = tmp_path / "checked.onnx"
+    with pytest.raises(ExportError, match=r"before int8 quantisation, the ONNX outputs differ "
+                                          r"from PyTorch by 0\.0\d* \(batch 1 at 8x8\), above "
+                                          r"the tolerance 0\.0001"):
+        export_onnx_int8(model, target)
+    assert not target.exists() and not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_onnxruntime_engine_refuses_an_unfaithful_graph_and_auto_passes_it_by(
+        run, digits_test, unfaithful_exporter):
+    pytest.importorskip("onnxruntime")
+    images, _ = digits_test
+    model = load_pretrained(run).eval()
+    with pytest.raises(ExportError, match=r"the onnxruntime int8 engine cannot run this model: "
+                                          r"before int8 quantisation, .* Use another int8 "
+                                          r"engine: --int8-engine torch \(or onednn\)\."):
+        quantize_int8(model, "onnxruntime")
+    fp32 = _logits(model, images)  # the fix, followed: torch's engine
+    int8 = _logits(quantize_int8(model, "torch"), images)
+    assert (fp32.argmax(1) == int8.argmax(1)).double().mean() >= MIN_AGREEMENT
+    from vitkit.inference.precision import choose_int8_engine
+
+    engine, reason = choose_int8_engine(model, images[:8])  # every engine timed but that one
+    assert engine in available_engines() and engine != "onnxruntime"
+    assert "onnxruntime not timed: the onnxruntime int8 engine cannot run this model" in reason
+    assert "onnxruntime " not in reason.split(";")[0]  # no time measured for it
+
+
+def test_cli_eval_names_the_unfaithful_onnxruntime_graph_and_the_fix_works(
+        run, tmp_path, capsys, unfaithful_exporter):
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "eval"
+    assert main(["eval", str(run), "--out", str(out), "--int8-engine", "onnxruntime"]) != 0
+    err = capsys.readouterr().err
+    assert "the onnxruntime int8 engine cannot run this model" in err
+    assert "Traceback" not in err and "--int8-engine torch" in err
+    assert main(["eval", str(run), "--out", str(out), "--int8-engine", "torch"]) == 0
+    assert json.loads((out / "eval.json").read_text())["int8"] == "torch"

@@ -13,7 +13,15 @@ from typing import Any
 import torch
 
 from vitkit.errors import ExportError
-from vitkit.export.onnx import export_onnx, onnx_and_torch_outputs, quiet_onnxruntime
+from vitkit.export.onnx import (
+    CHECK_BATCHES,
+    check_onnx,
+    default_check_sizes,
+    export_onnx,
+    float_tolerance,
+    onnx_and_torch_outputs,
+    quiet_onnxruntime,
+)
 from vitkit.model.vit import VisionTransformer
 
 INT8_RTOL = 0.1  # int8 logits may differ from fp32 by up to this fraction of the logits' range
@@ -44,13 +52,26 @@ def quantize_onnx_int8(source: str | Path, target: str | Path) -> Path:
     return target
 
 
-def export_onnx_int8(model: VisionTransformer, path: str | Path, **kwargs: Any) -> Path:
+def export_onnx_int8(model: VisionTransformer, path: str | Path, *, check_float: bool = True,
+                     **kwargs: Any) -> Path:
     """`export_onnx`, then ONNX Runtime's dynamic int8 quantisation of the graph, written to
-    `path` (the float graph is a temporary file beside it)."""
+    `path` (the float graph is a temporary file beside it).
+
+    With `check_float` the float graph is first checked against `model` in onnxruntime
+    (`check_onnx` within `float_tolerance`, at the sizes `vitkit export` checks), so that an
+    exporter error cannot hide inside int8's looser tolerance; raises ExportError.
+    """
     path = Path(path)
     float_path = path.with_name(path.name + ".fp32.tmp")
     try:
         export_onnx(model, float_path, **kwargs)
+        if check_float:
+            sizes = default_check_sizes(model) if model.config.dynamic_img_size else None
+            try:
+                check_onnx(model, float_path, batch_sizes=CHECK_BATCHES, sizes=sizes,
+                           atol=float_tolerance(model))
+            except ExportError as exc:
+                raise ExportError(f"before int8 quantisation, {exc}") from exc
         return quantize_onnx_int8(float_path, path)
     finally:
         float_path.unlink(missing_ok=True)

@@ -38,6 +38,8 @@ from vitkit.model.vit import VisionTransformer
 FORMATS = ("onnx",)
 INPUT_NAME, OUTPUT_NAME, VALUES_NAME = "images", "logits", "values"
 MIN_OPSET = 14  # scaled_dot_product_attention
+CHECK_BATCHES = (1, 3)  # batch sizes an exported graph is checked at (the export traces 2)
+CHECK_ATOL = 1e-4  # a float graph's outputs within this of PyTorch's (see `float_tolerance`)
 INSTALL_HINT = "pip install 'vitkit[export]'"
 ORT_ERROR, ORT_WARNING = 3, 2  # onnxruntime's log severities (its default: warning)
 
@@ -233,6 +235,13 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
 
 # -- check --------------------------------------------------------------------------------------
+def float_tolerance(model: VisionTransformer) -> float:
+    """How far a float graph's outputs may be from PyTorch's: CHECK_ATOL, times the largest
+    target std for a regression model (its graph outputs the targets' units)."""
+    stats = destandardisation(model)
+    return CHECK_ATOL * (1.0 if stats is None else max(1.0, stats[0].max().item()))
+
+
 def default_check_sizes(model: VisionTransformer) -> list[tuple[int, int]]:
     """Two other resolutions for checking a dynamic-size export: larger, and non-square."""
     (height, width), patch = model.config.img_size, model.config.patch_size

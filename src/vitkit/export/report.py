@@ -8,13 +8,18 @@ from pathlib import Path
 
 from vitkit.errors import ExportError
 from vitkit.export.int8 import INT8_RTOL, check_onnx_int8, export_onnx_int8
-from vitkit.export.onnx import FORMATS, check_onnx, default_check_sizes, export_onnx
+from vitkit.export.onnx import (
+    CHECK_ATOL,
+    CHECK_BATCHES,
+    FORMATS,
+    check_onnx,
+    default_check_sizes,
+    export_onnx,
+    float_tolerance,
+)
 from vitkit.model.vit import VisionTransformer
 from vitkit.report import Report
 from vitkit.tasks import task_of
-
-CHECK_BATCHES = (1, 3)
-CHECK_ATOL = 1e-4
 
 
 def default_output_path(weights: str, int8: bool = False, merge_tokens: int = 0) -> Path:
@@ -66,21 +71,21 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
                      "graph; the task and its target mean/std are in the file's metadata)")
     data = {"path": str(path), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
             "merge_tokens": merge_tokens, "checked_at": where, "task": kind}
+    # values in the targets' units carry the float error times the targets' std
+    atol = float_tolerance(model)
+    tolerance = "1e-4" if atol == CHECK_ATOL else f"1e-4 x the targets' std: {atol:.2g}"
     if int8:
         diff, agree = check_onnx_int8(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes)
         outputs = "values" if kind == "regression" else "logits"
         agreement = f", top-1 agreement {100 * agree:.0f}%" if kind == "classification" else ""
+        lines.append(f"onnxruntime check of the fp32 graph before quantisation (tolerance "
+                     f"{tolerance}): OK")
         lines.append(f"onnxruntime check (int8 vs fp32): max abs diff {diff:.2g} over batch 1, "
                      f"3 at {where} (tolerance {INT8_RTOL:g} x the {outputs}' range)"
                      f"{agreement}: OK")
         data.update(max_abs_diff=diff, top1_agreement=agree)
     else:
-        # values in the targets' units carry the float error times the targets' std
-        spread = max([1.0, *(task_of(model).spec.target_std or [])])
-        diff = check_onnx(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes,
-                          atol=CHECK_ATOL * spread)
-        tolerance = "1e-4" if spread == 1.0 else \
-            f"1e-4 x the targets' std: {CHECK_ATOL * spread:.2g}"
+        diff = check_onnx(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes, atol=atol)
         lines.append(f"onnxruntime check: max abs diff {diff:.2g} over batch 1, 3 at {where} "
                      f"(tolerance {tolerance}): OK")
         data.update(max_abs_diff=diff)

@@ -5,7 +5,9 @@ and run in an in-memory `InferenceSession` (its VNNI/AMX int8 kernels where the 
 `OnnxRuntimeInt8(model)` answers `forward(images)` like `model` (logits; a regression model's
 standardised outputs, as its own forward gives) and every other attribute (config,
 preprocessing, task, class names) from `model`, so eval and predict take it as they take the
-model. No file is left behind: the graph is read into memory and its folder deleted.
+model. No file is left behind: the graph is read into memory and its folder deleted. The
+float graph is checked against `model` before it is quantised (`export_onnx_int8`), so a graph
+the exporter got wrong raises ExportError instead of answering wrongly.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitkit.errors import ExportError
 from vitkit.export import export_onnx_int8, require
 from vitkit.export.onnx import destandardisation
 
@@ -48,8 +51,13 @@ class OnnxRuntimeInt8(nn.Module):
         super().__init__()
         self.float_model = model.eval()  # attributes are answered from it (see __getattr__)
         with tempfile.TemporaryDirectory(prefix="vitkit-int8-") as folder:
-            path = export_onnx_int8(model, Path(folder) / "model.onnx", dynamic_batch=True,
-                                    dynamic_size=False)
+            try:
+                path = export_onnx_int8(model, Path(folder) / "model.onnx",
+                                        dynamic_batch=True, dynamic_size=False)
+            except ExportError as exc:
+                raise ExportError(f"the onnxruntime int8 engine cannot run this model: {exc} "
+                                  "Use another int8 engine: --int8-engine torch (or onednn)."
+                                  ) from exc
             graph = path.read_bytes()
         self.session = cpu_session(graph, threads)
         self.input_name = self.session.get_inputs()[0].name

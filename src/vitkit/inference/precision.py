@@ -19,7 +19,9 @@ best of `ROUNDS`, or up to `MAX_ROUNDS` while the two fastest are close), else f
 
 int8's engine (torch's x86 kernels, oneDNN, ONNX Runtime, torchao: `vitkit.inference.quantize`)
 is likewise measured, not assumed (`choose_int8_engine`): which is fastest depends on the CPU
-(VNNI, AMX) and the model. `--int8-engine E` pins one.
+(VNNI, AMX) and the model. `--int8-engine E` pins one. An engine that cannot run the model
+(ONNX Runtime where its float graph does not match the model) is not timed, and the reason
+says why.
 
 A measured choice is remembered per CPU, torch build, model shape and batch size in
 `<cache root>/precision.json` (`vitkit.files.cache_root`), so only the first call pays for
@@ -44,7 +46,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitkit.errors import ConfigError
+from vitkit.errors import ConfigError, VitkitError
 from vitkit.files import cache_root, write_atomic
 from vitkit.inference.packed_linear import prepack_linears, prepacking_available
 from vitkit.inference.quantize import AUTO as INT8_AUTO
@@ -178,8 +180,8 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
     runners = {"fp32": _runner(model, batch)}
     if with_bf16:
         runners["bf16"] = _bf16_runner(model, batch)
-    seconds = _timings(runners | {name: _runner(quantize_int8(model, name), batch)
-                                  for name in engines})
+    engine_runners, skipped = _engine_runners(model, batch, engines)
+    seconds = _timings(runners | engine_runners)
     fp32 = seconds.pop("fp32")
     fastest = min(seconds, key=lambda name: seconds[name] / (preference if name == "bf16"
                                                             else 1.0))
@@ -192,8 +194,28 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
                           f"{len(batch)}" if len(paths) > 1 else
                           f"int8 ({fastest}) measured {fp32 / seconds[fastest]:.2f}x fp32 on "
                           f"this model at batch {len(batch)}"}
+    if skipped:
+        measured["reason"] += "; " + "; ".join(skipped)
     _remember(key, measured)
     return measured
+
+
+def _engine_runners(model: nn.Module, batch: torch.Tensor, engines: list[str]
+                    ) -> tuple[dict[str, Callable[[], object]], list[str]]:
+    """A runner of each int8 engine in `engines` that can run `model`, and a line for each
+    that cannot (an export ONNX Runtime cannot take, or one that does not match the model:
+    `vitkit.inference.onnx_int8`). With a single engine its error is raised."""
+    runners, skipped = {}, []
+    for name in engines:
+        try:
+            runners[name] = _runner(quantize_int8(model, name), batch)
+        except VitkitError as exc:
+            if len(engines) == 1:
+                raise
+            skipped.append(f"{name} not timed: {exc}")
+    if not runners:
+        raise ConfigError("no int8 engine can run this model: " + "; ".join(skipped))
+    return runners, skipped
 
 
 def _bf16_runner(model: nn.Module, batch: torch.Tensor) -> Callable[[], object]:
