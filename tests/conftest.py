@@ -87,3 +87,28 @@ def weights_fuzzer(fuzzer: ModuleType) -> ModuleType:
     sys.modules["fuzz_weights"] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def unfaithful_exporter(monkeypatch: pytest.MonkeyPatch) -> float:
+    """vitkit's ONNX exports (float, and the float graph of an int8 export) write a graph whose
+    logits are all 0.05 above the model's: inside int8's tolerance (0.1 x the logits' range;
+    the top-1 is kept), far outside the float check's 1e-4. The token-merging bug of f3f91ca
+    (a scatter without its reduction, 0.05-0.2 off) was of this kind. Returns the shift."""
+    import copy
+
+    import vitkit.export
+    import vitkit.export.int8
+
+    shift = 0.05
+    export_faithfully = vitkit.export.export_onnx
+
+    def export_shifted(model, path, **kwargs):
+        shifted = copy.deepcopy(model)
+        with torch.no_grad():
+            shifted.head.bias.add_(shift)
+        return export_faithfully(shifted, path, **kwargs)
+
+    monkeypatch.setattr(vitkit.export, "export_onnx", export_shifted)
+    monkeypatch.setattr(vitkit.export.int8, "export_onnx", export_shifted)
+    return shift

@@ -120,6 +120,21 @@ def test_benchmark_int8_on_onnxruntime_times_the_quantized_graph(capsys):
     assert result["images_per_s"] > 0
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_benchmark_on_onnxruntime_times_only_a_graph_that_equals_the_model(
+        capsys, unfaithful_exporter, int8):
+    """An exporter that writes every logit 0.05 off (conftest): the benchmark refuses it."""
+    pytest.importorskip("onnxruntime")
+    code, _, err = run_cli(capsys, "cifar10-tutorial", "--engine", "onnxruntime",
+                           *(["--int8"] if int8 else []), *FAST)
+    assert code != 0 and "Traceback" not in err
+    assert re.search(r"the ONNX outputs differ from PyTorch by 0\.05\d* \(batch [13] at 32x32\)",
+                     err), err
+    assert "Time PyTorch instead: --engine torch." in err
+    assert run_cli(capsys, "cifar10-tutorial", "--engine", "torch",
+                   *(["--int8"] if int8 else []), *FAST)[0] == 0  # the fix, followed
+
+
 def test_benchmark_merge_tokens_runs_the_merged_model_and_counts_its_flops(capsys):
     from vitkit import apply_token_merging
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitkit.errors import ConfigError
+from vitkit.errors import ConfigError, ExportError
 from vitkit.inference.compiled import compile_for_inference
 from vitkit.inference.precision import (
     MEASURE_BATCH,
@@ -145,11 +145,21 @@ class Engine:
 
 def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = False):
     """Export with vitkit's exporter (int8: then onnxruntime's dynamic quantisation) to a
-    temporary file and open it in onnxruntime."""
-    from vitkit.export import export_onnx, export_onnx_int8
+    temporary file and open it in onnxruntime. The float graph is checked against `model`
+    first (`check_onnx`; for int8 inside `export_onnx_int8`), so only a faithful graph is
+    timed."""
+    from vitkit.export import check_onnx, export_onnx, export_onnx_int8
+    from vitkit.export.onnx import float_tolerance
     from vitkit.inference.onnx_int8 import cpu_session
 
     with tempfile.TemporaryDirectory(prefix="vitkit-benchmark-") as folder:
-        write = export_onnx_int8 if int8 else export_onnx
-        path = write(model, Path(folder) / "model.onnx", dynamic_batch=True, dynamic_size=False)
+        target = Path(folder) / "model.onnx"
+        try:
+            if int8:
+                path = export_onnx_int8(model, target, dynamic_batch=True, dynamic_size=False)
+            else:
+                path = export_onnx(model, target, dynamic_batch=True, dynamic_size=False)
+                check_onnx(model, path, atol=float_tolerance(model))
+        except ExportError as exc:
+            raise ExportError(f"{exc} Time PyTorch instead: --engine torch.") from exc
         return cpu_session(path, threads)
