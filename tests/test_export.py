@@ -222,3 +222,22 @@ def test_a_token_merging_model_refuses_a_dynamic_size_with_the_fix(tmp_path):
         export_onnx(model, tmp_path / "m.onnx")
     path = export_onnx(model, tmp_path / "m.onnx", dynamic_size=False)  # the fix
     assert check_onnx(model, path, batch_sizes=(2,)) <= TOL
+
+
+def test_check_onnx_adds_a_tolerance_relative_to_the_outputs_only_when_asked(
+        tmp_path, unfaithful_exporter):
+    """A graph 0.05 off (conftest): refused at 1e-4 whatever the logits; with rtol=1e-5
+    refused on logits of magnitude ~1 and accepted on logits of magnitude ~1e4, where 0.05 is
+    within 1e-4 + 1e-5 x their magnitude."""
+    model = random_model()
+    path = vitkit.export.export_onnx(model, tmp_path / "m.onnx")  # the patched exporter
+    with pytest.raises(ExportError, match=r"above the tolerance 0\.000\d+ \(0\.0001 \+ 1e-05 x "
+                                          r"the outputs' largest magnitude"):
+        check_onnx(model, path, atol=1e-4, rtol=1e-5)
+    with torch.no_grad():
+        model.head.weight.mul_(1e4)
+        model.head.bias.mul_(1e4)
+    path = vitkit.export.export_onnx(model, tmp_path / "large.onnx")
+    with pytest.raises(ExportError, match=r"above the tolerance 0\.0001; the export is not"):
+        check_onnx(model, path)
+    assert check_onnx(model, path, atol=1e-4, rtol=1e-5) == pytest.approx(0.05, abs=0.01)

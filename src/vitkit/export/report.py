@@ -16,6 +16,7 @@ from vitkit.export.onnx import (
     default_check_sizes,
     export_onnx,
     float_tolerance,
+    read_metadata,
 )
 from vitkit.model.vit import VisionTransformer
 from vitkit.report import Report
@@ -71,20 +72,23 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
                      "graph; the task and its target mean/std are in the file's metadata)")
     data = {"path": str(path), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
             "merge_tokens": merge_tokens, "checked_at": where, "task": kind}
-    # values in the targets' units carry the float error times the targets' std
-    atol = float_tolerance(model)
-    tolerance = "1e-4" if atol == CHECK_ATOL else f"1e-4 x the targets' std: {atol:.2g}"
     if int8:
         diff, agree = check_onnx_int8(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes)
         outputs = "values" if kind == "regression" else "logits"
         agreement = f", top-1 agreement {100 * agree:.0f}%" if kind == "classification" else ""
-        lines.append(f"onnxruntime check of the fp32 graph before quantisation (tolerance "
-                     f"{tolerance}): OK")
+        fp32 = read_metadata(path)["fp32_check"]  # written by export_onnx_int8
+        lines.append(f"onnxruntime check of the fp32 graph before quantisation: max abs diff "
+                     f"{fp32['max_abs_diff']:.2g} over {fp32['checked_at']} (tolerance "
+                     f"{fp32['tolerance']}): OK")
         lines.append(f"onnxruntime check (int8 vs fp32): max abs diff {diff:.2g} over batch 1, "
                      f"3 at {where} (tolerance {INT8_RTOL:g} x the {outputs}' range)"
                      f"{agreement}: OK")
-        data.update(max_abs_diff=diff, top1_agreement=agree)
+        data.update(max_abs_diff=diff, top1_agreement=agree,
+                    fp32_max_abs_diff=fp32["max_abs_diff"])
     else:
+        # values in the targets' units carry the float error times the targets' std
+        atol = float_tolerance(model)
+        tolerance = "1e-4" if atol == CHECK_ATOL else f"1e-4 x the targets' std: {atol:.2g}"
         diff = check_onnx(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes, atol=atol)
         lines.append(f"onnxruntime check: max abs diff {diff:.2g} over batch 1, 3 at {where} "
                      f"(tolerance {tolerance}): OK")

@@ -44,6 +44,13 @@ def onnxruntime_available() -> bool:
     return installed("onnx") and installed("onnxruntime")
 
 
+def _other_engines() -> str:
+    """"--int8-engine torch", with "(or onednn)" where torch was built with oneDNN."""
+    from vitkit.inference.quantize import available_engines
+
+    return "--int8-engine torch" + (" (or onednn)" if "onednn" in available_engines() else "")
+
+
 class OnnxRuntimeInt8(nn.Module):
     """`model` as an int8 ONNX Runtime session (see the module docstring)."""
 
@@ -56,8 +63,7 @@ class OnnxRuntimeInt8(nn.Module):
                                         dynamic_batch=True, dynamic_size=False)
             except ExportError as exc:
                 raise ExportError(f"the onnxruntime int8 engine cannot run this model: {exc} "
-                                  "Use another int8 engine: --int8-engine torch (or onednn)."
-                                  ) from exc
+                                  f"Use another int8 engine: {_other_engines()}.") from exc
             graph = path.read_bytes()
         self.session = cpu_session(graph, threads)
         self.input_name = self.session.get_inputs()[0].name

@@ -212,7 +212,8 @@ def _engine_runners(model: nn.Module, batch: torch.Tensor, engines: list[str]
         except VitkitError as exc:
             if len(engines) == 1:
                 raise
-            skipped.append(f"{name} not timed: {exc}")
+            cause = exc.__cause__ if isinstance(exc.__cause__, VitkitError) else exc
+            skipped.append(f"{name} not timed ({str(cause).rstrip('.')})")
     if not runners:
         raise ConfigError("no int8 engine can run this model: " + "; ".join(skipped))
     return runners, skipped

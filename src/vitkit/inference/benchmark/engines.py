@@ -149,7 +149,7 @@ def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = Fa
     first (`check_onnx`; for int8 inside `export_onnx_int8`), so only a faithful graph is
     timed."""
     from vitkit.export import check_onnx, export_onnx, export_onnx_int8
-    from vitkit.export.onnx import float_tolerance
+    from vitkit.export.onnx import FLOAT_RTOL, float_tolerance
     from vitkit.inference.onnx_int8 import cpu_session
 
     with tempfile.TemporaryDirectory(prefix="vitkit-benchmark-") as folder:
@@ -159,7 +159,7 @@ def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = Fa
                 path = export_onnx_int8(model, target, dynamic_batch=True, dynamic_size=False)
             else:
                 path = export_onnx(model, target, dynamic_batch=True, dynamic_size=False)
-                check_onnx(model, path, atol=float_tolerance(model))
+                check_onnx(model, path, atol=float_tolerance(model), rtol=FLOAT_RTOL)
         except ExportError as exc:
             raise ExportError(f"{exc} Time PyTorch instead: --engine torch.") from exc
         return cpu_session(path, threads)
