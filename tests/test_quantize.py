@@ -375,7 +375,7 @@ def test_the_onnxruntime_engine_refuses_an_unfaithful_graph_and_auto_passes_it_b
     assert "onnxruntime " not in reason.split(";")[0]  # no time measured for it
 
 
-def test_cli_eval_names_the_unfaithful_onnxruntime_graph_and_the_fix_works(
+def test_cli_eval_and_export_refuse_an_unfaithful_graph_and_evals_fix_works(
         run, tmp_path, capsys, unfaithful_exporter):
     pytest.importorskip("onnxruntime")
     out = tmp_path / "eval"
@@ -385,3 +385,8 @@ def test_cli_eval_names_the_unfaithful_onnxruntime_graph_and_the_fix_works(
     assert "Traceback" not in err and "--int8-engine torch" in err
     assert main(["eval", str(run), "--out", str(out), "--int8-engine", "torch"]) == 0
     assert json.loads((out / "eval.json").read_text())["int8"] == "torch"
+    target = tmp_path / "m.int8.onnx"  # vitkit export --int8 refuses the graph and writes none
+    assert main(["export", str(run / "best.pt"), "--int8", "--out", str(target)]) != 0
+    err = capsys.readouterr().err
+    assert "before int8 quantisation, the ONNX outputs differ from PyTorch by 0.05" in err
+    assert not target.exists() and not list(tmp_path.glob("*.tmp"))
