@@ -15,12 +15,8 @@ import torch
 
 from vitkit.errors import ExportError
 from vitkit.export.onnx import (
-    CHECK_BATCHES,
-    FLOAT_RTOL,
-    check_onnx,
-    default_check_sizes,
+    check_float_graph,
     export_onnx,
-    float_tolerance,
     onnx_and_torch_outputs,
     quiet_onnxruntime,
 )
@@ -64,48 +60,22 @@ def export_onnx_int8(model: VisionTransformer, path: str | Path, *, check_float:
     graph, written to `path` (the float graph is a temporary file beside it).
 
     With `check_float` the float graph is first checked against `model` in onnxruntime
-    (`check_onnx` within `float_tolerance` + FLOAT_RTOL x the outputs' magnitude, at batch 1
-    and 3, or 1 for a fixed batch, and at other sizes for a dynamic-size graph), so that an
-    exporter error cannot hide inside int8's looser tolerance; raises ExportError. The result
-    goes into the file's metadata as "fp32_check".
+    (`check_float_graph`), so that an exporter error cannot hide inside int8's looser
+    tolerance; raises ExportError. The result goes into the file's metadata as "fp32_check".
     """
     path = Path(path)
     float_path = path.with_name(path.name + ".fp32.tmp")
     try:
         export_onnx(model, float_path, **kwargs)
-        metadata = {"fp32_check": check_float_graph(model, float_path, **kwargs)} \
-            if check_float else {}
+        metadata = {}
+        if check_float:
+            try:
+                metadata["fp32_check"] = check_float_graph(model, float_path, **kwargs)
+            except ExportError as exc:
+                raise ExportError(f"before int8 quantisation, {exc}") from exc
         return quantize_onnx_int8(float_path, path, metadata)
     finally:
         float_path.unlink(missing_ok=True)
-
-
-def check_float_graph(model: VisionTransformer, path: str | Path, *,
-                      dynamic_batch: bool = True, dynamic_size: bool | None = None,
-                      **_: Any) -> dict[str, Any]:
-    """Check the float graph at `path`, exported from `model` with `dynamic_batch` and
-    `dynamic_size` as `export_onnx` takes them, before it is quantised (see
-    `export_onnx_int8`). Returns {"max_abs_diff", "tolerance", "checked_at"}; raises
-    ExportError."""
-    dynamic_size = model.config.dynamic_img_size if dynamic_size is None else dynamic_size
-    sizes = default_check_sizes(model) if dynamic_size else []
-    batches = CHECK_BATCHES if dynamic_batch else (1,)
-    atol = float_tolerance(model)
-    try:
-        diff = check_onnx(model, path, batch_sizes=batches, sizes=sizes, atol=atol,
-                          rtol=FLOAT_RTOL)
-    except ExportError as exc:
-        raise ExportError(f"before int8 quantisation, {exc}") from exc
-    where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
-    return {"max_abs_diff": diff, "checked_at": f"batch {', '.join(map(str, batches))} at {where}",
-            "tolerance": f"{_short(atol)} + {_short(FLOAT_RTOL)} x the outputs' largest "
-                         "magnitude"}
-
-
-def _short(number: float) -> str:
-    """1e-4 for 0.0001."""
-    mantissa, exponent = f"{number:.1e}".split("e")
-    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
 
 
 def check_onnx_int8(model: VisionTransformer, path: str | Path,

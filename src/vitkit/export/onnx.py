@@ -311,3 +311,29 @@ def check_onnx(model: VisionTransformer, path: str | Path, batch_sizes: Sequence
         raise ExportError(f"the ONNX outputs differ from PyTorch by {worst:.3g} ({where}), "
                           f"above the tolerance {bar}; the export is not faithful.")
     return worst
+
+
+def check_float_graph(model: VisionTransformer, path: str | Path, *,
+                      dynamic_batch: bool = True, dynamic_size: bool | None = None,
+                      **_: Any) -> dict[str, Any]:
+    """Check the float graph at `path`, exported from `model` with `dynamic_batch` and
+    `dynamic_size` as `export_onnx` takes them, before it runs or is quantised (an int8
+    export, a benchmark): `check_onnx` within `float_tolerance` + FLOAT_RTOL x the outputs'
+    largest magnitude, at batch 1 and 3 (1 for a fixed batch) and, for a dynamic-size graph,
+    at `default_check_sizes`. Returns {"max_abs_diff", "checked_at", "tolerance"}; raises
+    ExportError."""
+    dynamic_size = model.config.dynamic_img_size if dynamic_size is None else dynamic_size
+    sizes = default_check_sizes(model) if dynamic_size else []
+    batches = CHECK_BATCHES if dynamic_batch else (1,)
+    atol = float_tolerance(model)
+    diff = check_onnx(model, path, batch_sizes=batches, sizes=sizes, atol=atol, rtol=FLOAT_RTOL)
+    where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
+    return {"max_abs_diff": diff, "checked_at": f"batch {', '.join(map(str, batches))} at {where}",
+            "tolerance": f"{_short(atol)} + {_short(FLOAT_RTOL)} x the outputs' largest "
+                         "magnitude"}
+
+
+def _short(number: float) -> str:
+    """1e-4 for 0.0001."""
+    mantissa, exponent = f"{number:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"

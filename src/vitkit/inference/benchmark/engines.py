@@ -146,10 +146,10 @@ class Engine:
 def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = False):
     """Export with vitkit's exporter (int8: then onnxruntime's dynamic quantisation) to a
     temporary file and open it in onnxruntime. The float graph is checked against `model`
-    first (`check_onnx`; for int8 inside `export_onnx_int8`), so only a faithful graph is
-    timed."""
-    from vitkit.export import check_onnx, export_onnx, export_onnx_int8
-    from vitkit.export.onnx import FLOAT_RTOL, float_tolerance
+    first (`check_float_graph`; for int8 inside `export_onnx_int8`), so only a faithful graph
+    is timed."""
+    from vitkit.export import export_onnx, export_onnx_int8
+    from vitkit.export.onnx import check_float_graph
     from vitkit.inference.onnx_int8 import cpu_session
 
     with tempfile.TemporaryDirectory(prefix="vitkit-benchmark-") as folder:
@@ -159,7 +159,7 @@ def _onnx_session(model: VisionTransformer, threads: int | None, int8: bool = Fa
                 path = export_onnx_int8(model, target, dynamic_batch=True, dynamic_size=False)
             else:
                 path = export_onnx(model, target, dynamic_batch=True, dynamic_size=False)
-                check_onnx(model, path, atol=float_tolerance(model), rtol=FLOAT_RTOL)
+                check_float_graph(model, path, dynamic_batch=True, dynamic_size=False)
         except ExportError as exc:
             raise ExportError(f"{exc} Time PyTorch instead: --engine torch.") from exc
         return cpu_session(path, threads)
