@@ -99,6 +99,7 @@ def unfaithful_exporter(monkeypatch: pytest.MonkeyPatch) -> float:
 
     import vitkit.export
     import vitkit.export.int8
+    import vitkit.export.report
 
     shift = 0.05
     export_faithfully = vitkit.export.export_onnx
@@ -111,4 +112,5 @@ def unfaithful_exporter(monkeypatch: pytest.MonkeyPatch) -> float:
 
     monkeypatch.setattr(vitkit.export, "export_onnx", export_shifted)
     monkeypatch.setattr(vitkit.export.int8, "export_onnx", export_shifted)
+    monkeypatch.setattr(vitkit.export.report, "export_onnx", export_shifted)
     return shift

@@ -306,6 +306,7 @@ def test_cli_export_of_a_saved_regression_model(tmp_path, capsys):
     assert main(["export", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "output 'values'" in out and "OK" in out
+    assert "(tolerance 2e-4 (1e-4 x the targets' largest std 2) + 1e-5 x the outputs' " in out
 
 
 # -- probe --------------------------------------------------------------------------------------
