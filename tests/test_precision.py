@@ -471,3 +471,69 @@ def test_auto_times_more_rounds_while_the_two_fastest_paths_are_close(monkeypatc
     assert precision_module._timings({"fp32": fp32, "bf16": bf16, "onednn": int8}) == \
         pytest.approx({"fp32": 3.0, "bf16": 1.0, "onednn": 2.0})
     assert fp32_calls[0] == 1 + precision_module.ROUNDS
+
+
+def _random_head(model: torch.nn.Module, std: float) -> torch.nn.Module:
+    with torch.no_grad():
+        torch.nn.init.normal_(model.head.weight, std=std)
+    return model
+
+
+@pytest.mark.parametrize("requested", ["int8", "auto"])
+def test_a_remembered_engine_that_cannot_run_this_model_is_measured_again(
+        monkeypatch: pytest.MonkeyPatch, unfaithful_exporter: float, requested: str) -> None:
+    """The choice is remembered per model shape. ONNX Runtime, chosen for a model whose
+    shifted graph (conftest) passes the float check (logits near 1e4: 0.05 is within 1e-5 x
+    them), cannot run a same-shaped model whose graph fails it. `run_in_precision` then times
+    the engines again without it, where `apply_precision` on the remembered choice refuses."""
+    from vitkit.errors import VitkitError
+    from vitkit.inference.precision import run_in_precision
+
+    if "onnxruntime" not in available_engines():
+        pytest.skip("onnx/onnxruntime not installed (pip install 'vitkit[export]')")
+    monkeypatch.setattr(precision_module, "fast_bf16_cpu", lambda flags=None: None)
+    calls: list = []
+    monkeypatch.setattr(precision_module, "_timings", _fake_timings(
+        {"torch": 2.0, "onednn": 1.6, "onnxruntime": 3.0, "torchao": 1.2}, calls))
+    batch = torch.randn(2, 3, 16, 16)
+    large, model = _random_head(tiny(), 1e4), _random_head(tiny(), 0.2)
+    *_, first = run_in_precision(requested, CPU, large, batch)
+    assert first.engine == "onnxruntime" and not first.remembered and len(calls) == 1
+
+    remembered = choose_precision(requested, CPU, model, batch)
+    assert remembered.engine == "onnxruntime" and remembered.remembered and len(calls) == 1
+    with pytest.raises(VitkitError, match="the onnxruntime int8 engine cannot run this model"):
+        apply_precision(model, remembered, CPU)  # what the verbs did with it
+    runner, context, chosen = run_in_precision(requested, CPU, model, batch)
+    assert len(calls) == 2 and "onnxruntime" not in calls[1]  # timed again, without it
+    assert chosen.name == "int8" and chosen.engine == "torch" and not chosen.remembered
+    assert "onnxruntime not timed (before int8 quantisation, the ONNX outputs differ" in \
+        chosen.reason
+    with torch.no_grad(), context():
+        assert (runner(batch) - model(batch)).abs().max().item() <= 0.05
+    again = choose_precision(requested, CPU, model, batch)  # the new measurement is kept
+    assert again.engine == "torch" and again.remembered and len(calls) == 2
+
+
+def test_when_no_int8_engine_can_run_the_model_auto_runs_fp32_and_int8_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vitkit.errors import VitkitError
+    from vitkit.inference.precision import run_in_precision
+
+    def cannot(model: torch.nn.Module, engine: str) -> torch.nn.Module:
+        raise VitkitError(f"{engine} cannot run it")
+
+    monkeypatch.setattr(precision_module, "quantize_int8", cannot)
+    monkeypatch.setattr(precision_module, "fast_bf16_cpu", lambda flags=None: None)
+    model, batch = tiny(), torch.randn(2, 3, 16, 16)
+    chosen = choose_precision("auto", CPU, model, batch)
+    assert chosen.name == "fp32"
+    assert chosen.reason.startswith("no fast bf16 on this CPU; no int8 engine can run this "
+                                    "model: torch not timed (torch cannot run it)")
+    with pytest.raises(ConfigError, match=r"no int8 engine can run this model: .*Run it in "
+                                          r"fp32: --precision fp32 \(or auto"):
+        choose_precision("int8", CPU, model, batch)
+    runner, _, fixed = run_in_precision("fp32", CPU, model, batch)  # the advice
+    assert fixed.name == "fp32" and runner is model
+    with pytest.raises(VitkitError, match="torch cannot run it"):  # a pinned engine: its error
+        choose_precision("auto", CPU, model, batch, int8_engine="torch")

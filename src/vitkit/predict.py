@@ -44,9 +44,8 @@ from vitkit.data.sources.folder import IMAGE_EXTENSIONS
 from vitkit.errors import ConfigError, InputError
 from vitkit.inference.precision import (
     Precision,
-    apply_precision,
-    choose_precision,
     requested_precision,
+    run_in_precision,
 )
 from vitkit.inference.tta import check_tta, recorded_tta, warn_if_never_flipped, with_tta
 from vitkit.model.vit import VisionTransformer
@@ -379,11 +378,12 @@ def in_precision(model: torch.nn.Module, requested: str | None, batch: torch.Ten
                  ) -> tuple[torch.nn.Module, Callable[[], AbstractContextManager], Precision]:
     """The model to run, the context to run it in and the `Precision` chosen for `batch`
     (logged when `say`); `vitkit serve` calls it once at start."""
-    chosen = choose_precision(requested, batch.device, model,
-                              batch if requested in ("auto", "int8") else None, int8_engine=int8)
+    module, context, chosen = run_in_precision(
+        requested, batch.device, model, batch if requested in ("auto", "int8") else None,
+        int8_engine=int8)
     if say:
         log.info("%s", chosen.describe())
-    return (*apply_precision(model, chosen, batch.device), chosen)
+    return module, context, chosen
 
 
 def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int = 5,

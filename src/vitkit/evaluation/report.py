@@ -27,10 +27,9 @@ from vitkit.evaluation.splits import data_for, split_to_evaluate
 from vitkit.evaluation.task_eval import evaluate_task
 from vitkit.inference.precision import (
     Precision,
-    apply_precision,
-    choose_precision,
     measurement_batch,
     requested_precision,
+    run_in_precision,
 )
 from vitkit.inference.speedup import speed_up
 from vitkit.inference.tta import recorded_tta, warn_if_never_flipped, with_tta
@@ -207,9 +206,7 @@ def _in_precision(model: torch.nn.Module, precision: str | None, int8: str | Non
     config = model.config
     batch = measurement_batch(config.in_chans, config.img_size, batch_size) \
         if requested in ("auto", "int8") else None
-    chosen = choose_precision(requested, device, model, batch, int8_engine=int8)
-    fast, context = apply_precision(model, chosen, device)
-    return fast, context, chosen
+    return run_in_precision(requested, device, model, batch, int8_engine=int8)
 
 
 def eval_report_name(data: str, split: str, merge_tokens: int = 0,

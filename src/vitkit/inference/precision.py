@@ -1,7 +1,8 @@
 """The number format inference runs in, chosen per machine: fp32, bf16 or int8.
 
 `--precision fp32|bf16|int8|auto` (eval, predict, benchmark) goes through `choose_precision`,
-and `apply_precision` gives the model and the context to run it in. What `auto` picks:
+and `apply_precision` gives the model and the context to run it in (both: `run_in_precision`).
+What `auto` picks:
 
 - CUDA: bf16 autocast (tensor cores).
 - A CPU with fast bf16 (AMX, or AVX512-BF16 where a matmul at the model's width measures at
@@ -55,7 +56,8 @@ from vitkit.runtime import cpu_model_and_flags
 
 __all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "autocast_context",
            "bf16_autocast", "bf16_copy", "choose_int8_engine", "choose_precision",
-           "fast_bf16_cpu", "measurement_batch", "requested_precision", "training_precision"]
+           "fast_bf16_cpu", "measurement_batch", "requested_precision", "run_in_precision",
+           "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
@@ -84,12 +86,14 @@ PRECISION_HELP = ("number format: fp32 (default), bf16 (a bf16 copy of the model
 
 @dataclass(frozen=True)
 class Precision:
-    """What the model runs in (`name`: fp32, bf16 or int8), why (`reason`) and, for int8,
-    by which engine (`engine`, one of `vitkit.inference.quantize.ENGINES`)."""
+    """What the model runs in (`name`: fp32, bf16 or int8), why (`reason`), for int8 by
+    which engine (`engine`, one of `vitkit.inference.quantize.ENGINES`), and whether an
+    earlier measurement on a model of the same shape chose it (`remembered`)."""
 
     name: str
     reason: str
     engine: str | None = None
+    remembered: bool = False  # chosen from an earlier measurement (see `run_in_precision`)
 
     def describe(self) -> str:
         scheme = engine_scheme(self.engine)
@@ -162,25 +166,29 @@ def choose_int8_engine(model: nn.Module, batch: torch.Tensor) -> tuple[str, str]
 
 
 def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
-                      with_bf16: bool = False, bf16_preference: float = 1.0
-                      ) -> dict[str, object]:
-    """{"engine", "reason", "speedup"}: `engine` (None or "auto": every installed engine, the
-    fastest kept), and bf16 when `with_bf16` (then "engine" may be "bf16"; an int8 engine
-    replaces it only when `bf16_preference` times faster), timed against fp32 on `batch`;
-    remembered per machine, model and batch."""
+                      with_bf16: bool = False, bf16_preference: float = 1.0,
+                      remeasure: bool = False) -> dict[str, object]:
+    """{"engine", "reason", "speedup", "remembered"}: `engine` (None or "auto": every
+    installed engine, the fastest kept), and bf16 when `with_bf16` (then "engine" may be
+    "bf16"; an int8 engine replaces it only when `bf16_preference` times faster), timed
+    against fp32 on `batch`; remembered per machine, model and batch, and timed again when
+    `remeasure`. Raises NoInt8Engine when no path but fp32 can run the model."""
     engines = available_engines() if engine in (None, INT8_AUTO) else [engine]
     paths = ["bf16", *engines] if with_bf16 else engines
     preference = bf16_preference if with_bf16 else 1.0
     key = (f"v{PATHS_VERSION}:int8:{'|'.join(paths)}|"
            + (f"prefer-bf16-{preference}|" if preference != 1.0 else "")
            + _measurement_key(model, batch))
-    remembered = _remembered().get(key)
+    remembered = None if remeasure else _remembered().get(key)
     if remembered and remembered.get("engine") in paths:
-        return {**remembered, "reason": f"{remembered['reason']} (measured before)"}
+        return {**remembered, "reason": f"{remembered['reason']} (measured before)",
+                "remembered": True}
     runners = {"fp32": _runner(model, batch)}
     if with_bf16:
         runners["bf16"] = _bf16_runner(model, batch)
     engine_runners, skipped = _engine_runners(model, batch, engines)
+    if not engine_runners and not with_bf16:
+        raise NoInt8Engine("no int8 engine can run this model: " + "; ".join(skipped))
     seconds = _timings(runners | engine_runners)
     fp32 = seconds.pop("fp32")
     fastest = min(seconds, key=lambda name: seconds[name] / (preference if name == "bf16"
@@ -214,9 +222,11 @@ def _engine_runners(model: nn.Module, batch: torch.Tensor, engines: list[str]
                 raise
             cause = exc.__cause__ if isinstance(exc.__cause__, VitkitError) else exc
             skipped.append(f"{name} not timed ({str(cause).rstrip('.')})")
-    if not runners:
-        raise ConfigError("no int8 engine can run this model: " + "; ".join(skipped))
     return runners, skipped
+
+
+class NoInt8Engine(ConfigError):
+    """No installed int8 engine can run the model (`--precision int8` fails; auto runs fp32)."""
 
 
 def _bf16_runner(model: nn.Module, batch: torch.Tensor) -> Callable[[], object]:
@@ -236,11 +246,11 @@ def _runner(model: nn.Module, batch: torch.Tensor) -> Callable[[], object]:
 def choose_precision(requested: str | None, device: torch.device,
                      model: nn.Module | None = None, batch: torch.Tensor | None = None,
                      flags: frozenset[str] | None = None,
-                     int8_engine: str | None = None) -> Precision:
+                     int8_engine: str | None = None, remeasure: bool = False) -> Precision:
     """The precision to run `model` in on `device` (`requested` None: the default, fp32);
     `auto` decides by the machine and, where no rule is clear, by timing `model` on `batch`
-    (see the module docstring); int8's engine is `int8_engine`, or measured when that is None
-    or "auto"."""
+    (see the module docstring; `remeasure`: not from memory); int8's engine is `int8_engine`,
+    or measured when that is None or "auto"."""
     if requested is None:
         return Precision("fp32", "the default; --precision auto chooses per machine")
     if requested not in PRECISIONS:
@@ -254,8 +264,13 @@ def choose_precision(requested: str | None, device: torch.device,
         if model is None or batch is None:
             return Precision("int8", "asked; engine torch (no model to measure the others "
                                      "on)", "torch")
-        measured = _int8_measurement(model, batch, None)
-        return Precision("int8", f"asked; {measured['reason']}", str(measured["engine"]))
+        try:
+            measured = _int8_measurement(model, batch, None, remeasure=remeasure)
+        except NoInt8Engine as exc:
+            raise NoInt8Engine(f"{exc}. Run it in fp32: --precision fp32 (or auto, which "
+                               "falls back to fp32).") from exc
+        return Precision("int8", f"asked; {measured['reason']}", str(measured["engine"]),
+                         bool(measured.get("remembered")))
     if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) is None:
         return Precision("bf16", f"asked; {EMULATED_BF16}: --precision auto chooses by "
                                  "measuring")
@@ -274,18 +289,46 @@ def choose_precision(requested: str | None, device: torch.device,
         if bf16_why:
             return Precision("bf16", f"{bf16_why}: bf16 matmuls in hardware")
         return Precision("fp32", "no fast bf16 on this CPU")
-    measured = _int8_measurement(model, batch, int8_engine, with_bf16=bf16_why is not None,
-                                 bf16_preference=AMX_BF16_PREFERENCE if kind == "amx" else 1.0)
-    engine, speedup = str(measured["engine"]), float(measured["speedup"])  # type: ignore[arg-type]
     why = bf16_why or "no fast bf16 on this CPU"
+    try:
+        measured = _int8_measurement(
+            model, batch, int8_engine, with_bf16=bf16_why is not None, remeasure=remeasure,
+            bf16_preference=AMX_BF16_PREFERENCE if kind == "amx" else 1.0)
+    except NoInt8Engine as exc:
+        if int8_engine not in (None, INT8_AUTO):
+            raise
+        return Precision("fp32", f"{why}; {exc}")
+    engine, speedup = str(measured["engine"]), float(measured["speedup"])  # type: ignore[arg-type]
+    remembered = bool(measured.get("remembered"))
     if speedup < INT8_MARGIN:
         fastest = "bf16" if engine == "bf16" else f"int8 ({engine})"
         return Precision("fp32", f"{why}; {measured['reason']}; the fastest, {fastest}, only "
                                  f"{speedup:.2f}x fp32")
     if engine == "bf16":
-        return Precision("bf16", f"{why}; {measured['reason']}; bf16 is {speedup:.1f}x fp32")
+        return Precision("bf16", f"{why}; {measured['reason']}; bf16 is {speedup:.1f}x fp32",
+                         remembered=remembered)
     return Precision("int8", f"{why}; {measured['reason']}; int8 ({engine}) is {speedup:.1f}x "
-                             "fp32", engine)
+                             "fp32", engine, remembered)
+
+
+def run_in_precision(requested: str | None, device: torch.device, model: nn.Module,
+                     batch: torch.Tensor | None, int8_engine: str | None = None,
+                     compiled: bool = False
+                     ) -> tuple[nn.Module, Callable[[], contextlib.AbstractContextManager],
+                                Precision]:
+    """`choose_precision`, then `apply_precision`: the model to run, the context to run it in
+    and the choice. An engine remembered from a model of the same shape that cannot run this
+    one (ONNX Runtime, where this model's graph fails its check) is measured again, not
+    refused: the engines are timed anew and the one that fails is left out."""
+    chosen = choose_precision(requested, device, model, batch, int8_engine=int8_engine)
+    try:
+        return (*apply_precision(model, chosen, device, compiled=compiled), chosen)
+    except VitkitError:
+        if not chosen.remembered:
+            raise
+    chosen = choose_precision(requested, device, model, batch, int8_engine=int8_engine,
+                              remeasure=True)
+    return (*apply_precision(model, chosen, device, compiled=compiled), chosen)
 
 
 def _measurement_key(model: nn.Module, batch: torch.Tensor) -> str:

@@ -18,11 +18,11 @@ from vitkit.errors import ConfigError, ExportError
 from vitkit.inference.compiled import compile_for_inference
 from vitkit.inference.precision import (
     MEASURE_BATCH,
-    apply_precision,
     bf16_autocast,
     choose_precision,
     measurement_batch,
     requested_precision,
+    run_in_precision,
 )
 from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
 from vitkit.inference.quantize import engine_scheme
@@ -116,10 +116,9 @@ class Engine:
         else:
             batch = measurement_batch(self.in_chans, self.img_size, batch_size) \
                 if requested in ("auto", "int8") else None
-            self.precision = choose_precision(requested, self.device, model, batch,
-                                              int8_engine=options.int8_engine)
-            module, self.context = apply_precision(model, self.precision, self.device,
-                                                   compiled=options.compile)
+            module, self.context, self.precision = run_in_precision(
+                requested, self.device, model, batch, int8_engine=options.int8_engine,
+                compiled=options.compile)
         if options.compile:
             module = compile_for_inference(module, self.device)
         self.module = module
