@@ -132,13 +132,12 @@ def _bf16_copy_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runn
 def _auto_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, int]]:
     """`--precision auto` as the verbs resolve it here, alone and with ToMe r (the issue's
     fastest path): the model after merging, then auto's precision measured on it."""
-    from vitkit.inference.precision import apply_precision, choose_precision
+    from vitkit.inference.precision import run_in_precision
 
     cpu = torch.device("cpu")
     rows = {}
     for merge, merged_model in _merged_copies(model, r):
-        chosen = choose_precision("auto", cpu, merged_model, images)
-        module, context = apply_precision(merged_model, chosen, cpu)
+        module, context, chosen = run_in_precision("auto", cpu, merged_model, images)
         label = f"vitkit auto -> {chosen.name}" + (f" ({chosen.engine})" if chosen.engine
                                                    else "") + _merged_label(merge)
         rows[label] = (_call(module, images, context), merge)

@@ -511,8 +511,42 @@ def test_a_remembered_engine_that_cannot_run_this_model_is_measured_again(
         chosen.reason
     with torch.no_grad(), context():
         assert (runner(batch) - model(batch)).abs().max().item() <= 0.05
-    again = choose_precision(requested, CPU, model, batch)  # the new measurement is kept
-    assert again.engine == "torch" and again.remembered and len(calls) == 2
+    assert chosen.reason.endswith("measured for this model alone: onnxruntime, remembered for "
+                                  "its shape, cannot run it")
+    # that measurement is this model's alone: the shape's entry still holds for the large one
+    assert choose_precision(requested, CPU, large, batch).engine == "onnxruntime"
+    assert run_in_precision(requested, CPU, model, batch)[2].engine == "torch"
+    assert len(calls) == 3
+    if requested == "int8":  # quantize_int8(model, "auto") chooses as --precision int8 does
+        quantized = quantize_int8(model, "auto")
+        assert len(calls) == 4 and not hasattr(quantized, "session")
+        with torch.no_grad():
+            assert (quantized(batch) - model(batch)).abs().max().item() <= 0.05
+
+
+def test_a_choice_measured_now_that_cannot_run_is_refused_once(
+        monkeypatch: pytest.MonkeyPatch, unfaithful_exporter: float) -> None:
+    """Only a remembered choice is measured again: a pinned engine's refusal is raised at once,
+    with its fix, and nothing is timed."""
+    from vitkit.errors import VitkitError
+    from vitkit.inference.precision import run_in_precision
+
+    if "onnxruntime" not in available_engines():
+        pytest.skip("onnx/onnxruntime not installed (pip install 'vitkit[export]')")
+    applied: list = []
+    apply = precision_module.apply_precision
+    monkeypatch.setattr(precision_module, "apply_precision",
+                        lambda *args, **kwargs: applied.append(args[1]) or apply(*args, **kwargs))
+    calls: list = []
+    monkeypatch.setattr(precision_module, "_timings", _fake_timings({}, calls))
+    model, batch = _random_head(tiny(), 0.2), torch.randn(2, 3, 16, 16)
+    for requested in ("int8", "auto"):
+        with pytest.raises(VitkitError, match=r"cannot run this model: .*Use another int8 "
+                                              r"engine: --int8-engine torch"):
+            run_in_precision(requested, CPU, model, batch, int8_engine="onnxruntime")
+    assert len(applied) == 1 and calls == []  # auto pinned to it: its error, while building it
+    fixed = run_in_precision("int8", CPU, model, batch, int8_engine="torch")[2]
+    assert fixed.engine == "torch"  # the advice
 
 
 def test_when_no_int8_engine_can_run_the_model_auto_runs_fp32_and_int8_says_so(
@@ -531,9 +565,15 @@ def test_when_no_int8_engine_can_run_the_model_auto_runs_fp32_and_int8_says_so(
     assert chosen.reason.startswith("no fast bf16 on this CPU; no int8 engine can run this "
                                     "model: torch not timed (torch cannot run it)")
     with pytest.raises(ConfigError, match=r"no int8 engine can run this model: .*Run it in "
-                                          r"fp32: --precision fp32 \(or auto"):
+                                          r"fp32: leave out --int8 and --precision int8 \(fp32 "
+                                          r"is the default\), or use --precision auto"):
         choose_precision("int8", CPU, model, batch)
-    runner, _, fixed = run_in_precision("fp32", CPU, model, batch)  # the advice
+    runner, _, fixed = run_in_precision(None, CPU, model, batch)  # the advice: the default
     assert fixed.name == "fp32" and runner is model
+    assert run_in_precision("auto", CPU, model, batch)[2].name == "fp32"  # or auto
     with pytest.raises(VitkitError, match="torch cannot run it"):  # a pinned engine: its error
         choose_precision("auto", CPU, model, batch, int8_engine="torch")
+    monkeypatch.setattr(precision_module, "available_engines", lambda: ["torch"])  # one alone
+    assert choose_precision("auto", CPU, model, batch).name == "fp32"
+    with pytest.raises(ConfigError, match="no int8 engine can run this model: torch not timed"):
+        choose_precision("int8", CPU, model, batch)

@@ -42,8 +42,9 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
                    ) -> Report:
     """Export weights (any source `load_pretrained` reads) to `out` (default:
     `default_output_path`) and check the file with onnxruntime: a float graph with
-    `check_float_graph` (1e-4 + 1e-5 x the outputs' largest magnitude), or
-    for `int8`, within INT8_RTOL x the logits' range with the clear top-1 classes kept.
+    `check_float_graph` (1e-4, times the targets' largest std for regression, + 1e-5 x the
+    outputs' largest magnitude), or for `int8`, within INT8_RTOL x the logits' range with
+    the clear top-1 classes kept. A file that fails its check is removed.
     `prepare` changes the loaded model first: `vitkit export --merge-tokens R` passes token
     merging (`vitkit.inference.speed_up`), and the graph then merges as the model does, at
     its image size only, checked against it."""
@@ -71,26 +72,34 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
                      "graph; the task and its target mean/std are in the file's metadata)")
     data = {"path": str(path), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
             "merge_tokens": merge_tokens, "checked_at": where, "task": kind}
-    if int8:
-        diff, agree = check_onnx_int8(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes)
-        outputs = "values" if kind == "regression" else "logits"
-        agreement = f", top-1 agreement {100 * agree:.0f}%" if kind == "classification" else ""
-        fp32 = read_metadata(path)["fp32_check"]  # written by export_onnx_int8
-        lines.append(f"onnxruntime check of the fp32 graph before quantisation: max abs diff "
-                     f"{fp32['max_abs_diff']:.2g} over {fp32['checked_at']} (tolerance "
-                     f"{fp32['tolerance']}): OK")
-        lines.append(f"onnxruntime check (int8 vs fp32): max abs diff {diff:.2g} over batch 1, "
-                     f"3 at {where} (tolerance {INT8_RTOL:g} x the {outputs}' range)"
-                     f"{agreement}: OK")
-        data.update(max_abs_diff=diff, top1_agreement=agree,
-                    fp32_max_abs_diff=fp32["max_abs_diff"])
-    else:
-        try:
-            check = check_float_graph(model, path, dynamic_size=dynamic_size)
-        except ExportError:
-            path.unlink(missing_ok=True)  # an unfaithful graph is not left where it is used
-            raise
-        lines.append(f"onnxruntime check: max abs diff {check['max_abs_diff']:.2g} over "
-                     f"{check['checked_at']} (tolerance {check['tolerance']}): OK")
-        data.update(max_abs_diff=check["max_abs_diff"])
-    return Report("\n".join(lines), data)
+    try:
+        check_lines, check_data = _check(model, path, int8, dynamic_size, sizes, kind)
+    except ExportError:
+        path.unlink(missing_ok=True)  # an unfaithful graph is not left where it is used
+        raise
+    data.update(check_data)
+    return Report("\n".join(lines + check_lines), data)
+
+
+def _check(model: VisionTransformer, path: Path, int8: bool, dynamic_size: bool,
+           sizes: list[tuple[int, int]], kind: str) -> tuple[list[str], dict]:
+    """The report's lines and data of the onnxruntime check of the graph at `path` (at the
+    model's size and `sizes`): the float graph by `check_float_graph`; an int8 one (whose
+    float graph `export_onnx_int8` checked) by `check_onnx_int8`. Raises ExportError."""
+    if not int8:
+        check = check_float_graph(model, path, dynamic_size=dynamic_size)
+        return ([f"onnxruntime check: max abs diff {check['max_abs_diff']:.2g} over "
+                 f"{check['checked_at']} (tolerance {check['tolerance']}): OK"],
+                {"max_abs_diff": check["max_abs_diff"]})
+    where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
+    diff, agree = check_onnx_int8(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes)
+    outputs = "values" if kind == "regression" else "logits"
+    agreement = f", top-1 agreement {100 * agree:.0f}%" if kind == "classification" else ""
+    fp32 = read_metadata(path)["fp32_check"]  # written by export_onnx_int8
+    return ([f"onnxruntime check of the fp32 graph before quantisation: max abs diff "
+             f"{fp32['max_abs_diff']:.2g} over {fp32['checked_at']} (tolerance "
+             f"{fp32['tolerance']}): OK",
+             f"onnxruntime check (int8 vs fp32): max abs diff {diff:.2g} over batch 1, 3 at "
+             f"{where} (tolerance {INT8_RTOL:g} x the {outputs}' range){agreement}: OK"],
+            {"max_abs_diff": diff, "top1_agreement": agree,
+             "fp32_max_abs_diff": fp32["max_abs_diff"]})

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import time
@@ -54,10 +55,10 @@ from vitkit.inference.quantize import AUTO as INT8_AUTO
 from vitkit.inference.quantize import available_engines, engine_scheme, quantize_int8
 from vitkit.runtime import cpu_model_and_flags
 
-__all__ = ["PRECISIONS", "PRECISION_HELP", "Precision", "apply_precision", "autocast_context",
-           "bf16_autocast", "bf16_copy", "choose_int8_engine", "choose_precision",
-           "fast_bf16_cpu", "measurement_batch", "requested_precision", "run_in_precision",
-           "training_precision"]
+__all__ = ["PRECISIONS", "PRECISION_HELP", "NoInt8Engine", "Precision", "apply_precision",
+           "autocast_context", "bf16_autocast", "bf16_copy", "choose_int8_engine",
+           "choose_precision", "fast_bf16_cpu", "measurement_batch", "requested_precision",
+           "run_in_precision", "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
@@ -172,7 +173,9 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
     installed engine, the fastest kept), and bf16 when `with_bf16` (then "engine" may be
     "bf16"; an int8 engine replaces it only when `bf16_preference` times faster), timed
     against fp32 on `batch`; remembered per machine, model and batch, and timed again when
-    `remeasure`. Raises NoInt8Engine when no path but fp32 can run the model."""
+    `remeasure` (a measurement for this model alone: not remembered, so the entry stays for
+    the models it was measured on). Raises NoInt8Engine when no path but fp32 can run the
+    model; the error of an engine asked for by name is raised as it is."""
     engines = available_engines() if engine in (None, INT8_AUTO) else [engine]
     paths = ["bf16", *engines] if with_bf16 else engines
     preference = bf16_preference if with_bf16 else 1.0
@@ -186,7 +189,8 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
     runners = {"fp32": _runner(model, batch)}
     if with_bf16:
         runners["bf16"] = _bf16_runner(model, batch)
-    engine_runners, skipped = _engine_runners(model, batch, engines)
+    pinned = engine not in (None, INT8_AUTO)
+    engine_runners, skipped = _engine_runners(model, batch, engines, pinned)
     if not engine_runners and not with_bf16:
         raise NoInt8Engine("no int8 engine can run this model: " + "; ".join(skipped))
     seconds = _timings(runners | engine_runners)
@@ -204,21 +208,22 @@ def _int8_measurement(model: nn.Module, batch: torch.Tensor, engine: str | None,
                           f"this model at batch {len(batch)}"}
     if skipped:
         measured["reason"] += "; " + "; ".join(skipped)
-    _remember(key, measured)
+    if not remeasure:
+        _remember(key, measured)
     return measured
 
 
-def _engine_runners(model: nn.Module, batch: torch.Tensor, engines: list[str]
+def _engine_runners(model: nn.Module, batch: torch.Tensor, engines: list[str], pinned: bool
                     ) -> tuple[dict[str, Callable[[], object]], list[str]]:
     """A runner of each int8 engine in `engines` that can run `model`, and a line for each
     that cannot (an export ONNX Runtime cannot take, or one that does not match the model:
-    `vitkit.inference.onnx_int8`). With a single engine its error is raised."""
+    `vitkit.inference.onnx_int8`). A `pinned` engine's error is raised."""
     runners, skipped = {}, []
     for name in engines:
         try:
             runners[name] = _runner(quantize_int8(model, name), batch)
         except VitkitError as exc:
-            if len(engines) == 1:
+            if pinned:
                 raise
             cause = exc.__cause__ if isinstance(exc.__cause__, VitkitError) else exc
             skipped.append(f"{name} not timed ({str(cause).rstrip('.')})")
@@ -267,8 +272,9 @@ def choose_precision(requested: str | None, device: torch.device,
         try:
             measured = _int8_measurement(model, batch, None, remeasure=remeasure)
         except NoInt8Engine as exc:
-            raise NoInt8Engine(f"{exc}. Run it in fp32: --precision fp32 (or auto, which "
-                               "falls back to fp32).") from exc
+            raise NoInt8Engine(f"{exc}. Run it in fp32: leave out --int8 and --precision int8 "
+                               "(fp32 is the default), or use --precision auto, which falls "
+                               "back to fp32.") from exc
         return Precision("int8", f"asked; {measured['reason']}", str(measured["engine"]),
                          bool(measured.get("remembered")))
     if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) is None:
@@ -295,8 +301,6 @@ def choose_precision(requested: str | None, device: torch.device,
             model, batch, int8_engine, with_bf16=bf16_why is not None, remeasure=remeasure,
             bf16_preference=AMX_BF16_PREFERENCE if kind == "amx" else 1.0)
     except NoInt8Engine as exc:
-        if int8_engine not in (None, INT8_AUTO):
-            raise
         return Precision("fp32", f"{why}; {exc}")
     engine, speedup = str(measured["engine"]), float(measured["speedup"])  # type: ignore[arg-type]
     remembered = bool(measured.get("remembered"))
@@ -318,16 +322,20 @@ def run_in_precision(requested: str | None, device: torch.device, model: nn.Modu
                                 Precision]:
     """`choose_precision`, then `apply_precision`: the model to run, the context to run it in
     and the choice. An engine remembered from a model of the same shape that cannot run this
-    one (ONNX Runtime, where this model's graph fails its check) is measured again, not
-    refused: the engines are timed anew and the one that fails is left out."""
+    one (ONNX Runtime, where this model's graph fails its check) is not refused: the engines
+    are timed again for this model, the one that fails left out, and that measurement is not
+    remembered (the remembered one still holds for the models it was measured on)."""
     chosen = choose_precision(requested, device, model, batch, int8_engine=int8_engine)
     try:
         return (*apply_precision(model, chosen, device, compiled=compiled), chosen)
     except VitkitError:
         if not chosen.remembered:
             raise
+    remembered = chosen.engine
     chosen = choose_precision(requested, device, model, batch, int8_engine=int8_engine,
                               remeasure=True)
+    chosen = dataclasses.replace(chosen, reason=f"{chosen.reason}; measured for this model "
+                                 f"alone: {remembered}, remembered for its shape, cannot run it")
     return (*apply_precision(model, chosen, device, compiled=compiled), chosen)
 
 

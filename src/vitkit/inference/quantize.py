@@ -9,7 +9,8 @@ per batch on the fly, by one of four engines.
                  `pip install 'vitkit[export]'`).
   "torchao"      torchao's `Int8DynamicActivationInt8WeightConfig` (`pip install 'vitkit[int8]'`).
   "auto"         the fastest of those installed, measured on the model at the batch size
-                 (`vitkit.inference.precision.choose_int8_engine`); the default.
+                 as `--precision int8` measures it (`vitkit.inference.precision`); the
+                 default.
 
 Each engine's speed on this machine is printed by `benchmarks/int8_engines.py`; docs/speed.md
 quotes it per CPU.
@@ -84,22 +85,22 @@ def installed(module: str) -> bool:
 def quantize_int8(model: nn.Module, engine: str = "torch") -> nn.Module:
     """A copy of `model` in eval mode with every `nn.Linear` in dynamic int8 (CPU), by
     `engine` (one of ENGINES, or "auto": the fastest, measured on random images of the
-    model's shape by `choose_int8_engine`).
+    model's shape as `--precision int8` measures it, `_by_fastest_engine`).
 
     The copy keeps the model's class and attributes (config, preprocessing, class names,
     token merging), so it predicts and evaluates like the original; the stem's convolutions,
     LayerNorms and position embeddings stay float32. `model` is unchanged. "torch" and
     "onednn" quantise by this CPU's `vitkit.inference.int8_ranges.int8_scheme`.
     """
-    if engine == AUTO:
-        engine = _fastest_engine(model)
-    if engine not in ENGINES:
+    if engine not in (*ENGINES, AUTO):
         raise ConfigError(f"unknown int8 engine {engine!r}: use one of {', '.join(ENGINES)} "
                           f"or {AUTO!r} (the fastest, measured)")
     device = next(model.parameters()).device
     if device.type != "cpu":
         raise ConfigError(f"int8 quantisation runs on the CPU, but the model is on {device}; "
                           "move it with model.cpu() first")
+    if engine == AUTO:
+        return _by_fastest_engine(model)
     if engine == "torchao":
         quantization = _require_torchao()
         quantized = copy.deepcopy(model).float().eval()
@@ -117,11 +118,14 @@ def quantize_int8(model: nn.Module, engine: str = "torch") -> nn.Module:
         torch.backends.quantized.engine = before
 
 
-def _fastest_engine(model: nn.Module) -> str:
-    from vitkit.inference.precision import choose_int8_engine, measurement_batch
+def _by_fastest_engine(model: nn.Module) -> nn.Module:
+    """`model` in int8 by the engine `--precision int8` measures fastest on 8 random images of
+    its shape (`vitkit.inference.precision.run_in_precision`)."""
+    from vitkit.inference.precision import measurement_batch, run_in_precision
 
     config = model.config
-    return choose_int8_engine(model, measurement_batch(config.in_chans, config.img_size, 8))[0]
+    batch = measurement_batch(config.in_chans, config.img_size, 8)
+    return run_in_precision("int8", torch.device("cpu"), model, batch)[0]
 
 
 def int8_engine(int8: bool, engine: str | None = None) -> str | None:
