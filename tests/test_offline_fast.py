@@ -20,7 +20,9 @@ from transformers import ViTForImageClassification
 
 from vitkit.network import hub_unreachable
 
-FAST_S = 12  # start-up and import included; the retries alone took 26 s
+# start-up and import included. The retries alone took 26 s; a cached model took 12.8 s on a
+# 2-core machine busy with other work, so the bar sits between the two.
+FAST_S = 20
 
 
 def closed_port() -> int:
