@@ -7,7 +7,10 @@ read gets a `Prediction` with `error` set and does not stop the others.
 
 Array files (`.npy`, `.npz` with `images`; `vitkit.data.arrayfiles`) give one prediction per
 image, named `file.npy[i]`, normalised with the model's `Preprocess` and resized to the
-model's size when theirs differs (bilinear, antialiased when shrinking; logged). Folders are
+model's size when theirs differs (bilinear, antialiased when shrinking; logged). Inputs the
+model's units or channels do not fit are refused by name, never guessed: a float array for
+a model trained on 8-bit pictures, an image file for one trained on arrays, an array that
+is one image of other channels. Folders are
 searched for images only: name array files one by one (a shell glob: fields/*.npy).
 
 What a prediction says is the model's task (`vitkit.tasks.task_of`): classification, the
@@ -33,6 +36,7 @@ import torch
 from vitkit.data.arrayfiles import (
     ARRAY_EXTENSIONS,
     ArrayImages,
+    image_file_refusal,
     is_array_file,
     read_array_images,
 )
@@ -145,6 +149,12 @@ class Predictions:
     def none_read_message(self) -> str:
         """The error when no input could be read (the rows say why for each)."""
         bad = [result for result in self.results if not result.ok]
+        # a picture refused by a model trained on arrays: say so, not "not an image"
+        refused = [result for result in bad
+                   if result.error == image_file_refusal(result.path, 1.0)]
+        if refused:
+            return (f"none of the {len(bad)} input(s) could be read ({refused[0].path}: "
+                    f"{refused[0].error})")
         if not any(is_array_file(result.path.rpartition("[")[0] if result.path.endswith("]")
                                  else result.path) for result in bad):
             return (f"none of the {len(bad)} file(s) could be read as an image; check they are "
@@ -218,7 +228,11 @@ def class_names_for(model: VisionTransformer) -> list[str]:
 
 
 def _open(path: Path, preprocess: Preprocess) -> torch.Tensor | str:
-    """(C, H, W) uint8 tensor of one file, or a short reason it could not be read."""
+    """(C, H, W) uint8 tensor of one file, or a short reason it could not be read (or cannot
+    go to this model: a picture for a model trained on arrays, `image_file_refusal`)."""
+    refusal = image_file_refusal(path, preprocess.scale)
+    if refusal is not None:
+        return refusal
     decoded = decode_image(path, preprocess.channels)
     if decoded.image is None:
         return f"cannot read image ({decoded.reason}); {decoded.fix}"
@@ -249,7 +263,8 @@ def array_items(arrays: ArrayImages, preprocess: Preprocess) -> Iterator[Item]:
 def _array_items(path: Path, preprocess: Preprocess) -> Iterator[Item]:
     """`array_items` of an array file, or (file, why it cannot be read)."""
     try:
-        arrays = read_array_images(path, preprocess.channels, preprocess.scale)
+        arrays = read_array_images(path, preprocess.channels, preprocess.scale,
+                                   img_size=preprocess.img_size)
     except InputError as exc:
         yield str(path), str(exc)
         return

@@ -23,6 +23,7 @@ and a run store (`to_dict` / `from_dict`); models built from a record carry it a
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from vitkit.fieldtypes import check_known_keys
 __all__ = ["LOSSES", "TASKS", "Classification", "Multilabel", "Regression", "Task", "TaskSpec",
            "average_precision", "infer_task", "make_task", "one_hot_smooth",
            "soft_cross_entropy", "task_of"]
+
+log = logging.getLogger("vitkit.tasks")
 
 TASKS = ("classification", "regression", "multilabel")
 LOSSES = {"classification": ("cross_entropy",), "regression": ("mse", "huber", "l1"),
@@ -373,7 +376,23 @@ def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
         raise ConfigError(f"task={kind!r} is not one of {', '.join(TASKS)}")
     values = array.astype(np.float64).reshape(len(array), -1)
     mean, std = values.mean(0), values.std(0)
+    _warn_of_regression_targets(values, std, binary and requested is None, array.ndim, where)
     std = np.where(std > 0, std, 1.0)
     return TaskSpec("regression", names=names, loss=loss, target_mean=mean.tolist(),
                     target_std=std.tolist())
 
+
+def _warn_of_regression_targets(values: np.ndarray, std: np.ndarray, binary: bool, ndim: int,
+                                where: str) -> None:
+    """Say when regression targets look like something else: all 0 and 1 (labels, trained
+    as regression unless the task is named), or constant columns (nothing to learn; their
+    R^2 is 1 for an exact fit, else 0, as scikit-learn's, and sways the mean)."""
+    if binary:
+        task = "multi-label classification set task=multilabel" if ndim == 2 else \
+            "two classes set task=classification (or give integer labels)"
+        log.warning("warning: %s are all 0 or 1: they train as regression; for %s", where, task)
+    constant = np.flatnonzero(std == 0)
+    if len(constant):
+        shown = ", ".join(f"{k} (always {values[0, k]:g})" for k in constant[:5])
+        log.warning("warning: %s: target column(s) %s never change: there is nothing to learn "
+                    "there and their R^2 reads 1 for an exact fit; drop them", where, shown)

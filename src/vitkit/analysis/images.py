@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitkit.data.arrayfiles import is_array_file, read_array_images
+from vitkit.data.arrayfiles import image_file_refusal, is_array_file, read_array_images
 from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import open_image
@@ -66,13 +66,17 @@ def images_from_files(paths: Sequence[str | Path], preprocess: Preprocess
     names: list[str] = []
     for path in paths:
         if is_array_file(path):
-            arrays = read_array_images(path, preprocess.channels, preprocess.scale)
+            arrays = read_array_images(path, preprocess.channels, preprocess.scale,
+                                       img_size=preprocess.img_size)
             batch = arrays.tensor()
             if tuple(batch.shape[-2:]) != tuple(preprocess.img_size):
                 batch = resize_batch(batch.float(), preprocess.img_size)
             images += list(batch)
             names += [arrays.name(i) for i in range(len(arrays))]
         else:
+            refusal = image_file_refusal(path, preprocess.scale)
+            if refusal:
+                raise InputError(refusal)
             images.append(preprocess.to_uint8(open_image(path, preprocess.channels)))
             names.append(str(path))
     if not images:

@@ -5,20 +5,26 @@ scientific arrays (data=arrays).
 - `.npy`: one image (H, W) or (C, H, W), or a batch (N, C, H, W) / (N, H, W); a 3-D array is
   one (C, H, W) image when its first axis is the model's channel count, else (N, H, W) images
   of a one-channel model. Channels-last ((H, W, C), (N, H, W, C)) is read where unambiguous:
-  the last axis is the channel count and the channel axis is not.
+  the last axis is the channel count and the channel axis is not. A 3-D array whose last two
+  axes are not the model's size (when known) but that reads as one image of other channels
+  (the last axis 2-4: (H, W, C); the first 3 or 4: an RGB(A) (C, H, W)) is refused, naming
+  the shape, rather than split into images of a few pixels or its colour planes: (N, 1, H, W)
+  says N one-channel images outright.
 - `.npz`: the key `images` ((N, H, W) or (N, C, H, W), as data=arrays reads it); other keys
   (`targets`) are ignored.
 
 Values are returned as they are (any real dtype, read safely: no pickles; `.npy` memory-mapped).
 What they mean is the model's `Preprocess`: a model trained on arrays (`scale` 1) takes any
 numeric dtype in its data's units; a model trained on 8-bit pictures (`scale` 255) takes
-uint8 arrays only, since floats would have to be guessed into 0-255.
+uint8 arrays only, since floats would have to be guessed into 0-255. The other way round, an
+image file (8-bit, 0-255) is refused for a model trained on arrays (`image_file_refusal`),
+whose units its values are not.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +34,8 @@ import torch
 from vitkit.data.sources.mapped import first_nonfinite
 from vitkit.errors import InputError
 
-__all__ = ["ARRAY_EXTENSIONS", "ArrayImages", "UnreadableArrayFile", "is_array_file",
-           "read_array_images"]
+__all__ = ["ARRAY_EXTENSIONS", "ArrayImages", "UnreadableArrayFile", "image_file_refusal",
+           "is_array_file", "read_array_images"]
 
 ARRAY_EXTENSIONS = (".npy", ".npz")
 IMAGES_KEY = "images"
@@ -42,6 +48,20 @@ class UnreadableArrayFile(InputError):
 
 def is_array_file(path: str | Path) -> bool:
     return Path(path).suffix.lower() in ARRAY_EXTENSIONS
+
+
+def image_file_refusal(path: str | Path, scale: float) -> str | None:
+    """Why the image file `path` (a PNG, JPEG...: 8-bit values 0-255) cannot go to a model whose
+    preprocessing has `scale`, or None when it can. A model trained on arrays (data=arrays:
+    `scale` 1) normalises in its data's own units, so a picture's 0-255 would be read as those
+    units: refused, as a float array is for a model trained on 8-bit pictures."""
+    if scale != 1.0:
+        return None
+    return (f"{path} is an image file (8-bit values 0-255), but the model was trained on "
+            "arrays in its data's own units (data=arrays: its preprocessing divides by 1, "
+            "not 255), so the picture's values would be misread as those units: give the "
+            f"model arrays in the units it was trained on, as a {' or '.join(ARRAY_EXTENSIONS)} "
+            "file (numpy.save(PATH, array)), or use a model trained on pictures")
 
 
 @dataclass
@@ -97,8 +117,30 @@ def _load(path: Path, data: bytes | None = None) -> tuple[np.ndarray, bool]:
                          "numpy.save or numpy.savez (no pickled objects)") from exc
 
 
-def _as_nchw(array: np.ndarray, channels: int, batch: bool, path: Path) -> np.ndarray:
-    """(N, C, H, W) of an array by the rules in the module docstring."""
+def _refuse_one_image_of_other_channels(array: np.ndarray, img_size: Sequence[int] | None,
+                                        path: Path) -> None:
+    """Raise for a 3-D array (not of the model's H x W) that reads as one image of 2-4
+    channels-last or (the model's size known) 3-4 channels-first channels, for a
+    one-channel model."""
+    shape = array.shape
+    if 2 <= shape[-1] <= 4:
+        found, layout = shape[-1], "(H, W, C): channels-last"
+    elif shape[0] in (3, 4) and img_size is not None:  # else (N, H, W) is as likely
+        found, layout = shape[0], "(C, H, W): channels-first"
+    else:
+        return
+    size = f"{img_size[0]}, {img_size[1]}" if img_size is not None else "H, W"
+    raise InputError(f"{path}: the array {shape} looks like one image of {found} channels "
+                     f"{layout}, but the model takes one-channel images, (C, H, W) = (1, "
+                     f"{size}); give one-channel images: (H, W) or (1, H, W) for one image "
+                     "(e.g. the channel the model was trained on), (N, 1, H, W) for N images "
+                     "of H x W")
+
+
+def _as_nchw(array: np.ndarray, channels: int, batch: bool, path: Path,
+             img_size: Sequence[int] | None = None) -> np.ndarray:
+    """(N, C, H, W) of an array by the rules in the module docstring (`img_size`: the model's
+    (H, W), where known)."""
     shape = array.shape
     rules = ("(N, H, W) or (N, C, H, W)" if batch else
              "(H, W), (C, H, W), (N, H, W) or (N, C, H, W)")
@@ -114,6 +156,10 @@ def _as_nchw(array: np.ndarray, channels: int, batch: bool, path: Path) -> np.nd
         if not batch and shape[0] == channels:
             return array[None]  # one (C, H, W) image
         if channels == 1:
+            if not batch and (img_size is None or tuple(shape[1:]) != tuple(img_size)):
+                if shape[-1] == 1:
+                    return np.moveaxis(array, -1, 0)[None]  # one (H, W, 1) image
+                _refuse_one_image_of_other_channels(array, img_size, path)
             return array[:, None]  # (N, H, W)
         if not batch and shape[-1] == channels:
             return np.moveaxis(array, -1, 0)[None]  # one (H, W, C) image
@@ -129,10 +175,13 @@ def _as_nchw(array: np.ndarray, channels: int, batch: bool, path: Path) -> np.nd
 
 
 def read_array_images(path: str | Path, channels: int, scale: float = 1.0,
-                      data: bytes | None = None) -> ArrayImages:
+                      data: bytes | None = None,
+                      img_size: Sequence[int] | None = None) -> ArrayImages:
     """The images of an .npy or .npz file for a model of `channels` input channels whose
     preprocessing has `scale` (255: trained on 8-bit pictures, which takes uint8 only); `data`:
-    the file's contents, read from memory (`path` then only names the file and its kind).
+    the file's contents, read from memory (`path` then only names the file and its kind);
+    `img_size`: the model's (H, W), to tell N one-channel images from one image of several
+    channels (without it only channels-last shapes are told apart).
     Raises `UnreadableArrayFile` for a file numpy cannot read, `InputError` for arrays that
     do not fit the model."""
     path = Path(path)
@@ -146,7 +195,7 @@ def read_array_images(path: str | Path, channels: int, scale: float = 1.0,
             f"(its preprocessing divides by {scale:g}): give uint8 arrays of 0-255 (for values "
             "in [0, 1]: (a * 255).round().clip(0, 255).astype(numpy.uint8)), or use a model "
             "trained on arrays (data=arrays), which takes values in its data's own units")
-    images = _as_nchw(array, channels, batch, path)
+    images = _as_nchw(array, channels, batch, path, img_size)
     if len(images) == 0:
         raise InputError(f"{path} holds no images (shape {array.shape})")
     return ArrayImages(path, images)

@@ -35,7 +35,7 @@ from vitkit.inference.speedup import speed_up
 from vitkit.inference.tta import recorded_tta, warn_if_never_flipped, with_tta
 from vitkit.report import Report
 from vitkit.tasks import Task, make_task
-from vitkit.weights import build_model
+from vitkit.weights import WeightsRecord, build_model
 
 log = logging.getLogger("vitkit.evaluation")
 LATEST_REPORT = "eval.json"  # the latest evaluation's report, beside the one it keeps
@@ -52,6 +52,11 @@ def _check_fits(dataset: EvaluationFeed, num_classes: int,
                         f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
     if dataset.labels is None:
         return  # a stream's labels are known only as it is read
+    if not _class_labels(dataset.labels):
+        raise DataError(f"{data} has {_describe_targets(dataset.labels)} but the model is a "
+                        f"classifier (task=classification, {num_classes} classes): evaluate "
+                        "on data with integer class labels: a folder of class sub-folders, "
+                        "digits, cifar10, or arrays whose targets are integers")
     top = int(dataset.labels.max())
     if top >= num_classes:
         raise DataError(f"{data} has labels up to {top} but the model has {num_classes} "
@@ -99,7 +104,8 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     if task.kind == "classification":
         _check_fits(dataset, config.num_classes, config.in_chans, data)
     else:
-        _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data)
+        _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data,
+                           _is_own_data(weights, data, data_dir))
     if tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
@@ -145,10 +151,50 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     return Report("\n".join(lines), report)
 
 
+def _class_labels(labels: torch.Tensor) -> bool:
+    """Whether a split's targets are (N,) integer class indices, as every source delivers
+    class labels (regression and multi-label targets come as float (N, K))."""
+    return labels.ndim == 1 and not labels.is_floating_point()
+
+
+def _describe_targets(labels: torch.Tensor) -> str:
+    """A split's targets in words, for a message: integer class labels, or float / 0/1
+    targets of their shape."""
+    if _class_labels(labels):
+        return f"integer class labels (shape {tuple(labels.shape)})"
+    shape = tuple(labels.shape)
+    if labels.ndim == 2 and labels.shape[1] > 1 and bool(((labels == 0) | (labels == 1)).all()):
+        return f"0/1 multi-label targets of shape {shape}"
+    return f"float targets of shape {shape}"
+
+
+def _is_own_data(weights: WeightsRecord, data: str, data_dir: str | None) -> bool:
+    """Whether `data` (and its folder) is the data the training run recorded."""
+    recipe = weights.train_config or {}
+    if data != recipe.get("data"):
+        return False
+    theirs = recipe.get("data_dir")
+    if data_dir is None or theirs is None:
+        return data_dir == theirs
+    return Path(data_dir).expanduser().resolve() == Path(theirs).expanduser().resolve()
+
+
+_TASK_DATA = {
+    "regression": ("a regression model", "float target(s)",
+                   "arrays whose targets are floats, a folder whose splits hold a targets.csv, "
+                   "or a Hugging Face dataset with a float column"),
+    "multilabel": ("multi-label", "0/1 label(s)",
+                   "arrays whose targets are (N, K) 0/1, a folder whose splits hold a "
+                   "targets.csv of 0/1 columns, or a Hugging Face dataset with a label-list "
+                   "column"),
+}
+
+
 def _check_targets_fit(dataset: EvaluationFeed, task: Task, outputs: int, in_chans: int,
-                       data: str) -> None:
+                       data: str, own_data: bool = False) -> None:
     """Regression and multi-label weights: the split's targets must be K values (labels) per
-    image, K the model's outputs."""
+    image, K the model's outputs, and not class labels (integer (N,)), except on the run's
+    own data (`own_data`), which it was trained on as targets."""
     if dataset.channels != in_chans:
         raise DataError(f"the {data} images have {dataset.channels} channel(s) but the model "
                         f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
@@ -156,6 +202,11 @@ def _check_targets_fit(dataset: EvaluationFeed, task: Task, outputs: int, in_cha
     if labels is None:
         raise DataError(f"{data} is streamed and its targets are known only as it is read: "
                         f"task={task.kind} weights are evaluated on data held in memory")
+    if _class_labels(labels) and not own_data:
+        model, values, sources = _TASK_DATA[task.kind]
+        raise DataError(f"{data} has {_describe_targets(labels)} but the model is {model} "
+                        f"(task={task.kind}, {outputs} output(s)): evaluate on data with "
+                        f"{outputs} {values} per image: {sources}")
     labels = labels.reshape(len(labels), -1)
     word = "target(s)" if task.kind == "regression" else "label(s)"
     if labels.shape[1] != outputs:

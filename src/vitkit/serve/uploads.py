@@ -174,7 +174,7 @@ def _decode_arrays(upload: Upload, preprocess: Preprocess) -> list[tuple[str, to
     path = Path(upload.name) if is_array_file(upload.name) else Path(f"{upload.name}.npy")
     try:
         arrays = read_array_images(path, preprocess.channels, preprocess.scale,
-                                   data=upload.data)
+                                   data=upload.data, img_size=preprocess.img_size)
     except UnreadableArrayFile as exc:
         raise UploadError(400, str(exc)) from exc
     except InputError as exc:

@@ -252,12 +252,9 @@ class TrainConfig:
             raise ConfigError(f"data={self.data!r} is not a data source: use one of "
                               f"{', '.join(SOURCES)}." + did_you_mean(self.data, SOURCES[:-1]))
         if self.data == "digits" and self.data_dir:
-            raise ConfigError(
-                f"data_dir={self.data_dir} is not read by data=digits (the embedded 8x8 digits, "
-                "the default): name the data the folder holds: data=folder for an image folder "
-                f"({self.data_dir}/train/<class_name>/<image>.jpg and {self.data_dir}/val/"
-                "<class_name>/<image>.jpg), or data=cifar10 (or cifar100) for the CIFAR "
-                "binaries")
+            raise ConfigError(f"data_dir={self.data_dir} is not read by data=digits (the "
+                              "embedded 8x8 digits, the default): name the data the folder "
+                              f"holds: {_sources_for(self.data_dir)}")
         _require(self.data_mode in DATA_MODES, "data_mode={!r} is not one of "
                  + ", ".join(DATA_MODES), self.data_mode)
         _require(self.workers is None or self.workers >= 0, "workers={} must be >= 0 (0 reads "
@@ -331,6 +328,22 @@ class TrainConfig:
         return cls(**data)
 
 
+def _sources_for(data_dir: str) -> str:
+    """The data sources that read a folder, the one its files suggest first."""
+    folder = Path(data_dir)
+    arrays = sorted(path.relative_to(folder).as_posix() for pattern in ("*.npz", "*/images.npy")
+                    for path in folder.glob(pattern)) if folder.is_dir() else []
+    options = [f"data=folder for an image folder ({data_dir}/train/<class_name>/<image>.jpg "
+               f"and {data_dir}/val/<class_name>/<image>.jpg)",
+               "data=cifar10 (or cifar100) for the CIFAR binaries",
+               "data=arrays for NumPy arrays (train.npz and test.npz holding images and "
+               "targets; docs/tasks.md)"]
+    if arrays:
+        options = [f"data=arrays for the NumPy arrays it holds ({' and '.join(arrays[:3])})",
+                   *options[:-1]]
+    return "; ".join(options[:-1]) + "; or " + options[-1]
+
+
 def check_task(task: str | None, loss: str | None) -> None:
     """`task` names a task and `loss` one of its losses (of any task when task is null)."""
     if task is not None and task not in TASKS:
@@ -399,7 +412,10 @@ def read_recipe(path_or_name: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"recipe {path_or_name} is not valid JSON: {exc}") from exc
+        raise ConfigError(f"recipe {path_or_name} is not valid JSON ({exc}): a recipe is a JSON "
+                          "object of training keys, as the shipped ones are (docs/training.md); "
+                          "write it as JSON, or give the keys as KEY=VALUE arguments instead "
+                          "(vitkit train epochs=5 lr=0.001)") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path_or_name} must hold a JSON object of training keys")
     data.pop("_comment", None)

@@ -143,7 +143,18 @@ def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
     if train.image_size != config.img_size and not resize:
         raise DataError(f"the images are {train.image_size[0]}x{train.image_size[1]} but the "
                         f"model takes {config.img_size[0]}x{config.img_size[1]}: set "
-                        f"model.img_size={list(train.image_size)} (or resize the data)")
+                        f"model.img_size={list(train.image_size)} (or resize the data)"
+                        + _channels_last_hint(train))
+
+
+def _channels_last_hint(train: Source) -> str:
+    """For arrays read as (N, C, H, W) with a channel count pictures do not have: how to give
+    channels-last arrays (read so only when the last axis is 1, 3 or 4)."""
+    if not holds_float_images(train) or train.channels in (1, 3, 4):
+        return ""
+    return (f". The arrays were read as (N, C, H, W) with C={train.channels}; if they are "
+            "(N, H, W, C), transpose them first: np.transpose(images, (0, 3, 1, 2)) (the last "
+            "axis is read as channels only when it is 1, 3 or 4)")
 
 
 def _outputs_word(task: TaskSpec) -> str:

@@ -1,0 +1,135 @@
+"""`vitkit eval` refuses data whose targets do not fit the weights' task (class labels for a
+regression or multi-label model, float or 0/1 (N, K) targets for a classifier) with a vitkit
+error naming both and the data to use, and evaluating on such data works."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vitkit import create_model, save_pretrained
+from vitkit.cli import main
+from vitkit.preprocess import Preprocess
+from vitkit.tasks import TaskSpec
+
+TINY = {"width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32, "patch_size": 4,
+        "img_size": [16, 16], "in_chans": 1}
+COUNT = 12
+
+
+def _saved(tmp_path: Path, outputs: int, task: TaskSpec | None = None) -> Path:
+    torch.manual_seed(0)
+    model = create_model({**TINY, "num_classes": outputs})
+    if task is not None:
+        model.task = task
+    model.preprocess = Preprocess(img_size=(16, 16), scale=1.0, mean=(0.5,), std=(0.25,))
+    return save_pretrained(model.eval(), tmp_path / "weights")
+
+
+def _arrays(tmp_path: Path, name: str, targets: np.ndarray) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    images = np.random.default_rng(0).random((len(targets), 16, 16)).astype(np.float32)
+    for split in ("train", "test"):
+        np.savez(folder / f"{split}.npz", images=images, targets=targets)
+    return folder
+
+
+def _refused(capsys, weights: Path, out: Path, *data: str) -> str:
+    assert main(["eval", str(weights), "--out", str(out), *data]) != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "bug in vitkit" not in err
+    return err
+
+
+def _evaluated(capsys, weights: Path, out: Path, *data: str) -> dict:
+    assert main(["eval", str(weights), "--out", str(out), *data]) == 0
+    capsys.readouterr()
+    return json.loads((out / "eval.json").read_text())
+
+
+def test_a_classifier_refuses_regression_targets_and_takes_integer_labels(tmp_path, capsys):
+    weights = _saved(tmp_path, 3)
+    rng = np.random.default_rng(1)
+    for name, targets, said in (
+            ("reg1", rng.random(COUNT).astype(np.float32), "float targets of shape (12, 1)"),
+            ("reg2", rng.random((COUNT, 2)), "float targets of shape (12, 2)")):
+        err = _refused(capsys, weights, tmp_path / f"out-{name}", "--data", "arrays",
+                       "--data-dir", str(_arrays(tmp_path, name, targets)))
+        assert f"arrays has {said} but the model is a classifier (task=classification, " \
+               "3 classes)" in err
+        assert "evaluate on data with integer class labels: a folder of class sub-folders, " \
+               "digits, cifar10, or arrays whose targets are integers" in err
+    for dtype in (np.int64, np.uint8, np.int16):  # the advice, in any integer dtype
+        labels = _arrays(tmp_path, f"cls-{np.dtype(dtype).name}",
+                         (np.arange(COUNT) % 3).astype(dtype))
+        report = _evaluated(capsys, weights, tmp_path / "ok", "--data", "arrays",
+                            "--data-dir", str(labels))
+        assert report["images"] == COUNT and "top1" in report
+
+
+def test_a_classifier_refuses_multilabel_targets(tmp_path, capsys):
+    weights = _saved(tmp_path, 3)
+    hot = np.random.default_rng(2).random((COUNT, 3)) > 0.5
+    for name, targets in (("bool", hot), ("float", hot.astype(np.float32))):
+        err = _refused(capsys, weights, tmp_path / f"out-{name}", "--data", "arrays",
+                       "--data-dir", str(_arrays(tmp_path, name, targets)))
+        assert "arrays has 0/1 multi-label targets of shape (12, 3) but the model is a " \
+               "classifier (task=classification, 3 classes)" in err
+        assert "integer class labels" in err
+
+
+def test_a_regression_model_refuses_class_labels_and_takes_float_targets(tmp_path, capsys):
+    weights = _saved(tmp_path, 2, TaskSpec("regression", target_mean=[0.0, 0.0],
+                                           target_std=[1.0, 1.0]))
+    err = _refused(capsys, weights, tmp_path / "out-digits", "--data", "digits")
+    assert "digits has integer class labels (shape (" in err
+    assert "but the model is a regression model (task=regression, 2 output(s)): evaluate on " \
+           "data with 2 float target(s) per image: arrays whose targets are floats" in err
+    labels = _arrays(tmp_path, "labels", (np.arange(COUNT) % 3).astype(np.int32))
+    err = _refused(capsys, weights, tmp_path / "out-int", "--data", "arrays",
+                   "--data-dir", str(labels))
+    assert "arrays has integer class labels (shape (12,)) but the model is a regression model" \
+        in err
+    targets = _arrays(tmp_path, "targets", np.random.default_rng(3).random((COUNT, 2)))
+    report = _evaluated(capsys, weights, tmp_path / "ok", "--data", "arrays",
+                        "--data-dir", str(targets))
+    assert report["task"] == "regression" and report["images"] == COUNT and "r2" in report
+
+
+def test_a_one_output_regression_model_takes_n_float_targets(tmp_path, capsys):
+    weights = _saved(tmp_path, 1, TaskSpec("regression", target_mean=[0.0], target_std=[1.0]))
+    _refused(capsys, weights, tmp_path / "out-digits", "--data", "digits")
+    targets = _arrays(tmp_path, "targets", np.random.default_rng(4).random(COUNT))
+    report = _evaluated(capsys, weights, tmp_path / "ok", "--data", "arrays",
+                        "--data-dir", str(targets))
+    assert report["task"] == "regression" and report["images"] == COUNT
+
+
+def test_a_multilabel_model_refuses_class_labels_and_takes_0_1_targets(tmp_path, capsys):
+    weights = _saved(tmp_path, 3, TaskSpec("multilabel"))
+    err = _refused(capsys, weights, tmp_path / "out-digits", "--data", "digits")
+    assert "digits has integer class labels (shape (" in err
+    assert "but the model is multi-label (task=multilabel, 3 output(s)): evaluate on data " \
+           "with 3 0/1 label(s) per image" in err
+    hot = np.random.default_rng(5).random((COUNT, 3)) > 0.5
+    report = _evaluated(capsys, weights, tmp_path / "ok", "--data", "arrays",
+                        "--data-dir", str(_arrays(tmp_path, "hot", hot)))
+    assert report["task"] == "multilabel" and report["images"] == COUNT
+
+
+def test_a_regression_run_on_integer_targets_is_evaluated_on_its_own_data(tmp_path, capsys):
+    """Training took these integer targets as regression values (task=regression): its own
+    data is not refused as class labels, other integer-labelled data is."""
+    data = _arrays(tmp_path, "ints", (np.arange(32) % 4).astype(np.int64))
+    model = json.dumps(TINY)
+    assert main(["train", "data=arrays", f"data_dir={data}", f"model={model}",
+                 "task=regression", "epochs=1", "batch_size=16", "progress=false",
+                 "--out", str(tmp_path / "run")]) == 0
+    report = _evaluated(capsys, tmp_path / "run", tmp_path / "ok")
+    assert report["task"] == "regression" and report["images"] == 32
+    err = _refused(capsys, tmp_path / "run", tmp_path / "out-digits", "--data", "digits")
+    assert "digits has integer class labels" in err

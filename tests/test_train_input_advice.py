@@ -1,0 +1,111 @@
+"""Mistakes a new user makes with `vitkit train` on their own arrays and recipes: each gets a
+message naming the problem and the fix, the fix is followed and runs, and targets that look
+like another task (0/1 labels) or carry nothing to learn (a constant column) are pointed out."""
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vitkit.cli import main
+
+MODEL = "model=" + json.dumps({"width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32,
+                               "patch_size": 4, "img_size": [16, 16]})
+QUICK = ["epochs=1", "warmup_epochs=0", "batch_size=32", "progress=false"]
+
+
+def _arrays(folder: Path, images: np.ndarray, targets: np.ndarray) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        np.savez(folder / f"{split}.npz", images=images, targets=targets)
+    return folder
+
+
+def _train(args: list[str], out: Path) -> int:
+    return main(["train", MODEL, *QUICK, *args, "--out", str(out)])
+
+
+def test_an_arrays_folder_without_data_arrays_is_named_and_the_fix_trains(
+        tmp_path, capsys, caplog):
+    rng = np.random.default_rng(0)
+    folder = _arrays(tmp_path / "fields", rng.random((40, 16, 16), dtype=np.float32),
+                     rng.random(40, dtype=np.float32))
+    assert _train([f"data_dir={folder}"], tmp_path / "r0") == 2
+    err = capsys.readouterr().err
+    assert "data=arrays for the NumPy arrays it holds (test.npz and train.npz)" in err
+    assert "Traceback" not in err
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert _train(["data=arrays", f"data_dir={folder}"], tmp_path / "r1") == 0  # the fix
+    assert "task=regression" in caplog.text
+
+
+def test_channels_last_arrays_with_two_channels_get_the_transpose_that_fixes_them(
+        tmp_path, capsys, caplog):
+    """(N, 16, 16, 2), u and v fields: read as 16 channels of 16x2; the message says how to
+    give channels-last arrays, and the transposed arrays train as 2 channels of 16x16."""
+    rng = np.random.default_rng(1)
+    images, targets = rng.random((40, 16, 16, 2), dtype=np.float32), rng.random(40)
+    folder = _arrays(tmp_path / "uv", images, targets)
+    assert _train(["data=arrays", f"data_dir={folder}"], tmp_path / "r0") == 2
+    err = capsys.readouterr().err
+    assert "the images are 16x2 but the model takes 16x16" in err
+    assert "read as (N, C, H, W) with C=16; if they are (N, H, W, C), transpose them first: " \
+        "np.transpose(images, (0, 3, 1, 2))" in err
+    fixed = _arrays(tmp_path / "uv_first", np.transpose(images, (0, 3, 1, 2)), targets)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert _train(["data=arrays", f"data_dir={fixed}"], tmp_path / "r1") == 0
+    assert "data=arrays: 2 input channel(s)" in caplog.text
+
+
+def test_pictures_of_another_size_get_no_channels_hint(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    folder = _arrays(tmp_path / "rgb", rng.random((40, 3, 12, 12), dtype=np.float32),
+                     rng.random(40))
+    assert _train(["data=arrays", f"data_dir={folder}"], tmp_path / "r0") == 2
+    err = capsys.readouterr().err
+    assert "the images are 12x12 but the model takes 16x16" in err and "transpose" not in err
+
+
+@pytest.mark.parametrize("suffix, text", [(".toml", "epochs = 1\n"),
+                                          (".yaml", "epochs: 1\n")])
+def test_a_recipe_that_is_not_json_says_what_a_recipe_is_and_its_keys_run_as_arguments(
+        tmp_path, capsys, suffix, text):
+    recipe = tmp_path / f"recipe{suffix}"
+    recipe.write_text(text)
+    assert main(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert f"recipe {recipe} is not valid JSON" in err and "Traceback" not in err
+    assert "a recipe is a JSON object of training keys, as the shipped ones are" in err
+    assert "or give the keys as KEY=VALUE arguments instead (vitkit train epochs=5" in err
+    # the advice: the same keys as arguments (on the digits, from the digits recipe)
+    assert main(["train", "epochs=1", "warmup_epochs=0", "progress=false", "--out",
+                 str(tmp_path / "r")]) == 0
+
+
+def test_zero_one_targets_train_as_regression_with_a_pointer_to_the_task(tmp_path, caplog):
+    rng = np.random.default_rng(3)
+    images = rng.random((40, 16, 16), dtype=np.float32)
+    labels = (rng.random((40, 3)) > 0.5).astype(np.float32)
+    folder = _arrays(tmp_path / "labels", images, labels)
+    warning = "are all 0 or 1: they train as regression; for multi-label classification " \
+        "set task=multilabel"
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert _train(["data=arrays", f"data_dir={folder}"], tmp_path / "r0") == 0
+    assert warning in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert _train(["data=arrays", f"data_dir={folder}", "task=multilabel"],
+                      tmp_path / "r1") == 0
+    assert warning not in caplog.text and "task=multilabel" in caplog.text
+
+
+def test_a_constant_target_column_is_pointed_out(tmp_path, caplog):
+    rng = np.random.default_rng(4)
+    targets = np.stack([rng.random(40), np.full(40, 3.0)], axis=1)
+    folder = _arrays(tmp_path / "const", rng.random((40, 16, 16), dtype=np.float32), targets)
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert _train(["data=arrays", f"data_dir={folder}"], tmp_path / "r") == 0
+    assert "target column(s) 1 (always 3) never change: there is nothing to learn" in caplog.text
+    assert "column(s) 0" not in caplog.text
