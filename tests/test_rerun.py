@@ -147,3 +147,19 @@ def test_a_resume_logs_each_evaluation_once(run):
     assert steps == [2, 6] and len(set(steps)) == len(steps)
     history = load_checkpoint(run / "last.pt")["history"]
     assert rows == history and _csv_rows(run) == len(history)
+
+
+def test_a_resume_from_best_pt_continues_after_its_evaluation(tmp_path):
+    """best.pt is saved by an evaluation at an epoch's end; resumed, the run goes on with the
+    next epoch, and its evaluation is not run and logged a second time (a row of loss 0 at
+    0 img/s, the epoch's again)."""
+    out = tmp_path / "run"
+    args = ["digits", "epochs=1", "train_limit=128", "batch_size=64", "model.depth=2",
+            "warmup_epochs=0", "progress=false"]
+    assert main(["train", *args, "--out", str(out)]) == 0
+    assert load_checkpoint(out / "best.pt")["position"]["epoch"] == 1  # past its evaluation
+    assert main(["train", "epochs=2", "--resume", str(out / "best.pt")]) == 0
+    rows = _rows(out)
+    assert [row["epoch"] for row in rows] == [1.0, 2.0] and [row["step"] for row in rows] == [2, 4]
+    assert all(row["train_loss"] > 0 and row["images_per_s"] > 0 for row in rows)
+    assert _csv_rows(out) == 2

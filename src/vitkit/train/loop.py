@@ -155,15 +155,15 @@ def run_loop(run: Run) -> TrainResult:
             train_seconds = clock.end_epoch()
             epoch_done = pos.batch >= per_epoch
             scheduled = epoch_done and (pos.epoch + 1) % cfg.eval_every == 0
+            if epoch_done:  # before the evaluation, so a best.pt it saves resumes past it
+                pos.epoch, pos.batch = pos.epoch + 1, 0
             if not stop.signalled() and (scheduled or pos.step >= pos.total_steps
                                          or stop.reason):
                 with clock.timing_evaluation():
                     final = evaluate_and_log(run, epoch_loss, epoch_images, train_seconds,
                                              recorder) or final
-            if epoch_done:
-                pos.epoch, pos.batch = pos.epoch + 1, 0
-                if not stop.reason:
-                    clock.refit_after_epoch(pos)
+            if epoch_done and not stop.reason:
+                clock.refit_after_epoch(pos)
             run.save("last")
             guard.checkpoint_saved(pos.step)
             run.data.write_skipped(run.out_dir, info)
