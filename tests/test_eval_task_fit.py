@@ -82,18 +82,19 @@ def test_a_classifier_refuses_multilabel_targets(tmp_path, capsys):
         assert "integer class labels" in err
 
 
-def test_a_regression_model_refuses_class_labels_and_takes_float_targets(tmp_path, capsys):
+def test_a_regression_model_refuses_class_labels_and_takes_float_targets(
+        tmp_path, capsys, caplog):
     weights = _saved(tmp_path, 2, TaskSpec("regression", target_mean=[0.0, 0.0],
                                            target_std=[1.0, 1.0]))
     err = _refused(capsys, weights, tmp_path / "out-digits", "--data", "digits")
     assert "digits has integer class labels (shape (" in err
     assert "but the model is a regression model (task=regression, 2 output(s)): evaluate on " \
            "data with 2 float target(s) per image: arrays whose targets are floats" in err
-    labels = _arrays(tmp_path, "labels", (np.arange(COUNT) % 3).astype(np.int32))
-    err = _refused(capsys, weights, tmp_path / "out-int", "--data", "arrays",
-                   "--data-dir", str(labels))
-    assert "arrays has integer class labels (shape (12,)) but the model is a regression model" \
-        in err
+    # integers in arrays may be values (counts): scored as such, with a warning
+    counts = _arrays(tmp_path, "counts", np.stack([np.arange(COUNT) % 3] * 2, 1).astype(np.int32))
+    assert _evaluated(capsys, weights, tmp_path / "out-int", "--data", "arrays",
+                      "--data-dir", str(counts))["task"] == "regression"
+    assert "the arrays' targets are integers" not in caplog.text  # (N, 2): no class labels
     targets = _arrays(tmp_path, "targets", np.random.default_rng(3).random((COUNT, 2)))
     report = _evaluated(capsys, weights, tmp_path / "ok", "--data", "arrays",
                         "--data-dir", str(targets))
@@ -121,15 +122,22 @@ def test_a_multilabel_model_refuses_class_labels_and_takes_0_1_targets(tmp_path,
     assert report["task"] == "multilabel" and report["images"] == COUNT
 
 
-def test_a_regression_run_on_integer_targets_is_evaluated_on_its_own_data(tmp_path, capsys):
-    """Training took these integer targets as regression values (task=regression): its own
-    data is not refused as class labels, other integer-labelled data is."""
+def test_a_regression_run_on_integer_targets_is_evaluated_with_a_warning(
+        tmp_path, capsys, caplog, monkeypatch):
+    """Training took these integer targets as regression values (task=regression): integer
+    arrays are scored as values, from any folder (the run recorded a relative data_dir), with
+    a warning that they may be class labels; a classification source is refused."""
     data = _arrays(tmp_path, "ints", (np.arange(32) % 4).astype(np.int64))
     model = json.dumps(TINY)
-    assert main(["train", "data=arrays", f"data_dir={data}", f"model={model}",
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "data=arrays", "data_dir=ints", f"model={model}",
                  "task=regression", "epochs=1", "batch_size=16", "progress=false",
                  "--out", str(tmp_path / "run")]) == 0
-    report = _evaluated(capsys, tmp_path / "run", tmp_path / "ok")
+    monkeypatch.chdir(data)  # elsewhere, the folder given whole
+    report = _evaluated(capsys, tmp_path / "run", tmp_path / "ok", "--data", "arrays",
+                        "--data-dir", str(data))
     assert report["task"] == "regression" and report["images"] == 32
+    assert "the arrays' targets are integers (shape (32,)): they are scored as values; if " \
+        "they are class labels, evaluate on data of the model's task" in caplog.text
     err = _refused(capsys, tmp_path / "run", tmp_path / "out-digits", "--data", "digits")
     assert "digits has integer class labels" in err

@@ -96,6 +96,7 @@ def test_image_file_refusal_is_for_array_models_only_and_pictures_still_work(tmp
     Image.fromarray(np.full((16, 16), 200, np.uint8)).save(png)
     assert image_file_refusal(png, 255.0) is None
     assert "trained on arrays" in image_file_refusal(png, 1.0)
+    assert "divides by 65535, not 255" in image_file_refusal(png, 65535.0)  # as serve refuses
     # a picture model takes the picture, and a uint8 array of it, the same way
     model = picture_model()
     np.save(tmp_path / "grey.npy", np.full((16, 16), 200, np.uint8))
@@ -130,16 +131,11 @@ def test_one_channels_last_rgb_array_is_refused_not_split_into_16_images(
     assert code == 0 and len(out.splitlines()) == 3
 
 
-def test_a_channels_first_rgb_array_of_another_size_is_refused_and_n1hw_works(
-        tmp_path, capsys, reg):
+def test_n_hw_arrays_stay_n_images_and_n1hw_says_so_outright(tmp_path, capsys, reg):
+    """(3, H, W) for a one-channel model is three images, as documented, also of another
+    size (three digits, not one RGB image); (N, 1, H, W) says it outright."""
     from vitkit.predict import predict
 
-    np.save(tmp_path / "rgb.npy", fields((3, 24, 20)))
-    code, out, err = predict_cli(capsys, reg, tmp_path / "rgb.npy")
-    assert code == 2 and "[1]" not in out
-    assert "(3, 24, 20) looks like one image of 3 channels (C, H, W)" in err
-    assert "(C, H, W) = (1, 16, 16)" in err
-    # the advice, for three one-channel images of 24 x 20: (N, 1, H, W), resized
     np.save(tmp_path / "three.npy", fields((3, 24, 20))[:, None])
     code, out, _ = predict_cli(capsys, reg, tmp_path / "three.npy")
     assert code == 0 and len(out.splitlines()) == 3
@@ -147,11 +143,12 @@ def test_a_channels_first_rgb_array_of_another_size_is_refused_and_n1hw_works(
     # the first axis is no colour count; a 2-D image
     model = regression_model()
     np.save(tmp_path / "nhw.npy", fields((3, 16, 16)))
-    np.save(tmp_path / "big.npy", fields((2, 24, 20)))
+    np.save(tmp_path / "big.npy", fields((3, 24, 20)))
     np.save(tmp_path / "hw.npy", fields((16, 16)))
     rows = predict(model, [tmp_path / "nhw.npy", tmp_path / "big.npy", tmp_path / "hw.npy"])
     assert [row.path.rpartition("/")[2] for row in rows] == [
-        "nhw.npy[0]", "nhw.npy[1]", "nhw.npy[2]", "big.npy[0]", "big.npy[1]", "hw.npy[0]"]
+        "nhw.npy[0]", "nhw.npy[1]", "nhw.npy[2]", "big.npy[0]", "big.npy[1]", "big.npy[2]",
+        "hw.npy[0]"]
     assert all(row.ok for row in rows)
 
 
@@ -201,7 +198,7 @@ def test_explain_refuses_a_picture_for_a_model_trained_on_arrays_and_takes_the_a
     np.save(tmp_path / "field.npy", field)  # the advice: the array, in its units
     images = images_from_files([tmp_path / "field.npy"], model.preprocess)[0]
     assert images.shape == (1, 1, 16, 16) and torch.equal(images[0, 0], torch.from_numpy(field))
-    # and a (3, 24, 20) channels-first RGB array of another size is refused there too
-    np.save(tmp_path / "rgb.npy", fields((3, 24, 20)))
-    with pytest.raises(InputError, match=r"looks like one image of 3 channels \(C, H, W\)"):
+    # and a channels-last (24, 20, 3) of another size is refused there too
+    np.save(tmp_path / "rgb.npy", fields((24, 20, 3)))
+    with pytest.raises(InputError, match=r"looks like one image of 3 channels \(H, W, C\)"):
         images_from_files([tmp_path / "rgb.npy"], model.preprocess)

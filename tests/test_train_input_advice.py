@@ -53,6 +53,12 @@ def test_channels_last_arrays_with_two_channels_get_the_transpose_that_fixes_the
     assert "the images are 16x2 but the model takes 16x16" in err
     assert "read as (N, C, H, W) with C=16; if they are (N, H, W, C), transpose them first: " \
         "np.transpose(images, (0, 3, 1, 2))" in err
+    two = MODEL.replace('"img_size"', '"in_chans": 2, "img_size"')  # the channels set too
+    assert main(["train", two, *QUICK, "data=arrays", f"data_dir={folder}", "--out",
+                 str(tmp_path / "r2")]) == 2
+    assert "have 16 channel(s): set model.in_chans=16 (or leave it unset: data=arrays sizes " \
+        "it from the data). The arrays were read as (N, C, H, W) with C=16; if they are " \
+        "(N, H, W, C), transpose them first" in capsys.readouterr().err
     fixed = _arrays(tmp_path / "uv_first", np.transpose(images, (0, 3, 1, 2)), targets)
     with caplog.at_level(logging.INFO, logger="vitkit"):
         assert _train(["data=arrays", f"data_dir={fixed}"], tmp_path / "r1") == 0
@@ -109,3 +115,19 @@ def test_a_constant_target_column_is_pointed_out(tmp_path, caplog):
         assert _train(["data=arrays", f"data_dir={folder}"], tmp_path / "r") == 0
     assert "target column(s) 1 (always 3) never change: there is nothing to learn" in caplog.text
     assert "column(s) 0" not in caplog.text
+
+
+def test_constant_targets_are_pointed_out_and_one_sample_is_not(tmp_path, caplog):
+    rng = np.random.default_rng(5)
+    folder = _arrays(tmp_path / "all3", rng.random((40, 16, 16), dtype=np.float32),
+                     np.full(40, 3.0))
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert _train(["data=arrays", f"data_dir={folder}"], tmp_path / "r") == 0
+    assert "are all 3: there is nothing to learn (R^2 reads 1 for an exact fit, else 0); " \
+        "check the targets file" in caplog.text
+    from vitkit.tasks import infer_task
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        infer_task(np.array([[0.5, 2.0]]))  # a train_limit of 1: nothing varies, no warning
+    assert caplog.text == ""

@@ -35,6 +35,7 @@ import torch
 
 from vitkit.data.arrayfiles import (
     ARRAY_EXTENSIONS,
+    PICTURE_REFUSED,
     ArrayImages,
     image_file_refusal,
     is_array_file,
@@ -150,11 +151,9 @@ class Predictions:
         """The error when no input could be read (the rows say why for each)."""
         bad = [result for result in self.results if not result.ok]
         # a picture refused by a model trained on arrays: say so, not "not an image"
-        refused = [result for result in bad
-                   if result.error == image_file_refusal(result.path, 1.0)]
+        refused = [result for result in bad if PICTURE_REFUSED in (result.error or "")]
         if refused:
-            return (f"none of the {len(bad)} input(s) could be read ({refused[0].path}: "
-                    f"{refused[0].error})")
+            return f"none of the {len(bad)} input(s) could be read: {refused[0].error}"
         if not any(is_array_file(result.path.rpartition("[")[0] if result.path.endswith("]")
                                  else result.path) for result in bad):
             return (f"none of the {len(bad)} file(s) could be read as an image; check they are "

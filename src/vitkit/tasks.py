@@ -392,7 +392,12 @@ def _warn_of_regression_targets(values: np.ndarray, std: np.ndarray, binary: boo
             "two classes set task=classification (or give integer labels)"
         log.warning("warning: %s are all 0 or 1: they train as regression; for %s", where, task)
     constant = np.flatnonzero(std == 0)
-    if len(constant):
-        shown = ", ".join(f"{k} (always {values[0, k]:g})" for k in constant[:5])
-        log.warning("warning: %s: target column(s) %s never change: there is nothing to learn "
-                    "there and their R^2 reads 1 for an exact fit; drop them", where, shown)
+    if len(values) < 2 or not len(constant):
+        return  # one sample (a train_limit of 1) varies in nothing
+    if len(constant) == values.shape[1] == 1:
+        log.warning("warning: %s are all %g: there is nothing to learn (R^2 reads 1 for an "
+                    "exact fit, else 0); check the targets file", where, values[0, 0])
+        return
+    shown = ", ".join(f"{k} (always {values[0, k]:g})" for k in constant[:5])
+    log.warning("warning: %s: target column(s) %s never change: there is nothing to learn "
+                "there and their R^2 reads 1 for an exact fit, else 0; drop them", where, shown)

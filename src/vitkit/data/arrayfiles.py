@@ -5,11 +5,10 @@ scientific arrays (data=arrays).
 - `.npy`: one image (H, W) or (C, H, W), or a batch (N, C, H, W) / (N, H, W); a 3-D array is
   one (C, H, W) image when its first axis is the model's channel count, else (N, H, W) images
   of a one-channel model. Channels-last ((H, W, C), (N, H, W, C)) is read where unambiguous:
-  the last axis is the channel count and the channel axis is not. A 3-D array whose last two
-  axes are not the model's size (when known) but that reads as one image of other channels
-  (the last axis 2-4: (H, W, C); the first 3 or 4: an RGB(A) (C, H, W)) is refused, naming
-  the shape, rather than split into images of a few pixels or its colour planes: (N, 1, H, W)
-  says N one-channel images outright.
+  the last axis is the channel count and the channel axis is not. For a one-channel model, a
+  3-D array whose last two axes are not the model's size (when known) and whose last axis is
+  2-4 (one (H, W, C) image of other channels) is refused, naming the shape, rather than split
+  into images a few pixels wide: (N, 1, H, W) says N one-channel images outright.
 - `.npz`: the key `images` ((N, H, W) or (N, C, H, W), as data=arrays reads it); other keys
   (`targets`) are ignored.
 
@@ -34,10 +33,11 @@ import torch
 from vitkit.data.sources.mapped import first_nonfinite
 from vitkit.errors import InputError
 
-__all__ = ["ARRAY_EXTENSIONS", "ArrayImages", "UnreadableArrayFile", "image_file_refusal",
-           "is_array_file", "read_array_images"]
+__all__ = ["ARRAY_EXTENSIONS", "PICTURE_REFUSED", "ArrayImages", "UnreadableArrayFile",
+           "image_file_refusal", "is_array_file", "read_array_images"]
 
 ARRAY_EXTENSIONS = (".npy", ".npz")
+PICTURE_REFUSED = "is an image file (8-bit values 0-255)"  # in `image_file_refusal`'s reason
 IMAGES_KEY = "images"
 
 
@@ -52,14 +52,15 @@ def is_array_file(path: str | Path) -> bool:
 
 def image_file_refusal(path: str | Path, scale: float) -> str | None:
     """Why the image file `path` (a PNG, JPEG...: 8-bit values 0-255) cannot go to a model whose
-    preprocessing has `scale`, or None when it can. A model trained on arrays (data=arrays:
-    `scale` 1) normalises in its data's own units, so a picture's 0-255 would be read as those
-    units: refused, as a float array is for a model trained on 8-bit pictures."""
-    if scale != 1.0:
+    preprocessing has `scale`, or None when it can. A model not trained on 8-bit pictures
+    (`scale` other than 255; data=arrays: 1) normalises in its data's own units, so a
+    picture's 0-255 would be read as those units: refused, as a float array is for a model
+    trained on 8-bit pictures (and as `vitkit serve` refuses it: `Preprocess.pictures`)."""
+    if scale == 255:
         return None
-    return (f"{path} is an image file (8-bit values 0-255), but the model was trained on "
-            "arrays in its data's own units (data=arrays: its preprocessing divides by 1, "
-            "not 255), so the picture's values would be misread as those units: give the "
+    return (f"{path} {PICTURE_REFUSED}, but the model was trained on arrays in its data's own "
+            f"units (data=arrays: its preprocessing divides by {scale:g}, not 255), so the "
+            "picture's values would be misread as those units: give the "
             f"model arrays in the units it was trained on, as a {' or '.join(ARRAY_EXTENSIONS)} "
             "file (numpy.save(PATH, array)), or use a model trained on pictures")
 
@@ -119,19 +120,16 @@ def _load(path: Path, data: bytes | None = None) -> tuple[np.ndarray, bool]:
 
 def _refuse_one_image_of_other_channels(array: np.ndarray, img_size: Sequence[int] | None,
                                         path: Path) -> None:
-    """Raise for a 3-D array (not of the model's H x W) that reads as one image of 2-4
-    channels-last or (the model's size known) 3-4 channels-first channels, for a
-    one-channel model."""
+    """Raise for a 3-D array (not of the model's H x W) that reads as one channels-last
+    image of 2-4 channels, for a one-channel model (images 2-4 pixels wide are not meant; a
+    (3, H, W) stays N = 3 images, as documented)."""
     shape = array.shape
-    if 2 <= shape[-1] <= 4:
-        found, layout = shape[-1], "(H, W, C): channels-last"
-    elif shape[0] in (3, 4) and img_size is not None:  # else (N, H, W) is as likely
-        found, layout = shape[0], "(C, H, W): channels-first"
-    else:
+    if not 2 <= shape[-1] <= 4:
         return
     size = f"{img_size[0]}, {img_size[1]}" if img_size is not None else "H, W"
-    raise InputError(f"{path}: the array {shape} looks like one image of {found} channels "
-                     f"{layout}, but the model takes one-channel images, (C, H, W) = (1, "
+    raise InputError(f"{path}: the array {shape} looks like one image of {shape[-1]} channels "
+                     "(H, W, C): channels-last, but the model takes one-channel images, (C, "
+                     f"H, W) = (1, "
                      f"{size}); give one-channel images: (H, W) or (1, H, W) for one image "
                      "(e.g. the channel the model was trained on), (N, 1, H, W) for N images "
                      "of H x W")

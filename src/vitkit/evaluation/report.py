@@ -35,7 +35,7 @@ from vitkit.inference.speedup import speed_up
 from vitkit.inference.tta import recorded_tta, warn_if_never_flipped, with_tta
 from vitkit.report import Report
 from vitkit.tasks import Task, make_task
-from vitkit.weights import WeightsRecord, build_model
+from vitkit.weights import build_model
 
 log = logging.getLogger("vitkit.evaluation")
 LATEST_REPORT = "eval.json"  # the latest evaluation's report, beside the one it keeps
@@ -104,8 +104,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     if task.kind == "classification":
         _check_fits(dataset, config.num_classes, config.in_chans, data)
     else:
-        _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data,
-                           _is_own_data(weights, data, data_dir))
+        _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data)
     if tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
@@ -168,17 +167,6 @@ def _describe_targets(labels: torch.Tensor) -> str:
     return f"float targets of shape {shape}"
 
 
-def _is_own_data(weights: WeightsRecord, data: str, data_dir: str | None) -> bool:
-    """Whether `data` (and its folder) is the data the training run recorded."""
-    recipe = weights.train_config or {}
-    if data != recipe.get("data"):
-        return False
-    theirs = recipe.get("data_dir")
-    if data_dir is None or theirs is None:
-        return data_dir == theirs
-    return Path(data_dir).expanduser().resolve() == Path(theirs).expanduser().resolve()
-
-
 _TASK_DATA = {
     "regression": ("a regression model", "float target(s)",
                    "arrays whose targets are floats, a folder whose splits hold a targets.csv, "
@@ -191,10 +179,11 @@ _TASK_DATA = {
 
 
 def _check_targets_fit(dataset: EvaluationFeed, task: Task, outputs: int, in_chans: int,
-                       data: str, own_data: bool = False) -> None:
+                       data: str) -> None:
     """Regression and multi-label weights: the split's targets must be K values (labels) per
-    image, K the model's outputs, and not class labels (integer (N,)), except on the run's
-    own data (`own_data`), which it was trained on as targets."""
+    image, K the model's outputs. Class labels (integer (N,)) of a classification source are
+    refused; integer targets of arrays may be values (counts), so they are scored, with a
+    warning."""
     if dataset.channels != in_chans:
         raise DataError(f"the {data} images have {dataset.channels} channel(s) but the model "
                         f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
@@ -202,7 +191,11 @@ def _check_targets_fit(dataset: EvaluationFeed, task: Task, outputs: int, in_cha
     if labels is None:
         raise DataError(f"{data} is streamed and its targets are known only as it is read: "
                         f"task={task.kind} weights are evaluated on data held in memory")
-    if _class_labels(labels) and not own_data:
+    if _class_labels(labels) and data == "arrays":
+        log.warning("warning: the arrays' targets are integers (shape %s): they are scored as "
+                    "%s; if they are class labels, evaluate on data of the model's task",
+                    tuple(labels.shape), "values" if task.kind == "regression" else "0/1 labels")
+    elif _class_labels(labels):
         model, values, sources = _TASK_DATA[task.kind]
         raise DataError(f"{data} has {_describe_targets(labels)} but the model is {model} "
                         f"(task={task.kind}, {outputs} output(s)): evaluate on data with "

@@ -330,7 +330,7 @@ class TrainConfig:
 
 def _sources_for(data_dir: str) -> str:
     """The data sources that read a folder, the one its files suggest first."""
-    folder = Path(data_dir)
+    folder = Path(data_dir).expanduser()
     arrays = sorted(path.relative_to(folder).as_posix() for pattern in ("*.npz", "*/images.npy")
                     for path in folder.glob(pattern)) if folder.is_dir() else []
     options = [f"data=folder for an image folder ({data_dir}/train/<class_name>/<image>.jpg "

@@ -139,7 +139,8 @@ def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
         return
     if train.channels != config.in_chans:
         raise DataError(f"the data has {train.channels} channel(s) but the model takes "
-                        f"{config.in_chans}: set model.in_chans={train.channels}")
+                        f"{config.in_chans}: set model.in_chans={train.channels}"
+                        + _channels_last_hint(train))
     if train.image_size != config.img_size and not resize:
         raise DataError(f"the images are {train.image_size[0]}x{train.image_size[1]} but the "
                         f"model takes {config.img_size[0]}x{config.img_size[1]}: set "
@@ -150,7 +151,7 @@ def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
 def _channels_last_hint(train: Source) -> str:
     """For arrays read as (N, C, H, W) with a channel count pictures do not have: how to give
     channels-last arrays (read so only when the last axis is 1, 3 or 4)."""
-    if not holds_float_images(train) or train.channels in (1, 3, 4):
+    if not holds_float_images(train) or train.channels in (1, 3, 4):  # read as they are
         return ""
     return (f". The arrays were read as (N, C, H, W) with C={train.channels}; if they are "
             "(N, H, W, C), transpose them first: np.transpose(images, (0, 3, 1, 2)) (the last "
@@ -215,7 +216,7 @@ def channels_from_arrays(cfg: TrainConfig, config: ViTConfig, train: Source) -> 
         raise DataError(f"model.in_chans={config.in_chans} but the arrays in {cfg.data_dir} "
                         f"have {train.channels} channel(s): set model.in_chans="
                         f"{train.channels} (or leave it unset: data=arrays sizes it from the "
-                        "data)")
+                        "data)" + _channels_last_hint(train))
     log.info("data=arrays: %d input channel(s)", train.channels)
     return config.replace(in_chans=train.channels)
 
