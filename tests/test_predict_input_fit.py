@@ -202,3 +202,16 @@ def test_explain_refuses_a_picture_for_a_model_trained_on_arrays_and_takes_the_a
     np.save(tmp_path / "rgb.npy", fields((24, 20, 3)))
     with pytest.raises(InputError, match=r"looks like one image of 3 channels \(H, W, C\)"):
         images_from_files([tmp_path / "rgb.npy"], model.preprocess)
+
+
+def test_a_folder_of_arrays_alone_says_to_name_them_and_naming_them_works(tmp_path, capsys, reg):
+    folder = tmp_path / "fields"
+    folder.mkdir()
+    for i in range(2):
+        np.save(folder / f"f{i}.npy", fields((16, 16), seed=i))
+    code, _, err = predict_cli(capsys, reg, folder)
+    assert code == 2
+    assert f"it holds 2 array file(s) (f0.npy...), which folders are not searched for: name " \
+        f"them one by one (a shell glob: {folder}/*.npy)" in err
+    code, out, _ = predict_cli(capsys, reg, *sorted(folder.glob("*.npy")))  # the glob
+    assert code == 0 and len(out.splitlines()) == 2

@@ -190,9 +190,14 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
                        if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if not found:
+            arrays = sorted(p.name for p in path.iterdir() if is_array_file(p))
             raise InputError(f"folder {path} holds no images (looked for "
-                             f"{', '.join(sorted(IMAGE_EXTENSIONS))}); pass a folder with "
-                             f"images or the image files themselves")
+                             f"{', '.join(sorted(IMAGE_EXTENSIONS))}); " + (
+                                 f"it holds {len(arrays)} array file(s) ({arrays[0]}...), "
+                                 "which folders are not searched for: name them one by one "
+                                 f"(a shell glob: {path}/*{Path(arrays[0]).suffix})"
+                                 if arrays else "pass a folder with images or the image files "
+                                 "themselves"))
         files.extend(found)
     if not files:
         raise InputError("no inputs: pass at least one image file or folder (or, to vitkit "
