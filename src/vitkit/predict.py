@@ -191,13 +191,12 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if not found:
             arrays = sorted(p.name for p in path.iterdir() if is_array_file(p))
+            advice = (f"it holds {len(arrays)} array file(s) ({arrays[0]}...), which folders "
+                      "are not searched for: name them one by one (a shell glob: "
+                      f"{path}/*{Path(arrays[0]).suffix})" if arrays else
+                      "pass a folder with images or the image files themselves")
             raise InputError(f"folder {path} holds no images (looked for "
-                             f"{', '.join(sorted(IMAGE_EXTENSIONS))}); " + (
-                                 f"it holds {len(arrays)} array file(s) ({arrays[0]}...), "
-                                 "which folders are not searched for: name them one by one "
-                                 f"(a shell glob: {path}/*{Path(arrays[0]).suffix})"
-                                 if arrays else "pass a folder with images or the image files "
-                                 "themselves"))
+                             f"{', '.join(sorted(IMAGE_EXTENSIONS))}); {advice}")
         files.extend(found)
     if not files:
         raise InputError("no inputs: pass at least one image file or folder (or, to vitkit "

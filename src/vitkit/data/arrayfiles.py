@@ -128,11 +128,10 @@ def _refuse_one_image_of_other_channels(array: np.ndarray, img_size: Sequence[in
         return
     size = f"{img_size[0]}, {img_size[1]}" if img_size is not None else "H, W"
     raise InputError(f"{path}: the array {shape} looks like one image of {shape[-1]} channels "
-                     "(H, W, C): channels-last, but the model takes one-channel images, (C, "
-                     f"H, W) = (1, "
-                     f"{size}); give one-channel images: (H, W) or (1, H, W) for one image "
-                     "(e.g. the channel the model was trained on), (N, 1, H, W) for N images "
-                     "of H x W")
+                     "(H, W, C): channels-last, but the model takes one-channel images, "
+                     f"(C, H, W) = (1, {size}); give one-channel images: (H, W) or (1, H, W) "
+                     "for one image (e.g. the channel the model was trained on), (N, 1, H, W) "
+                     "for N images of H x W")
 
 
 def _as_nchw(array: np.ndarray, channels: int, batch: bool, path: Path,

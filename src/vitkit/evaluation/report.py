@@ -191,15 +191,15 @@ def _check_targets_fit(dataset: EvaluationFeed, task: Task, outputs: int, in_cha
     if labels is None:
         raise DataError(f"{data} is streamed and its targets are known only as it is read: "
                         f"task={task.kind} weights are evaluated on data held in memory")
-    if _class_labels(labels) and data == "arrays":
+    if _class_labels(labels):
+        if data != "arrays":
+            model, values, sources = _TASK_DATA[task.kind]
+            raise DataError(f"{data} has {_describe_targets(labels)} but the model is {model} "
+                            f"(task={task.kind}, {outputs} output(s)): evaluate on data with "
+                            f"{outputs} {values} per image: {sources}")
         log.warning("warning: the arrays' targets are integers (shape %s): they are scored as "
                     "%s; if they are class labels, evaluate on data of the model's task",
                     tuple(labels.shape), "values" if task.kind == "regression" else "0/1 labels")
-    elif _class_labels(labels):
-        model, values, sources = _TASK_DATA[task.kind]
-        raise DataError(f"{data} has {_describe_targets(labels)} but the model is {model} "
-                        f"(task={task.kind}, {outputs} output(s)): evaluate on data with "
-                        f"{outputs} {values} per image: {sources}")
     labels = labels.reshape(len(labels), -1)
     word = "target(s)" if task.kind == "regression" else "label(s)"
     if labels.shape[1] != outputs:
