@@ -269,6 +269,21 @@ def test_cli_export_refuses_an_unfaithful_graph_and_leaves_no_file(
     err = capsys.readouterr().err
     assert "the ONNX outputs differ from PyTorch by 0.05" in err and "Traceback" not in err
     assert not target.exists()
+    target.write_bytes(b"a previous export")  # a refused graph leaves it as it was
+    assert main(["export", str(folder), "--out", str(target)]) != 0
+    assert target.read_bytes() == b"a previous export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "weights"]  # no staging
+
+
+def test_cli_export_over_a_previous_export_replaces_it_and_leaves_no_staging(tmp_path):
+    model = random_model()
+    folder = vitkit.save_pretrained(model, tmp_path / "weights")
+    target = tmp_path / "out" / "m.onnx"
+    target.parent.mkdir()
+    target.write_bytes(b"a previous export")
+    assert main(["export", str(folder), "--out", str(target)]) == 0
+    assert [p.name for p in target.parent.iterdir()] == ["m.onnx"]
+    assert check_onnx(model, target) <= TOL
 
 
 def test_cli_export_int8_removes_a_file_its_int8_check_refuses(tmp_path, capsys, monkeypatch):

@@ -3,6 +3,9 @@ against the model it came from; the report says where it went and how close it i
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,7 +47,9 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     `default_output_path`) and check the file with onnxruntime: a float graph with
     `check_float_graph` (1e-4, times the targets' largest std for regression, + 1e-5 x the
     outputs' largest magnitude), or for `int8`, within INT8_RTOL x the logits' range with
-    the clear top-1 classes kept. A file that fails its check is removed.
+    the clear top-1 classes kept. The graph is written to a temporary folder beside `out`
+    and moved into place only once it passes, so a graph that fails leaves no file and a
+    previous export at `out` (with any external-data files) as it was.
     `prepare` changes the loaded model first: `vitkit export --merge-tokens R` passes token
     merging (`vitkit.inference.speed_up`), and the graph then merges as the model does, at
     its image size only, checked against it."""
@@ -56,27 +61,30 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     if prepare is not None:
         model = prepare(model)
     merge_tokens = getattr(model, "merge_r", 0)  # set by token merging
-    out = default_output_path(weights, int8, merge_tokens) if out is None else out
+    out = Path(default_output_path(weights, int8, merge_tokens) if out is None else out)
     write = export_onnx_int8 if int8 else export_onnx
-    path = write(model, out, dynamic_size=dynamic_size, opset=opset)
-    axes = "batch, height, width" if dynamic_size else "batch"
-    size_mib = path.stat().st_size / 2**20
-    merging = f", merges {merge_tokens} tokens per layer" if merge_tokens else ""
-    lines = [f"wrote {path} ({size_mib:.1f} MiB{', int8' if int8 else ''}{merging}, "
-             f"dynamic {axes})"]
     sizes = default_check_sizes(model) if dynamic_size else []
-    where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
     kind = task_of(model).kind
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        written = write(model, staging / out.name, dynamic_size=dynamic_size, opset=opset)
+        size_mib = written.stat().st_size / 2**20
+        check_lines, check_data = _check(model, written, int8, dynamic_size, sizes, kind)
+        for file in staging.iterdir():  # the graph and any external-data files, checked
+            os.replace(file, out.parent / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    axes = "batch, height, width" if dynamic_size else "batch"
+    merging = f", merges {merge_tokens} tokens per layer" if merge_tokens else ""
+    lines = [f"wrote {out} ({size_mib:.1f} MiB{', int8' if int8 else ''}{merging}, "
+             f"dynamic {axes})"]
+    where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
     if kind == "regression":
         lines.append("output 'values': the regression targets' units (de-standardised in the "
                      "graph; the task and its target mean/std are in the file's metadata)")
-    data = {"path": str(path), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
+    data = {"path": str(out), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
             "merge_tokens": merge_tokens, "checked_at": where, "task": kind}
-    try:
-        check_lines, check_data = _check(model, path, int8, dynamic_size, sizes, kind)
-    except ExportError:
-        path.unlink(missing_ok=True)  # an unfaithful graph is not left where it is used
-        raise
     data.update(check_data)
     return Report("\n".join(lines + check_lines), data)
 
