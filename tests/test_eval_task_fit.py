@@ -61,8 +61,9 @@ def test_a_classifier_refuses_regression_targets_and_takes_integer_labels(tmp_pa
                        "--data-dir", str(_arrays(tmp_path, name, targets)))
         assert f"arrays has {said} but the model is a classifier (task=classification, " \
                "3 classes)" in err
-        assert "evaluate on data with integer class labels: a folder of class sub-folders, " \
-               "digits, cifar10, or arrays whose targets are integers" in err
+        assert "evaluate on data with integer class labels: a folder of class sub-folders " \
+               "(or whose targets.csv has one column of class indices 0, 1, ...), digits, " \
+               "cifar10, or arrays whose targets are integers" in err
     for dtype in (np.int64, np.uint8, np.int16):  # the advice, in any integer dtype
         labels = _arrays(tmp_path, f"cls-{np.dtype(dtype).name}",
                          (np.arange(COUNT) % 3).astype(dtype))

@@ -4,6 +4,7 @@ line, column and value."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,83 @@ def test_following_the_missing_file_message_works(tmp_path: Path) -> None:
                                                     "fields/1.png,2,3\n")
     train, _ = open_source("folder", str(tmp_path), (16, 16), 3, mode="memory")
     assert train.labels.tolist() == [[1.0, 2.0], [2.0, 3.0]]
+
+
+def _class_table(root: Path, train_values: list[str], val_values: list[str],
+                 columns: str = "label") -> None:
+    """`_table_folder`'s images (6 train, 3 val) with targets.csv rows of `*_values`."""
+    _table_folder(root, tuple(columns.split(",")))
+    for split, values in (("train", train_values), ("val", val_values)):
+        lines = [f"file,{columns}", *(f"fields/{i}.png,{v}" for i, v in enumerate(values))]
+        (root / split / "targets.csv").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_one_column_of_class_indices_gives_class_labels_for_task_classification(
+        tmp_path: Path, mode, caplog) -> None:
+    """Whole numbers from 0 (written 2 or 2.0) are int64 class labels when the run asks for
+    task=classification, their classes "0".."K-1" with K from both splits (3 occurs only in
+    val/, 1 is absent from val/ and no warning calls it unreadable); without the task the
+    same table gives float32 (N, 1) targets, as before."""
+    _class_table(tmp_path, ["0", "2", "1", "0", "2.0", "0"], ["3", "0", "2"])
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        train, val = open_source("folder", str(tmp_path), (16, 16), 3, mode=mode,
+                                 task="classification")
+    assert "no readable images" not in caplog.text  # (decoded into memory: not streamed)
+    assert train.classes == val.classes == ["0", "1", "2", "3"]
+    labels = torch.as_tensor(np.asarray(train.labels))
+    assert labels.dtype == torch.int64 and labels.tolist() == [0, 2, 1, 0, 2, 0]
+    assert infer_task(labels, "classification").kind == "classification"
+    evaluation = evaluation_feed(val, evaluation_preprocess((16, 16), 3, False, 1.0), 3,
+                                 workers=0)
+    got = torch.cat([y for _, y in evaluation.eval_batches(2)])
+    assert got.dtype == torch.int64 and got.tolist() == [3, 0, 2]
+    order = BatchOrder(record_count(train), batch_size=3, seed=1)
+    feed = training_feed(train, order, InceptionCrop((16, 16)), 3, (16, 16), seed=1, workers=0)
+    batches = [y for _, _, y in feed.epoch(0)]
+    feed.close()
+    assert torch.cat(batches).sort().values.tolist() == [0, 0, 0, 1, 2, 2]
+    floats, _ = open_source("folder", str(tmp_path), (16, 16), 3, mode=mode)
+    assert torch.as_tensor(np.asarray(floats.labels)).shape == (6, 1)
+    assert floats.classes == ["label"]
+
+
+@pytest.mark.parametrize("train_values, val_values, columns", [
+    (["0", "1.5", "1", "0", "2", "0"], ["1", "0", "2"], "label"),  # a fraction
+    (["0", "1", "-1", "0", "2", "0"], ["1", "0", "2"], "label"),  # a negative value
+    (["0,1", "1,0", "1,1", "0,0", "1,0", "0,1"], ["1,0", "0,1", "1,1"], "cat,dog"),  # 2 columns
+])
+def test_other_tables_stay_float_and_task_classification_names_the_tasks_they_fit(
+        tmp_path: Path, train_values, val_values, columns) -> None:
+    _class_table(tmp_path, train_values, val_values, columns)
+    train, _ = open_source("folder", str(tmp_path), (16, 16), 3, mode="memory",
+                           task="classification")
+    assert train.labels.dtype == torch.float32 and train.classes == columns.split(",")
+    with pytest.raises(DataError, match=r"task=classification needs \(N,\) non-negative "
+                       r"integer class indices.*use task=regression for real values or "
+                       r"task=multilabel for \(N, K\) 0/1 labels"):
+        infer_task(train.labels, "classification")
+
+
+def test_a_held_out_value_that_is_no_class_index_is_refused_by_its_row(tmp_path: Path) -> None:
+    _class_table(tmp_path, ["0", "1", "1", "0", "2", "0"], ["1", "2.5", "2"])
+    with pytest.raises(DataError) as caught:
+        open_source("folder", str(tmp_path), (16, 16), 3, mode="memory", task="classification")
+    assert str(caught.value) == (
+        f"{tmp_path / 'val' / 'targets.csv'}: the row of fields/1.png holds 2.5, but "
+        f"{tmp_path / 'train' / 'targets.csv'} holds class indices (whole numbers from 0) for "
+        "task=classification: give it the class index of its image (or drop the row)")
+    _class_table(tmp_path / "fixed", ["0", "1", "1", "0", "2", "0"], ["1", "2", "2"])
+    _, val = open_source("folder", str(tmp_path / "fixed"), (16, 16), 3, mode="memory",
+                         task="classification")
+    assert val.labels.tolist() == [1, 2, 2]
+
+
+def test_class_indices_most_of_which_never_occur_are_pointed_out(tmp_path: Path, caplog) -> None:
+    _class_table(tmp_path, ["0", "1000", "0", "1000", "0", "1000"], ["0", "1000", "0"])
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        train, _ = open_source("folder", str(tmp_path), (16, 16), 3, mode="stream",
+                               task="classification")
+    assert len(train.classes) == 1001
+    assert "the class indices run to 1000 but only 2 occur, so the head has 1001 outputs, " \
+        "most never trained; number the classes 0..K-1" in caplog.text

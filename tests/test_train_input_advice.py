@@ -131,3 +131,27 @@ def test_constant_targets_are_pointed_out_and_one_sample_is_not(tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         infer_task(np.array([[0.5, 2.0]]))  # a train_limit of 1: nothing varies, no warning
     assert caplog.text == ""
+
+
+def test_a_recipe_file_without_a_model_on_the_digits_says_a_recipe_is_whole_and_both_fixes_run(
+        tmp_path, capsys):
+    """{"epochs": 1} is a whole recipe: TrainConfig's default model (Ti/16 at 224, 3 channels)
+    cannot take the digits. The refusal says so and gives two fixes, both followed here (the
+    digits recipe's model pasted from the message; its keys as KEY=VALUE arguments)."""
+    recipe = tmp_path / "mine.json"
+    recipe.write_text(json.dumps({"epochs": 1, "warmup_epochs": 0, "progress": False}))
+    assert main(["train", str(recipe), "--out", str(tmp_path / "r0")]) == 2
+    err = capsys.readouterr().err
+    assert f"recipe {recipe} names no model, so the run would use TrainConfig's default, " \
+        "Ti/16 (224x224, 3 channels), which cannot take the digits (8x8, 1 channel): a recipe " \
+        "file is a whole recipe" in err and "Traceback" not in err
+    assert "give its keys as KEY=VALUE arguments (vitkit train digits epochs=5)" in err
+    pasted = err.split('"model": ', 1)[1].strip()
+    recipe.write_text(json.dumps({"epochs": 1, "warmup_epochs": 0, "progress": False,
+                                  "model": json.loads(pasted)}))
+    assert main(["train", str(recipe), "--out", str(tmp_path / "r1")]) == 0
+    assert main(["train", "digits", "epochs=5", "train_limit=256", "progress=false", "--out",
+                 str(tmp_path / "r2")]) == 0  # the arguments, on fewer images
+    recipe.write_text(json.dumps({"epochs": 1, "data": "folder", "data_dir": str(tmp_path)}))
+    assert main(["train", str(recipe), "--out", str(tmp_path / "r3")]) == 2  # other data:
+    assert "names no model" not in capsys.readouterr().err  # TrainConfig's model is its call

@@ -363,8 +363,8 @@ def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
     if kind == "classification":
         if array.ndim != 1 or not integral or array.min() < 0:
             raise DataError(f"{where}: task=classification needs (N,) non-negative integer "
-                            f"class indices, got {array.dtype} {array.shape}; use task=regression "
-                            "for real values or task=multilabel for (N, K) 0/1 labels")
+                            f"class indices, got {array.dtype} {array.shape}"
+                            f"{_class_index_advice(array, integral)}")
         return TaskSpec("classification", names=names, loss=loss)
     if kind == "multilabel":
         if array.ndim != 2 or not binary:
@@ -377,9 +377,29 @@ def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
     values = array.astype(np.float64).reshape(len(array), -1)
     mean, std = values.mean(0), values.std(0)
     _warn_of_regression_targets(values, std, binary and requested is None, array.ndim, where)
+    if requested is None and integral and not binary and values.shape[1] == 1 and \
+            values.min() >= 0:
+        log.info("%s are whole numbers: they train as regression (counts, say); if they are "
+                 "class indices, set task=classification%s", where, _STORE_AS_INTEGERS)
     std = np.where(std > 0, std, 1.0)
     return TaskSpec("regression", names=names, loss=loss, target_mean=mean.tolist(),
                     target_std=std.tolist())
+
+
+# arrays and Hugging Face datasets give class indices as integers (tables: as numbers)
+_AS_INTEGERS = ("store them as integer class indices, one per image (arrays: targets.reshape(-1)"
+                ".astype(np.int64); a Hugging Face column: ds.cast_column(NAME, "
+                "datasets.ClassLabel(num_classes=K)))")
+_STORE_AS_INTEGERS = f" with a targets.csv, or {_AS_INTEGERS}"
+
+
+def _class_index_advice(array: np.ndarray, integral: bool) -> str:
+    """The fix for targets refused as class indices: whole numbers from 0 held as floats in
+    one column are stored as integers; other values are another task's."""
+    column = array.ndim == 1 or array.shape[1] == 1
+    if column and integral and array.min() >= 0:
+        return f"; these are whole numbers from 0 held as floats: {_AS_INTEGERS}"
+    return "; use task=regression for real values or task=multilabel for (N, K) 0/1 labels"
 
 
 def _warn_of_regression_targets(values: np.ndarray, std: np.ndarray, binary: bool, ndim: int,
@@ -389,7 +409,7 @@ def _warn_of_regression_targets(values: np.ndarray, std: np.ndarray, binary: boo
     R^2 is 1 for an exact fit, else 0, as scikit-learn's, and sways the mean)."""
     if binary:
         task = "multi-label classification set task=multilabel" if ndim == 2 else \
-            "two classes set task=classification (or give integer labels)"
+            f"two classes set task=classification{_STORE_AS_INTEGERS}"
         log.warning("warning: %s are all 0 or 1: they train as regression; for %s", where, task)
     constant = np.flatnonzero(std == 0)
     if len(values) < 2 or not len(constant):

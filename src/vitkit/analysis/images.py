@@ -129,7 +129,8 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
         raise InputError(f"--num-images must be at least 1, got {count}")
     _, test = open_source(data, data_dir, preprocess.img_size, preprocess.channels,
                           train_limit=1, mode="memory" if data in IN_MEMORY_ONLY else "stream",
-                          eval_split=trained.get("split") if own else None)
+                          eval_split=trained.get("split") if own else None,
+                          task=task.kind if task is not None else "classification")
     labels = torch.as_tensor(np.asarray(test.labels))
     classes = labels.dim() == 1 and not labels.is_floating_point()
     if classes:

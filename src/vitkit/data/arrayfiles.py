@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitkit.data.sources.mapped import first_nonfinite
+from vitkit.data.sources.mapped import first_unfit
 from vitkit.errors import InputError
 
 __all__ = ["ARRAY_EXTENSIONS", "PICTURE_REFUSED", "ArrayImages", "UnreadableArrayFile",
@@ -83,11 +83,10 @@ class ArrayImages:
         """Images start..stop as a tensor: uint8 stays uint8, anything else float32."""
         part = np.asarray(self.array[start:stop])
         if part.dtype != np.uint8:
+            unfit = first_unfit(part)
+            if unfit is not None:
+                raise InputError(f"{self.name(start + unfit[0])} {unfit[1]}")
             part = part.astype(np.float32)
-            bad = first_nonfinite(part)
-            if bad is not None:
-                raise InputError(f"{self.name(start + bad)} holds NaN or inf values; "
-                                 "fix or drop that image")
         return torch.from_numpy(np.ascontiguousarray(part if part.flags.writeable
                                                      else part.copy()))
 

@@ -186,8 +186,10 @@ def decode_into_memory(records: ImageRecords, image_size: int | tuple[int, int] 
         notes.append(note)
         logger.warning("%s: %s", root, note)
     kept_labels = labels_of[np.asarray(kept_rows, dtype=np.int64)]
-    kept = set(kept_labels.tolist()) if kept_labels.ndim == 1 else set(range(len(classes)))
-    lost = [name for i, name in enumerate(classes) if i not in kept]
+    # classes whose every image was skipped (a table's class indices need not all occur)
+    held = set(labels_of.tolist()) if labels_of.ndim == 1 else set(range(len(classes)))
+    kept = set(kept_labels.tolist()) if kept_labels.ndim == 1 else held
+    lost = [name for i, name in enumerate(classes) if i in held and i not in kept]
     if lost:
         note = f"class(es) with no readable images: {', '.join(lost)}"
         notes.append(note)

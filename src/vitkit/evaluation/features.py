@@ -37,7 +37,7 @@ from vitkit.weights.checksum import tensors_checksum
 
 log = logging.getLogger("vitkit.evaluation")
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a classifier's targets.csv of class indices gives class labels
 SPLITS = ("train", "test")
 
 

@@ -55,7 +55,8 @@ def _check_fits(dataset: EvaluationFeed, num_classes: int,
     if not _class_labels(dataset.labels):
         raise DataError(f"{data} has {_describe_targets(dataset.labels)} but the model is a "
                         f"classifier (task=classification, {num_classes} classes): evaluate "
-                        "on data with integer class labels: a folder of class sub-folders, "
+                        "on data with integer class labels: a folder of class sub-folders "
+                        "(or whose targets.csv has one column of class indices 0, 1, ...), "
                         "digits, cifar10, or arrays whose targets are integers")
     top = int(dataset.labels.max())
     if top >= num_classes:

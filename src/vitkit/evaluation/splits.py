@@ -56,6 +56,7 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
     train_set, test_set = open_source(
         data, data_dir, size, channels, limit if split == "train" else None,
         limit if split == "test" else None, mode, train_split, eval_split,
-        bool(recipe.get("streaming")) if own else False)
+        bool(recipe.get("streaming")) if own else False,
+        task=weights.task.kind if weights.task else "classification")
     chosen = train_set if split == "train" else test_set
     return evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)

@@ -65,7 +65,8 @@ def open_data(cfg: TrainConfig, config: ViTConfig, out_dir: Path, info: DistInfo
     if train is None or test is None:
         train, test = open_source(cfg.data, cfg.data_dir, config.img_size, config.in_chans,
                                   cfg.train_limit, cfg.test_limit, cfg.data_mode,
-                                  cfg.train_split, cfg.split, cfg.streaming, cfg.workers)
+                                  cfg.train_split, cfg.split, cfg.streaming, cfg.workers,
+                                  saved_task.kind if saved_task else cfg.task)
     task = decide_task(cfg, train, saved_task)
     if task.kind == "classification":
         config = size_head_to_folder(cfg, config, train)

@@ -24,6 +24,7 @@ from vitkit.train.config import (
     NESTED_KEYS,
     TrainConfig,
     checkpoint_train_config,
+    read_recipe,
     recipe_names,
     recipe_with_overrides,
 )
@@ -78,7 +79,26 @@ def build_config(recipe: str | None, overrides: list[str], base: dict[str, Any] 
     if resume:
         check_recipe_resumable(keys, resume)
     choose_data(keys, data_named=_names_data(overrides) or bool(base))
+    _refuse_default_model_on_digits(recipe, keys)
     return TrainConfig.from_dict(keys)
+
+
+def _refuse_default_model_on_digits(recipe: str | None, keys: dict[str, Any]) -> None:
+    """A recipe file of one's own that names no model and trains on the digits: TrainConfig's
+    default model cannot take them. Refused here, saying that a recipe file is a whole recipe
+    and giving the digits recipe's model to paste, rather than at the data check, whose fix
+    (model.in_chans=1) only leads to the next mismatch (the image size)."""
+    if not recipe or not Path(recipe).is_file() or "model" in keys or keys.get("init_from") or \
+            keys.get("data", TrainConfig.data) != "digits":
+        return  # (a shipped recipe without a model, finetune, is for init_from=)
+    digits_model = json.dumps(read_recipe(DEFAULT_RECIPE)["model"])
+    raise ConfigError(
+        f"recipe {recipe} names no model, so the run would use TrainConfig's default, "
+        f"{TrainConfig.model} (224x224, 3 channels), which cannot take the digits (8x8, 1 "
+        "channel): a recipe file is a whole recipe, and the keys it leaves out take "
+        "TrainConfig's defaults, not the digits recipe's. To change the digits recipe, give "
+        f"its keys as KEY=VALUE arguments (vitkit train {DEFAULT_RECIPE} epochs=5), or add the "
+        f"digits recipe's model to {recipe}: \"model\": {digits_model}")
 
 
 def choose_data(keys: dict[str, Any], data_named: bool) -> None:

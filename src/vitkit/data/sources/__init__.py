@@ -42,7 +42,8 @@ def open_source(name: str, data_dir: str | None = None,
                 train_limit: int | None = None, test_limit: int | None = None,
                 mode: str = "auto", train_split: str | None = None,
                 eval_split: str | None = None, streaming: bool = False,
-                workers: int | None = None) -> tuple[Records, Records]:
+                workers: int | None = None, task: str | None = None
+                ) -> tuple[Records, Records]:
     """Train and held-out records of a source, in memory or streamed (see the module docstring).
 
     "arrays" reads `data_dir/train.npz` and `test.npz` (or `val.npz`), or split folders of
@@ -51,7 +52,9 @@ def open_source(name: str, data_dir: str | None = None,
     `train_split` / `eval_split` pick a Hugging Face dataset's splits (default: "train" and
     the first of validation, valid, val, test); `streaming` reads a Hugging Face dataset as
     an `IterableDataset` (no random access, nothing downloaded up front). `workers`: the
-    processes that decode a folder or dataset into memory (None: by CPU count).
+    processes that decode a folder or dataset into memory (None: by CPU count). `task`: the
+    run's task when it is named (a folder's `targets.csv` of class indices gives class labels
+    for "classification").
     """
     if mode not in DATA_MODES:
         raise ConfigError(f"data_mode={mode!r} is not one of {', '.join(DATA_MODES)}")
@@ -77,7 +80,7 @@ def open_source(name: str, data_dir: str | None = None,
     if name == "folder":
         from vitkit.data.sources.folder import open_folder
 
-        train, test = open_folder(data_dir)
+        train, test = open_folder(data_dir, task)
     elif name.startswith("hf:") and len(name) > 3:
         from vitkit.data.sources.hf import load_hf_splits
 

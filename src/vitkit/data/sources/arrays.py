@@ -29,7 +29,13 @@ import torch
 
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.sources.arrayfile import check_dtype, npz_members, open_array
-from vitkit.data.sources.mapped import MappedArrays, as_nchw, first_nonfinite, geometry
+from vitkit.data.sources.mapped import (
+    MappedArrays,
+    as_nchw,
+    beyond_float32,
+    first_unfit,
+    geometry,
+)
 from vitkit.errors import DataError
 
 __all__ = ["ARRAY_KEYS", "NAMES_KEY", "open_arrays"]
@@ -113,6 +119,11 @@ def _targets(split: _Split, count: int) -> tuple[torch.Tensor, list[str]]:
             shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")
             raise DataError(f"{where}: {len(bad)} target(s) are NaN or inf, at index {shown}; "
                             "drop or fix them")
+        bad = np.flatnonzero(beyond_float32(targets))
+        if len(bad):
+            shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")
+            raise DataError(f"{where}: {len(bad)} target(s) are beyond float32's range (|x| > "
+                            f"3.4e38), at index {shown}; rescale them (other units, or a log)")
     integral = targets.ndim == 1 and (np.issubdtype(targets.dtype, np.integer)
                                       or targets.dtype == np.bool_)
     tensor = torch.from_numpy(targets.astype(np.int64 if integral else np.float32))
@@ -178,17 +189,14 @@ class _Opened:
 
     def loaded(self) -> ImageDataset:
         if self.reader is not None:
-            data = MappedArrays(self.reader, self.labels, self.classes, self.name,
+            return MappedArrays(self.reader, self.labels, self.classes, self.name,
                                 self.channels_last, self.count).load()
-        else:
-            raw = _load_small(*self.split.images, f"{self.split.where} images")[:self.count]
-            data = ImageDataset(torch.from_numpy(as_nchw(raw, self.channels_last)),
-                                self.labels[:self.count], self.classes, self.name)
-        bad = first_nonfinite(data.images.numpy())
-        if bad is not None:
-            raise DataError(f"{self.name}: image {bad} holds NaN or inf values; drop or fix "
-                            "it (e.g. numpy.nan_to_num)")
-        return data
+        raw = _load_small(*self.split.images, f"{self.split.where} images")[:self.count]
+        unfit = first_unfit(raw)
+        if unfit is not None:
+            raise DataError(f"{self.name}: image {unfit[0]} {unfit[1]}")
+        return ImageDataset(torch.from_numpy(as_nchw(raw, self.channels_last)),
+                            self.labels[:self.count], self.classes, self.name)
 
 
 def _check_held_out(train: _Opened, test: _Opened) -> None:

@@ -24,7 +24,12 @@ import numpy as np
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import DecodedImage, decode_image
 from vitkit.data.memory import decode_into_memory, size_hw
-from vitkit.data.sources.table import TABLE_NAME, TableRecords, check_same_columns
+from vitkit.data.sources.table import (
+    TABLE_NAME,
+    TableRecords,
+    as_class_labels,
+    check_same_columns,
+)
 from vitkit.errors import DataError
 from vitkit.files import cache_root, write_atomic
 
@@ -246,10 +251,12 @@ def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
                     "images in each)")
 
 
-def open_folder(data_dir: str | Path | None
+def open_folder(data_dir: str | Path | None, task: str | None = None
                 ) -> tuple[FolderRecords, FolderRecords] | tuple[TableRecords, TableRecords]:
     """The training and held-out records of a data folder (`folder_splits`), same classes;
-    split folders holding a `targets.csv` take their targets from it (`TableRecords`)."""
+    split folders holding a `targets.csv` take their targets from it (`TableRecords`), read
+    as class labels when `task` is "classification" and the tables hold one column of class
+    indices (`as_class_labels`)."""
     if data_dir is None:
         raise DataError("data='folder' needs data_dir=PATH holding train/ and val/ (or "
                         "test/) folders with one subfolder per class")
@@ -263,6 +270,8 @@ def open_folder(data_dir: str | Path | None
                             f"{TABLE_NAME}: write one for {lacks.name}/ too (same columns)")
         train_table, held_table = TableRecords.scan(train_dir), TableRecords.scan(held_out_dir)
         check_same_columns(train_table, held_table)
+        if task == "classification":
+            return as_class_labels(train_table, held_table) or (train_table, held_table)
         return train_table, held_table
     train, test = FolderRecords.scan(train_dir), FolderRecords.scan(held_out_dir)
     check_same_classes(train.classes, test.classes, train_dir, held_out_dir)

@@ -31,6 +31,7 @@ from datasets.utils.file_utils import xopen
 
 from vitkit.data.images import DecodedImage, decode_image
 from vitkit.data.sources.hf_open import open_hf_splits
+from vitkit.data.sources.mapped import FLOAT32_MAX
 from vitkit.errors import DataError
 
 __all__ = ["EVAL_SPLITS", "LABEL_NAMES", "TRAIN_SPLIT", "HFImageRecords", "HFStreamRecords",
@@ -126,8 +127,15 @@ def _targets(dataset: Dataset, column: str, names: list[str] | None, kind: str,
     """float32 (N, K) targets of a "multilabel" (multi-hot) or "regression" column, and
     their names."""
     if kind == "regression":
-        values = dataset.select_columns([column]).with_format("numpy")[column]
-        targets = np.asarray(values, dtype=np.float32).reshape(-1, 1)
+        values = np.asarray(dataset.select_columns([column]).with_format("numpy")[column],
+                            dtype=np.float64).reshape(-1, 1)
+        bad = np.flatnonzero(np.isfinite(values[:, 0]) & (np.abs(values[:, 0]) > FLOAT32_MAX))
+        if len(bad):
+            shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")
+            raise DataError(f"{where}: {len(bad)} value(s) of column {column!r} are beyond "
+                            f"float32's range (|x| > 3.4e38), at index {shown}; rescale the "
+                            "column (ds.map: other units, or a log)")
+        targets = values.astype(np.float32)
         bad = np.flatnonzero(~np.isfinite(targets[:, 0]))
         if len(bad):
             shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")

@@ -20,7 +20,12 @@ from vitkit.data.dataset import STATS_CHUNK_BYTES, ImageDataset, channel_stats_o
 from vitkit.data.sources.arrayfile import ArrayFile
 from vitkit.errors import DataError
 
-__all__ = ["MappedArrays", "as_nchw", "first_nonfinite", "geometry"]
+__all__ = ["MappedArrays", "as_nchw", "beyond_float32", "first_unfit", "geometry"]
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+BEYOND_FLOAT32 = ("holds values beyond float32's range (|x| > 3.4e38), which would read as inf; "
+                  "rescale the data (other units, or a log)")
 
 
 def geometry(shape: tuple[int, ...], channels_last: bool) -> tuple[int, tuple[int, int]]:
@@ -34,20 +39,36 @@ def geometry(shape: tuple[int, ...], channels_last: bool) -> tuple[int, tuple[in
 
 
 def as_nchw(images: np.ndarray, channels_last: bool) -> np.ndarray:
-    """(B, H, W), (B, C, H, W) or channels-last (B, H, W, C) rows -> float32 (B, C, H, W)."""
+    """(B, H, W), (B, C, H, W) or channels-last (B, H, W, C) rows -> float32 (B, C, H, W)
+    (values beyond float32's range become inf, which `first_unfit` refuses beforehand)."""
     if images.ndim == 3:
         images = images[:, None]
     elif channels_last:
         images = images.transpose(0, 3, 1, 2)
-    return np.ascontiguousarray(images, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(images, dtype=np.float32)
 
 
-def first_nonfinite(images: np.ndarray) -> int | None:
-    """The first row of `images` holding NaN or inf (None: all finite, or not floats)."""
+def first_unfit(images: np.ndarray) -> tuple[int, str] | None:
+    """The first row of `images` that float32 cannot carry, and what it holds with its fix
+    (the end of a message: "image 3 " + it): NaN or inf, or, in float64 (or wider) data,
+    values beyond float32's range, which would read as inf. None: all fit, or not floats."""
     if not np.issubdtype(images.dtype, np.floating):
         return None
-    bad = ~np.isfinite(images.reshape(len(images), -1)).all(axis=1)
-    return int(np.argmax(bad)) if bad.any() else None
+    rows = images.reshape(len(images), -1)
+    bad = ~np.isfinite(rows).all(axis=1)
+    if bad.any():
+        return int(np.argmax(bad)), "holds NaN or inf values; drop or fix it (numpy.nan_to_num)"
+    if rows.dtype.itemsize > 4:
+        bad = (np.abs(rows) > FLOAT32_MAX).any(axis=1)
+        if bad.any():
+            return int(np.argmax(bad)), BEYOND_FLOAT32
+    return None
+
+
+def beyond_float32(values: np.ndarray) -> np.ndarray:
+    """Per row of finite float `values` (N, ...): whether one is beyond float32's range."""
+    return (np.abs(values.reshape(len(values), -1)) > FLOAT32_MAX).any(axis=1)
 
 
 class MappedArrays:
@@ -105,19 +126,20 @@ class MappedArrays:
                    strict=True)
 
     def check_finite(self) -> None:
-        """Refuse images holding NaN or inf, naming the first (one pass over the file, which
-        also gives `channel_stats`)."""
+        """Refuse images holding NaN or inf (or values float32 cannot hold), naming the first
+        (one pass over the file, which also gives `channel_stats`)."""
         if not np.issubdtype(self.source.dtype, np.floating):
             return
-        def checked():
-            for start, chunk in self._chunks():
-                bad = first_nonfinite(chunk)
-                if bad is not None:
-                    raise DataError(f"{self.name}: image {start + bad} holds NaN or inf "
-                                    "values; drop or fix it (e.g. numpy.nan_to_num)")
-                yield as_nchw(chunk, self.channels_last)
+        self._stats = channel_stats_of(self._checked_chunks())
 
-        self._stats = channel_stats_of(checked())
+    def _checked_chunks(self) -> Iterator[np.ndarray]:
+        """Every chunk as float32 (B, C, H, W), each refused first if float32 cannot carry it
+        (`first_unfit`)."""
+        for start, chunk in self._chunks():
+            unfit = first_unfit(chunk)
+            if unfit is not None:
+                raise DataError(f"{self.name}: image {start + unfit[0]} {unfit[1]}")
+            yield as_nchw(chunk, self.channels_last)
 
     def channel_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel (mean, std) of the images in their own units, accumulated in float64
@@ -135,7 +157,8 @@ class MappedArrays:
     def load(self) -> ImageDataset:
         """Every image read into memory as an `ImageDataset` (float32)."""
         images = np.empty((self.count, self.channels, *self.image_size), dtype=np.float32)
-        rows = self._chunk_rows()
-        for start, chunk in self._chunks():
-            images[start:start + rows] = as_nchw(chunk, self.channels_last)
+        rows, start = self._chunk_rows(), 0
+        for chunk in self._checked_chunks():
+            images[start:start + rows] = chunk
+            start += rows
         return ImageDataset(torch.from_numpy(images), self._labels, self.classes, self.name)

@@ -2,25 +2,31 @@
 `file,<name>,<name>...`, one row per image (its path relative to the split folder), one
 numeric column per target. Float columns are regression targets; several 0/1 columns are
 multi-label targets when the run asks for task=multilabel (`vitkit.tasks.infer_task`); either
-way the records carry float32 (N, K) targets and `classes` = the column names. No class
-sub-folders are needed.
+way the records carry float32 (N, K) targets and `classes` = the column names. One column of
+class indices (whole numbers from 0) is read as int64 (N,) class labels when the run asks for
+task=classification (`as_class_labels`), its classes named "0".."K-1". No class sub-folders
+are needed.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from pathlib import Path
 
 import numpy as np
 
 from vitkit.data.images import DecodedImage, decode_image
+from vitkit.data.sources.mapped import FLOAT32_MAX
 from vitkit.errors import DataError
 
-__all__ = ["TABLE_NAME", "TableRecords", "check_same_columns", "read_table"]
+__all__ = ["TABLE_NAME", "TableRecords", "as_class_labels", "check_same_columns",
+           "read_table"]
 
 TABLE_NAME = "targets.csv"
 FILE_COLUMN = "file"
+log = logging.getLogger("vitkit.data")
 
 
 def read_table(split_dir: Path) -> tuple[list[str], list[str], np.ndarray]:
@@ -77,6 +83,10 @@ def _number(cell: str, table: Path, line: int, column: str) -> float:
     if not math.isfinite(value):
         raise DataError(f"{table} line {line}, column {column!r}: {cell.strip()!r} is not a "
                         "finite number; drop or fix the row")
+    if abs(value) > FLOAT32_MAX:
+        raise DataError(f"{table} line {line}, column {column!r}: {cell.strip()!r} is beyond "
+                        "float32's range (|x| > 3.4e38), which targets are held in; rescale "
+                        "the column (other units, or a log)")
     return value
 
 
@@ -89,9 +99,47 @@ def check_same_columns(train: TableRecords, held_out: TableRecords) -> None:
                         "the same order")
 
 
+def as_class_labels(train: TableRecords, held_out: TableRecords
+                    ) -> tuple[TableRecords, TableRecords] | None:
+    """Both tables read as class labels, for task=classification: their one target column as
+    int64 (N,) class indices, classes "0".."K-1" (K: the largest index of either split + 1).
+    None when the training table has several columns or a value that is not a whole number
+    from 0, so its targets stay float and the task check (`vitkit.tasks.infer_task`) says
+    why; a held-out value that is no class index is refused, naming its row."""
+    if not _class_indices(train.labels):
+        return None
+    if not _class_indices(held_out.labels):
+        column = held_out.labels[:, 0]
+        row = int(np.argmax((column < 0) | (column != np.round(column))))
+        raise DataError(f"{held_out.root / TABLE_NAME}: the row of {held_out.paths[row]} holds "
+                        f"{column[row]:g}, but {train.root / TABLE_NAME} holds class indices "
+                        "(whole numbers from 0) for task=classification: give it the class "
+                        "index of its image (or drop the row)")
+    count = int(max(train.labels.max(), held_out.labels.max())) + 1
+    occurring = len(np.union1d(train.labels[:, 0], held_out.labels[:, 0]))
+    if occurring < count // 2:
+        log.warning("warning: %s: the class indices run to %d but only %d occur, so the head "
+                    "has %d outputs, most never trained; number the classes 0..K-1",
+                    train.root / TABLE_NAME, count - 1, occurring, count)
+    classes = [str(index) for index in range(count)]
+
+    def relabelled(table: TableRecords) -> TableRecords:
+        return TableRecords(table.root, table.paths, classes, table.labels[:, 0].astype(np.int64))
+
+    return relabelled(train), relabelled(held_out)
+
+
+def _class_indices(targets: np.ndarray) -> bool:
+    """Whether float32 (N, K) table targets are one column of whole numbers from 0."""
+    column = targets[:, 0]
+    return targets.shape[1] == 1 and bool(np.all(column >= 0)) and \
+        bool(np.all(column == np.round(column)))
+
+
 class TableRecords:
-    """`ImageRecords` over the rows of a `targets.csv`: `labels` float32 (N, K), `classes` the
-    target names, images decoded from `root/<file>` as they are read."""
+    """`ImageRecords` over the rows of a `targets.csv`: `labels` float32 (N, K) and `classes`
+    the target names (or, `as_class_labels`, int64 (N,) class indices and their names),
+    images decoded from `root/<file>` as they are read."""
 
     streamed = True  # decoded from the files as read
 
