@@ -69,7 +69,7 @@ def test_a_table_of_class_indices_trains_evaluates_and_explains_as_a_classifier(
     with caplog.at_level(logging.INFO, logger="vitkit"):
         assert _train([*data, "epochs=1"], tmp_path / "as_values") == 0
     assert "are whole numbers: they train as regression (counts, say); if they are class " \
-        "indices, set task=classification" in caplog.text
+        "indices: in a targets.csv, set task=classification;" in caplog.text
     assert "task=regression: 1 target(s) per image" in caplog.text
     assert _train([*data, "epochs=4", "task=classification"], tmp_path / "run") == 0  # advice
     capsys.readouterr()
@@ -141,9 +141,10 @@ def test_a_float_column_of_class_indices_in_a_hugging_face_dataset_gets_its_cast
     with caplog.at_level(logging.INFO, logger="vitkit"):
         assert _train([f"data=hf:{tmp_path / 'floats'}", "epochs=1"], tmp_path / "r0") == 0
     assert "are whole numbers: they train as regression (counts, say); if they are class " \
-        "indices, set task=classification with a targets.csv, or store them as integer class " \
-        "indices, one per image (arrays: targets.reshape(-1).astype(np.int64); a Hugging " \
-        "Face column: ds.cast_column(NAME, datasets.ClassLabel(num_classes=K)))" in caplog.text
+        "indices: in a targets.csv, set task=classification; in arrays or a Hugging Face " \
+        "dataset, store them as integer class indices, one per image (arrays: " \
+        "targets.reshape(-1).astype(np.int64); a Hugging Face column: ds.cast_column(NAME, " \
+        "datasets.ClassLabel(num_classes=K)))" in caplog.text
     splits.cast_column("label", ClassLabel(num_classes=3)).save_to_disk(  # the advice
         str(tmp_path / "classes"))
     with caplog.at_level(logging.INFO, logger="vitkit"):

@@ -299,3 +299,37 @@ def test_cli_export_int8_removes_a_file_its_int8_check_refuses(tmp_path, capsys,
     assert main(["export", str(folder), "--int8", "--out", str(target)]) != 0
     assert "made to refuse" in capsys.readouterr().err
     assert not target.exists() and list(tmp_path.glob("*.onnx*")) == []
+
+
+def test_cli_export_moves_the_graph_and_its_external_data_only_and_refuses_a_folder(
+        tmp_path, capsys, monkeypatch):
+    """A graph whose tensors are stored beside it (as torch writes one over 2 GiB; here made
+    so) arrives with its data file and still runs; a stray file written beside it in the
+    staging folder (int8's float weights were such) is not moved. An --out that is a folder
+    is refused before any work, naming a file in it, which then works."""
+    import onnx
+
+    import vitkit.export.report
+
+    export_faithfully = vitkit.export.report.export_onnx
+
+    def export_with_external_data(model, path, **kwargs):
+        path = export_faithfully(model, path, **kwargs)
+        onnx.save_model(onnx.load(str(path)), str(path), save_as_external_data=True,
+                        location="m.onnx.data", size_threshold=0)
+        (path.parent / "stray.bin").write_bytes(b"not used by the graph")
+        return path
+
+    monkeypatch.setattr(vitkit.export.report, "export_onnx", export_with_external_data)
+    model = random_model()
+    folder = vitkit.save_pretrained(model, tmp_path / "weights")
+    target = tmp_path / "out" / "m.onnx"
+    assert main(["export", str(folder), "--out", str(target)]) == 0
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m.onnx", "m.onnx.data"]
+    assert check_onnx(model, target) <= TOL
+    capsys.readouterr()
+    assert main(["export", str(folder), "--out", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'out'} is a folder: give the file to write, e.g. --out " \
+        f"{tmp_path / 'out' / 'model.onnx'}" in err and "Traceback" not in err
+    assert main(["export", str(folder), "--out", str(tmp_path / "out" / "model.onnx")]) == 0

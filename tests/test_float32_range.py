@@ -93,12 +93,16 @@ def test_a_table_or_hugging_face_value_beyond_float32_is_refused_by_place(tmp_pa
             open_source("folder", str(tmp_path / "t"), (16, 16), 3, mode="memory")
     assert "targets.csv line 2, column 'mass': '1e300' is beyond float32's range (|x| > " \
         "3.4e38), which targets are held in; rescale the column" in str(caught.value)
+    for split in ("train", "val"):  # float32's largest value, as numpy prints it, fits
+        (tmp_path / "t" / split / "targets.csv").write_text("file,mass\na.png,3.4028235e38\n")
+    train, _ = open_source("folder", str(tmp_path / "t"), (16, 16), 3, mode="memory")
+    assert train.labels[0, 0] == np.finfo(np.float32).max
     datasets = pytest.importorskip("datasets")
     datasets.disable_progress_bars()
     png = tmp_path / "t" / "train" / "a.png"
     features = datasets.Features({"image": datasets.Image(), "mass": datasets.Value("float64")})
     whole = datasets.Dataset.from_dict({"image": [str(png)] * 4,
-                                        "mass": [1.0, -3e300, 2.0, float("inf")]},
+                                        "mass": [1.0, -3e300, 2.0, 3.4028235e38]},
                                        features=features)
     datasets.DatasetDict(train=whole, test=whole).save_to_disk(str(tmp_path / "hf"))
     with warnings.catch_warnings():
@@ -107,4 +111,4 @@ def test_a_table_or_hugging_face_value_beyond_float32_is_refused_by_place(tmp_pa
             open_source(f"hf:{tmp_path / 'hf'}", image_size=(16, 16), channels=3,
                         mode="memory", workers=0)
     assert "1 value(s) of column 'mass' are beyond float32's range (|x| > 3.4e38), at index " \
-        "1; rescale the column" in str(caught.value)  # inf, at 3, is the next message's
+        "1; rescale the column" in str(caught.value)  # float32's largest value, at 3, fits

@@ -198,11 +198,24 @@ def test_a_held_out_value_that_is_no_class_index_is_refused_by_its_row(tmp_path:
     assert val.labels.tolist() == [1, 2, 2]
 
 
-def test_class_indices_most_of_which_never_occur_are_pointed_out(tmp_path: Path, caplog) -> None:
-    _class_table(tmp_path, ["0", "1000", "0", "1000", "0", "1000"], ["0", "1000", "0"])
+def test_class_indices_most_of_which_never_occur_are_refused_and_one_based_ones_warned(
+        tmp_path: Path, caplog) -> None:
+    _class_table(tmp_path / "ids", ["0", "1000", "0", "1000", "0", "1000"], ["0", "1000", "0"])
+    with pytest.raises(DataError) as caught:
+        open_source("folder", str(tmp_path / "ids"), (16, 16), 3, mode="stream",
+                    task="classification")
+    assert str(caught.value) == (
+        f"{tmp_path / 'ids' / 'train' / 'targets.csv'}: the class indices run to 1000 but only 2 "
+        "occur (with val/'s), so the head would have 1001 outputs, most never trained: number "
+        "the classes 0..1 in both tables")
+    _class_table(tmp_path / "fixed", ["0", "1", "0", "1", "0", "1"], ["0", "1", "0"])  # advice
+    train, _ = open_source("folder", str(tmp_path / "fixed"), (16, 16), 3, mode="stream",
+                           task="classification")
+    assert train.classes == ["0", "1"]
+    _class_table(tmp_path / "one_based", ["1", "2", "3", "1", "2", "3"], ["1", "2", "3"])
     with caplog.at_level(logging.WARNING, logger="vitkit"):
-        train, _ = open_source("folder", str(tmp_path), (16, 16), 3, mode="stream",
-                               task="classification")
-    assert len(train.classes) == 1001
-    assert "the class indices run to 1000 but only 2 occur, so the head has 1001 outputs, " \
-        "most never trained; number the classes 0..K-1" in caplog.text
+        train, _ = open_source("folder", str(tmp_path / "one_based"), (16, 16), 3,
+                               mode="stream", task="classification")
+    assert train.classes == ["0", "1", "2", "3"]
+    assert "class index(es) 0 never occur in it, so their outputs are never trained; are the " \
+        "indices counted from 1? number the classes from 0" in caplog.text

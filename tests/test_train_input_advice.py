@@ -155,3 +155,13 @@ def test_a_recipe_file_without_a_model_on_the_digits_says_a_recipe_is_whole_and_
     recipe.write_text(json.dumps({"epochs": 1, "data": "folder", "data_dir": str(tmp_path)}))
     assert main(["train", str(recipe), "--out", str(tmp_path / "r3")]) == 2  # other data:
     assert "names no model" not in capsys.readouterr().err  # TrainConfig's model is its call
+
+
+def test_a_recipe_file_named_digits_in_the_working_folder_gets_the_shipped_model_to_paste(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("digits").write_text(json.dumps({"epochs": 1}))  # the file wins over the shipped name
+    assert main(["train", "digits", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "recipe digits names no model" in err and "Traceback" not in err
+    assert '"model": {"variant": "Ti/2", "img_size": 8, "in_chans": 1' in err

@@ -380,7 +380,7 @@ def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
     if requested is None and integral and not binary and values.shape[1] == 1 and \
             values.min() >= 0:
         log.info("%s are whole numbers: they train as regression (counts, say); if they are "
-                 "class indices, set task=classification%s", where, _STORE_AS_INTEGERS)
+                 "class indices: %s", where, _AS_CLASSES)
     std = np.where(std > 0, std, 1.0)
     return TaskSpec("regression", names=names, loss=loss, target_mean=mean.tolist(),
                     target_std=std.tolist())
@@ -390,7 +390,8 @@ def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
 _AS_INTEGERS = ("store them as integer class indices, one per image (arrays: targets.reshape(-1)"
                 ".astype(np.int64); a Hugging Face column: ds.cast_column(NAME, "
                 "datasets.ClassLabel(num_classes=K)))")
-_STORE_AS_INTEGERS = f" with a targets.csv, or {_AS_INTEGERS}"
+_AS_CLASSES = ("in a targets.csv, set task=classification; in arrays or a Hugging Face dataset, "
+               + _AS_INTEGERS)
 
 
 def _class_index_advice(array: np.ndarray, integral: bool) -> str:
@@ -409,7 +410,7 @@ def _warn_of_regression_targets(values: np.ndarray, std: np.ndarray, binary: boo
     R^2 is 1 for an exact fit, else 0, as scikit-learn's, and sways the mean)."""
     if binary:
         task = "multi-label classification set task=multilabel" if ndim == 2 else \
-            f"two classes set task=classification{_STORE_AS_INTEGERS}"
+            f"two classes: {_AS_CLASSES}"
         log.warning("warning: %s are all 0 or 1: they train as regression; for %s", where, task)
     constant = np.flatnonzero(std == 0)
     if len(values) < 2 or not len(constant):

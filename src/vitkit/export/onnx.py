@@ -225,6 +225,17 @@ def export_onnx(model: VisionTransformer, path: str | Path, *, dynamic_batch: bo
     return path
 
 
+def external_data_files(path: str | Path) -> list[str]:
+    """The files, beside the graph at `path`, that hold its tensors stored outside it (a
+    graph over protobuf's 2 GiB limit), as their names relative to its folder."""
+    onnx = require("onnx")
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return sorted({ExternalDataInfo(tensor).location for tensor in proto.graph.initializer
+                   if uses_external_data(tensor)})
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The metadata_props of an exported file, JSON values decoded."""
     onnx = require("onnx")

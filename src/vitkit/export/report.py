@@ -17,6 +17,7 @@ from vitkit.export.onnx import (
     check_float_graph,
     default_check_sizes,
     export_onnx,
+    external_data_files,
     read_metadata,
 )
 from vitkit.model.vit import VisionTransformer
@@ -28,14 +29,17 @@ def default_output_path(weights: str, int8: bool = False, merge_tokens: int = 0)
     """Beside the weights: FILE.onnx for a file, FOLDER/model.onnx for a folder (.int8.onnx
     with int8, .mergeR before it with token merging); for a checkpoint name, NAME.onnx here
     ("/" becomes "-")."""
-    suffix = (f".merge{merge_tokens}" if merge_tokens else "") + (".int8.onnx" if int8
-                                                                  else ".onnx")
+    suffix = _suffix(int8, merge_tokens)
     source = Path(weights)
     if source.is_dir():
         return source / f"model{suffix}"
     if source.exists():
         return source.with_suffix(suffix)
     return Path(weights.replace("/", "-") + suffix)
+
+
+def _suffix(int8: bool, merge_tokens: int) -> str:
+    return (f".merge{merge_tokens}" if merge_tokens else "") + (".int8.onnx" if int8 else ".onnx")
 
 
 def export_weights(weights: str, out: str | Path | None = None, *, format: str = "onnx",
@@ -65,16 +69,20 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     write = export_onnx_int8 if int8 else export_onnx
     sizes = default_check_sizes(model) if dynamic_size else []
     kind = task_of(model).kind
+    if out.is_dir():
+        raise ExportError(f"--out {out} is a folder: give the file to write, e.g. --out "
+                          f"{out / ('model' + _suffix(int8, merge_tokens))}")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         written = write(model, staging / out.name, dynamic_size=dynamic_size, opset=opset)
         size_mib = written.stat().st_size / 2**20
         check_lines, check_data = _check(model, written, int8, dynamic_size, sizes, kind)
-        for file in staging.iterdir():  # the graph and any external-data files, checked
-            os.replace(file, out.parent / file.name)
+        for name in [*external_data_files(written), out.name]:  # the graph last
+            (out.parent / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / name, out.parent / name)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)  # and what the graph does not use
     axes = "batch, height, width" if dynamic_size else "batch"
     merging = f", merges {merge_tokens} tokens per layer" if merge_tokens else ""
     lines = [f"wrote {out} ({size_mib:.1f} MiB{', int8' if int8 else ''}{merging}, "

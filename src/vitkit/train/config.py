@@ -398,17 +398,28 @@ def recipe_with_overrides(path_or_name: str | None, overrides: list[str] | None 
     return data
 
 
+def shipped_recipe(name: str) -> dict[str, Any]:
+    """The keys of a recipe shipped with the package (comments dropped), whatever files the
+    working folder holds."""
+    return _recipe_keys(resources.files("vitkit.recipes").joinpath(f"{name}.json").read_text(),
+                        name)
+
+
 def read_recipe(path_or_name: str) -> dict[str, Any]:
     """A recipe's keys from a JSON file or a shipped recipe name (comments dropped)."""
     path = Path(path_or_name)
     if path.is_file():
-        text = path.read_text()
-    elif path_or_name in recipe_names():
-        text = resources.files("vitkit.recipes").joinpath(f"{path_or_name}.json").read_text()
-    else:
-        raise ConfigError(f"no recipe file or shipped recipe {path_or_name!r}."
-                          + did_you_mean(path_or_name, recipe_names())
-                          + f" Shipped recipes: {', '.join(recipe_names())}.")
+        return _recipe_keys(path.read_text(), path_or_name)
+    if path_or_name in recipe_names():
+        return shipped_recipe(path_or_name)
+    raise ConfigError(f"no recipe file or shipped recipe {path_or_name!r}."
+                      + did_you_mean(path_or_name, recipe_names())
+                      + f" Shipped recipes: {', '.join(recipe_names())}.")
+
+
+def _recipe_keys(text: str, path_or_name: str) -> dict[str, Any]:
+    """A recipe's JSON text as keys (comments dropped); refused, naming the fix, when it is
+    not a JSON object."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

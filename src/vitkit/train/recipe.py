@@ -24,9 +24,9 @@ from vitkit.train.config import (
     NESTED_KEYS,
     TrainConfig,
     checkpoint_train_config,
-    read_recipe,
     recipe_names,
     recipe_with_overrides,
+    shipped_recipe,
 )
 from vitkit.train.resume import check_recipe_resumable
 from vitkit.weights.formats.run_folder import RUN_FILES, is_run_folder
@@ -91,7 +91,7 @@ def _refuse_default_model_on_digits(recipe: str | None, keys: dict[str, Any]) ->
     if not recipe or not Path(recipe).is_file() or "model" in keys or keys.get("init_from") or \
             keys.get("data", TrainConfig.data) != "digits":
         return  # (a shipped recipe without a model, finetune, is for init_from=)
-    digits_model = json.dumps(read_recipe(DEFAULT_RECIPE)["model"])
+    digits_model = json.dumps(shipped_recipe(DEFAULT_RECIPE)["model"])
     raise ConfigError(
         f"recipe {recipe} names no model, so the run would use TrainConfig's default, "
         f"{TrainConfig.model} (224x224, 3 channels), which cannot take the digits (8x8, 1 "

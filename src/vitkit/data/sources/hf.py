@@ -31,7 +31,7 @@ from datasets.utils.file_utils import xopen
 
 from vitkit.data.images import DecodedImage, decode_image
 from vitkit.data.sources.hf_open import open_hf_splits
-from vitkit.data.sources.mapped import FLOAT32_MAX
+from vitkit.data.sources.mapped import beyond_float32
 from vitkit.errors import DataError
 
 __all__ = ["EVAL_SPLITS", "LABEL_NAMES", "TRAIN_SPLIT", "HFImageRecords", "HFStreamRecords",
@@ -129,20 +129,17 @@ def _targets(dataset: Dataset, column: str, names: list[str] | None, kind: str,
     if kind == "regression":
         values = np.asarray(dataset.select_columns([column]).with_format("numpy")[column],
                             dtype=np.float64).reshape(-1, 1)
-        bad = np.flatnonzero(np.isfinite(values[:, 0]) & (np.abs(values[:, 0]) > FLOAT32_MAX))
-        if len(bad):
-            shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")
-            raise DataError(f"{where}: {len(bad)} value(s) of column {column!r} are beyond "
-                            f"float32's range (|x| > 3.4e38), at index {shown}; rescale the "
-                            "column (ds.map: other units, or a log)")
-        targets = values.astype(np.float32)
-        bad = np.flatnonzero(~np.isfinite(targets[:, 0]))
-        if len(bad):
-            shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")
-            raise DataError(f"{where}: {len(bad)} value(s) of column {column!r} are missing, "
-                            f"NaN or inf, at index {shown}; drop those rows "
-                            "(ds.filter) or fix them")
-        return targets, list(names or [column])
+        for bad, problem, fix in (
+                (~np.isfinite(values[:, 0]), "missing, NaN or inf",
+                 "drop those rows (ds.filter) or fix them"),
+                (beyond_float32(values), "beyond float32's range (|x| > 3.4e38)",
+                 "rescale the column (ds.map: other units, or a log)")):
+            at = np.flatnonzero(bad)
+            if len(at):
+                shown = ", ".join(str(i) for i in at[:5]) + (" ..." if len(at) > 5 else "")
+                raise DataError(f"{where}: {len(at)} value(s) of column {column!r} are "
+                                f"{problem}, at index {shown}; {fix}")
+        return values.astype(np.float32), list(names or [column])
     rows = dataset.select_columns([column])[column]
     top = max((max(row) for row in rows if row), default=-1)
     names = names if names is not None else [str(k) for k in range(top + 1)]

@@ -23,7 +23,6 @@ from vitkit.errors import DataError
 __all__ = ["MappedArrays", "as_nchw", "beyond_float32", "first_unfit", "geometry"]
 
 
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 BEYOND_FLOAT32 = ("holds values beyond float32's range (|x| > 3.4e38), which would read as inf; "
                   "rescale the data (other units, or a log)")
 
@@ -60,15 +59,17 @@ def first_unfit(images: np.ndarray) -> tuple[int, str] | None:
     if bad.any():
         return int(np.argmax(bad)), "holds NaN or inf values; drop or fix it (numpy.nan_to_num)"
     if rows.dtype.itemsize > 4:
-        bad = (np.abs(rows) > FLOAT32_MAX).any(axis=1)
+        bad = beyond_float32(rows)
         if bad.any():
             return int(np.argmax(bad)), BEYOND_FLOAT32
     return None
 
 
 def beyond_float32(values: np.ndarray) -> np.ndarray:
-    """Per row of finite float `values` (N, ...): whether one is beyond float32's range."""
-    return (np.abs(values.reshape(len(values), -1)) > FLOAT32_MAX).any(axis=1)
+    """Per row of finite float `values` (N, ...): whether one is beyond float32's range, that
+    is, reads as inf when cast (|x| > 3.4e38; float32's largest value itself fits)."""
+    with np.errstate(over="ignore"):
+        return np.isinf(values.reshape(len(values), -1).astype(np.float32)).any(axis=1)
 
 
 class MappedArrays:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from vitkit.data.images import DecodedImage, decode_image
-from vitkit.data.sources.mapped import FLOAT32_MAX
+from vitkit.data.sources.mapped import beyond_float32
 from vitkit.errors import DataError
 
 __all__ = ["TABLE_NAME", "TableRecords", "as_class_labels", "check_same_columns",
@@ -83,7 +83,7 @@ def _number(cell: str, table: Path, line: int, column: str) -> float:
     if not math.isfinite(value):
         raise DataError(f"{table} line {line}, column {column!r}: {cell.strip()!r} is not a "
                         "finite number; drop or fix the row")
-    if abs(value) > FLOAT32_MAX:
+    if beyond_float32(np.array([value])).any():
         raise DataError(f"{table} line {line}, column {column!r}: {cell.strip()!r} is beyond "
                         "float32's range (|x| > 3.4e38), which targets are held in; rescale "
                         "the column (other units, or a log)")
@@ -118,9 +118,17 @@ def as_class_labels(train: TableRecords, held_out: TableRecords
     count = int(max(train.labels.max(), held_out.labels.max())) + 1
     occurring = len(np.union1d(train.labels[:, 0], held_out.labels[:, 0]))
     if occurring < count // 2:
-        log.warning("warning: %s: the class indices run to %d but only %d occur, so the head "
-                    "has %d outputs, most never trained; number the classes 0..K-1",
-                    train.root / TABLE_NAME, count - 1, occurring, count)
+        raise DataError(f"{train.root / TABLE_NAME}: the class indices run to {count - 1} but "
+                        f"only {occurring} occur (with {held_out.root.name}/'s), so the head "
+                        f"would have {count} outputs, most never trained: number the classes "
+                        f"0..{occurring - 1} in both tables")
+    missing = np.setdiff1d(np.arange(count), train.labels[:, 0])
+    if len(missing):
+        shown = ", ".join(str(int(i)) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        log.warning("warning: %s: class index(es) %s never occur in it, so their outputs are "
+                    "never trained%s", train.root / TABLE_NAME, shown,
+                    "; are the indices counted from 1? number the classes from 0"
+                    if missing[0] == 0 else "")
     classes = [str(index) for index in range(count)]
 
     def relabelled(table: TableRecords) -> TableRecords:
