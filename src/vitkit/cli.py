@@ -511,6 +511,16 @@ def configure_logging() -> None:
         logging.getLogger(name).propagate = False
 
 
+def _wrong_kind_of_path(exc: OSError) -> str:
+    """A file where a folder is needed (`--out FILE`), or a folder where a file is
+    (`--json FOLDER`), in words with the fix."""
+    if isinstance(exc, IsADirectoryError):
+        return (f"{exc.filename} is a folder, but a file is written there: give a file path "
+                "(e.g. --json report.json)")
+    return (f"{exc.filename} is a file, but a folder is needed there: give a folder path "
+            "(e.g. --out runs/eval), not a file")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
     configure_logging()
@@ -518,6 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args) or 0
     except VitkitError as exc:  # bad input: the message says what to change
         print(f"vitkit {args.verb}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:  # a path's kind
+        print(f"vitkit {args.verb}: error: {_wrong_kind_of_path(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # the reader went away (`vitkit models | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit

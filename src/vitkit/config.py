@@ -153,7 +153,7 @@ class ViTConfig:
             raise ConfigError(
                 f"image size {height}x{width} is not divisible by patch size {patch}: use an "
                 f"image size that is a multiple of {patch} (e.g. {near}) or a patch size that "
-                "divides both sides.")
+                f"divides both sides ({_common_patch_sizes(height, width)}).")
         if self.stem == "conv":
             self._validate_conv_stem()
         elif self.stem_pool:
@@ -408,6 +408,17 @@ def variant_name(config: ViTConfig) -> str:
 def list_model_names() -> list[str]:
     """The names `vitkit models` shows: the common variants and the tutorial models."""
     return list(COMMON_VARIANTS) + list(TUTORIAL_MODELS)
+
+
+def _common_patch_sizes(height: int, width: int) -> str:
+    """The patch sizes that divide both sides (up to 32), in words for a message: the fix
+    when the image size is the data's own."""
+    sizes = [p for p in range(2, min(height, width, 32) + 1) if height % p == 0 == width % p]
+    if not sizes:
+        return f"none above 1 does for {height}x{width}: resize the images"
+    shown = [str(p) for p in sizes]
+    words = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+    return f"patch_size {words} for {height}x{width}"
 
 
 def _nearest_multiple(value: int, step: int) -> int:

@@ -49,10 +49,13 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
         return
     if not overwrite:
         names = ", ".join(path.name for path in found)
+        resumable = (out / "last.pt").is_file()
+        continue_it = f"To continue it: --resume {out / 'last.pt'}; to" if resumable else \
+            "It has no last.pt to continue from. To"
         raise ConfigError(
             f"{out} already holds a run ({names}); a new run there would overwrite it. "
-            f"To continue it: --resume {out / 'last.pt'}; to start over (deletes those "
-            "files): --overwrite; to keep it: another --out folder.")
+            f"{continue_it} start over (deletes those files): --overwrite; to keep it: "
+            "another --out folder.")
     for path in found:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
