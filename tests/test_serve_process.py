@@ -161,3 +161,23 @@ def test_without_the_serve_extra_the_command_says_what_to_install():
     assert "vitkit serve needs fastapi, not installed here: pip install 'vitkit[serve]'" \
         in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_port_in_use_is_refused_before_anything_loads_and_another_port_serves(tmp_path):
+    weights = save_classifier(tmp_path / "weights")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(SRC)}
+        refused = subprocess.run([sys.executable, "-m", "vitkit", "serve", str(weights),
+                                  "--port", str(port)], env=env, capture_output=True, text=True,
+                                 timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"vitkit serve: error: cannot listen on 127.0.0.1:{port} (Address already in use): " \
+        f"pass another --port (e.g. --port {port + 1})" in refused.stderr
+    assert "Ctrl-C to stop" not in refused.stdout  # no success line first
+    (tmp_path / "tmp").mkdir()
+    process, url = _start(weights, tmp_path / "tmp")  # the advice: another port
+    assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+    assert "Ctrl-C to stop" in _stop(process)

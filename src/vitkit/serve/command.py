@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +31,7 @@ from vitkit.arguments import (
 )
 from vitkit.errors import ConfigError
 
-__all__ = ["TOKEN_ENV", "add_serve_verb", "cmd_serve", "is_loopback"]
+__all__ = ["TOKEN_ENV", "add_serve_verb", "check_port_free", "cmd_serve", "is_loopback"]
 
 TOKEN_ENV = "VITKIT_SERVE_TOKEN"  # the token, when --token is not given
 
@@ -104,6 +105,21 @@ def require_serve_packages() -> None:
                           "pip install 'vitkit[serve]'")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a host and port the server could not listen on (another server has the port,
+    or the address is not this machine's), naming --port, before anything is printed."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}): pass another "
+                              f"--port (e.g. --port {port + 1 if port else 8000}), stop the "
+                              "server that holds this one, or --host an address of this "
+                              "machine") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the weights, build the app and serve it until SIGINT/SIGTERM (exit 0)."""
     require_serve_packages()
@@ -114,6 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vitkit.serve.app import create_app
     from vitkit.serve.service import ModelService
 
+    check_port_free(args.host, args.port)  # before the model loads
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host) and not token:
         print(f"vitkit serve: WARNING: listening on {args.host} without a token: anyone who "
