@@ -43,17 +43,22 @@ def test_a_run_folder_without_a_checkpoint_is_not_offered_for_resuming(tmp_path,
 
 def test_a_file_for_a_folder_and_a_folder_for_a_file_are_named_with_the_fix(
         run, tmp_path, capsys):
-    assert main(["eval", str(run), "--out", str(run / "best.pt")]) == 2
-    err = capsys.readouterr().err
-    assert f"vitkit eval: error: {run / 'best.pt'} is a file, but a folder is needed there: " \
-        "give a folder path (e.g. --out runs/eval), not a file" in err
-    assert "Traceback" not in err
+    for where, shown in ((run / "best.pt", f"{run / 'best.pt'}"),
+                         (run / "best.pt" / "eval", f"{run / 'best.pt' / 'eval'}: "
+                                                    f"{run / 'best.pt'}")):
+        with pytest.raises(SystemExit) as exited:  # refused before any work
+            main(["eval", str(run), "--out", str(where)])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and "Traceback" not in err
+        assert f"vitkit eval: error: argument --out: {shown} is a file, where a folder is " \
+            "needed: give a folder path" in err
     assert main(["eval", str(run), "--out", str(tmp_path / "eval")]) == 0
-    assert main(["probe", str(run), "--json", str(tmp_path / "eval")]) == 2
-    err = capsys.readouterr().err
-    assert f"vitkit probe: error: {tmp_path / 'eval'} is a folder, but a file is written there: " \
-        "give a file path (e.g. --json report.json)" in err
-    assert main(["probe", str(run), "--json", str(tmp_path / "eval" / "probe.json")]) == 0
+    with pytest.raises(SystemExit) as exited:
+        main(["probe", str(run), "--json", str(tmp_path / "eval")])
+    assert exited.value.code == 2
+    assert f"vitkit probe: error: argument --json: {tmp_path / 'eval'} is a folder: give the " \
+        f"file to write, e.g. {tmp_path / 'eval' / 'report.json'}" in capsys.readouterr().err
+    assert main(["probe", str(run), "--json", str(tmp_path / "eval" / "report.json")]) == 0
 
 
 def test_a_data_dir_the_runs_data_does_not_read_is_refused_naming_the_data(
@@ -63,11 +68,14 @@ def test_a_data_dir_the_runs_data_does_not_read_is_refused_naming_the_data(
         for digit in range(10):
             (folder / split / f"d{digit}").mkdir(parents=True)
             Image.new("L", (8, 8), color=25 * digit).save(folder / split / f"d{digit}" / "a.png")
-    assert main(["eval", str(run), "--data-dir", str(folder)]) == 2
-    err = capsys.readouterr().err
-    assert f"--data-dir {folder} names a folder, but {run / 'best.pt'} was trained on " \
-        "data=digits, which reads none: name the data in the folder too (--data folder, arrays, " \
-        "cifar10 or cifar100)" in err
+    for named in ([], ["--data", "digits"]):
+        assert main(["eval", str(run), "--data-dir", str(folder), *named]) == 2
+        assert f"a data folder ({folder}) was given, but data=digits reads none: name the data " \
+            "the folder holds (data=folder, arrays, cifar10 or cifar100; --data on the command " \
+            "line), or leave the folder out" in capsys.readouterr().err
+    assert main(["explain", str(run), "--data-dir", str(folder), "--out",
+                 str(tmp_path / "explain")]) == 2
+    assert "but data=digits reads none" in capsys.readouterr().err
     assert main(["eval", str(run), "--data-dir", str(folder), "--data", "folder", "--out",
                  str(tmp_path / "eval")]) == 0
     assert "folder test, 10 images" in capsys.readouterr().out

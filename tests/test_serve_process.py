@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from serve_models import png_bytes, save_classifier
 
@@ -175,9 +176,20 @@ def test_a_port_in_use_is_refused_before_anything_loads_and_another_port_serves(
                                  timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert f"vitkit serve: error: cannot listen on 127.0.0.1:{port} (Address already in use): " \
-        f"pass another --port (e.g. --port {port + 1})" in refused.stderr
+        f"another server holds port {port}: pass another --port (e.g. --port {port + 1})" \
+        in refused.stderr
     assert "Ctrl-C to stop" not in refused.stdout  # no success line first
     (tmp_path / "tmp").mkdir()
     process, url = _start(weights, tmp_path / "tmp")  # the advice: another port
     assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
     assert "Ctrl-C to stop" in _stop(process)
+
+
+def test_a_port_out_of_range_is_refused_by_the_arguments(capsys):
+    from vitkit.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "weights", "--port", "70000"])
+    assert exited.value.code == 2
+    assert "argument --port: '70000' is not a port: give a number from 0 to 65535" in \
+        capsys.readouterr().err

@@ -5,6 +5,8 @@ serve/command.py build their parsers from here)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from pathlib import Path
 
 from vitkit.fieldtypes import parse_size
 
@@ -57,6 +59,37 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+def output_folder(text: str) -> str:
+    """An --out that is a folder (made if missing): refused at once when it, or a folder above
+    it, is a file."""
+    _refuse_file_above(text, Path(text).expanduser())
+    return text
+
+
+def output_file(example: str) -> Callable[[str], str]:
+    """The argparse type of a file to write (`example`: a file name to suggest): refused at once
+    when it is a folder, or a folder above it is a file."""
+    def checked(text: str) -> str:
+        path = Path(text).expanduser()
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a folder: give the file to write, "
+                                             f"e.g. {path / example}")
+        _refuse_file_above(text, path.parent)
+        return text
+
+    return checked
+
+
+def _refuse_file_above(text: str, folder: Path) -> None:
+    for above in (folder, *folder.parents):
+        if above.exists():
+            if not above.is_dir():
+                where = text if above == Path(text).expanduser() else f"{text}: {above}"
+                raise argparse.ArgumentTypeError(f"{where} is a file, where a folder is "
+                                                 "needed: give a folder path")
+            return
 
 
 def add_weights_argument(parser: argparse.ArgumentParser) -> None:

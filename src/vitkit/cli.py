@@ -24,6 +24,8 @@ from vitkit.arguments import (
     add_weights_argument,
     int8_engine,
     non_negative_int,
+    output_file,
+    output_folder,
     parse_img_size,
     positive_int,
 )
@@ -284,7 +286,8 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
         add_weights_argument(parser)
         parser.add_argument("--data", help=data_help)
         parser.add_argument("--data-dir", help="local dataset folder")
-        parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+        parser.add_argument("--json", metavar="FILE", type=output_file("report.json"),
+                            help="also write the results as JSON")
     fewshot.add_argument("--shots", type=parse_shots, default=(1, 5, 10, 25),
                          help="images per class, comma-separated (default 1,5,10,25)")
     fewshot.add_argument("--seeds", type=positive_int, default=3,
@@ -294,7 +297,8 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
     fewshot.add_argument("compare", nargs="*", metavar="MORE_WEIGHTS",
                          help="more weights to compare on the same data, shots and seeds "
                               "(one curve each in fewshot.png)")
-    fewshot.add_argument("--out", help="folder for fewshot.png (default: beside the first "
+    fewshot.add_argument("--out", type=output_folder,
+                         help="folder for fewshot.png (default: beside the first "
                                        "weights, as for `vitkit eval`: in a run or model "
                                        "folder; ./eval for a checkpoint name or hf-hub: "
                                        "repository)")
@@ -355,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--limit", type=positive_int, help="evaluate only the first N images "
                                                               "(default: as the training run did)")
     evaluate.add_argument("--batch-size", type=positive_int, default=500)
-    evaluate.add_argument("--out", help="folder for the report and confusion_matrix.png "
+    evaluate.add_argument("--out", type=output_folder,
+                          help="folder for the report and confusion_matrix.png "
                                         "(default: beside the weights; ./eval for a "
                                         "checkpoint name or hf-hub: repository). Each "
                                         "evaluation keeps eval-DATA-SPLIT.json (-int8, -bf16, "
@@ -399,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("images", nargs="*", metavar="IMAGE",
                          help="image files, folders or .npy/.npz array files (default: test "
                               "images of --data)")
-    explain.add_argument("--out", required=True, help="folder for the PNGs and explain.json")
+    explain.add_argument("--out", required=True, type=output_folder,
+                         help="folder for the PNGs and explain.json")
     explain.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"))
     explain.add_argument("--discard-ratio", type=float, default=0.0,
                          help="zero this fraction of the weakest attentions (rollout)")
@@ -453,7 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sweep resolutions, comma-separated (default 224,384)")
     bench.add_argument("--memory-gb", type=float,
                        help="sweep memory cap (default: 0.8 x the available memory)")
-    bench.add_argument("--out", default="benchmark_sweep.png", help="sweep figure (PNG)")
+    bench.add_argument("--out", default="benchmark_sweep.png", type=output_file("sweep.png"),
+                       help="sweep figure (PNG)")
     bench.set_defaults(run=cmd_benchmark)
 
     add_frozen_feature_verbs(verbs)
@@ -511,16 +518,6 @@ def configure_logging() -> None:
         logging.getLogger(name).propagate = False
 
 
-def _wrong_kind_of_path(exc: OSError) -> str:
-    """A file where a folder is needed (`--out FILE`), or a folder where a file is
-    (`--json FOLDER`), in words with the fix."""
-    if isinstance(exc, IsADirectoryError):
-        return (f"{exc.filename} is a folder, but a file is written there: give a file path "
-                "(e.g. --json report.json)")
-    return (f"{exc.filename} is a file, but a folder is needed there: give a folder path "
-            "(e.g. --out runs/eval), not a file")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
     configure_logging()
@@ -528,9 +525,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args) or 0
     except VitkitError as exc:  # bad input: the message says what to change
         print(f"vitkit {args.verb}: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:  # a path's kind
-        print(f"vitkit {args.verb}: error: {_wrong_kind_of_path(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # the reader went away (`vitkit models | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit

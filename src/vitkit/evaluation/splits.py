@@ -26,10 +26,6 @@ def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, spl
                 f"or --data cifar10 --data-dir DIR (one of {', '.join(SOURCES)})")
         if limit is None:
             limit = recipe.get("test_limit" if split == "test" else "train_limit")
-        if data_dir is not None and (data == "digits" or data.startswith("hf:")):
-            raise DataError(f"--data-dir {data_dir} names a folder, but {weights.path} was "
-                            f"trained on data={data}, which reads none: name the data in the "
-                            f"folder too (--data folder, arrays, cifar10 or cifar100)")
     if data_dir is None and data == recipe.get("data"):
         data_dir = recipe.get("data_dir")
     return data, data_dir, limit

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.util
 import ipaddress
 import logging
@@ -49,7 +50,8 @@ def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; "
                             "another address needs --token)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--port", type=port_number, default=8000,
+                       help="port, 0 to 65535 (default 8000; 0: any free port)")
     serve.add_argument("--max-batch", type=positive_int, default=8,
                        help="inputs run through the model together at most (default 8; 1: no "
                             "batching)")
@@ -105,19 +107,43 @@ def require_serve_packages() -> None:
                           "pip install 'vitkit[serve]'")
 
 
+def port_number(text: str) -> int:
+    """A TCP port (0 to 65535), for argparse."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give a number from 0 to "
+                                         "65535 (e.g. 8000)")
+    return port
+
+
 def check_port_free(host: str, port: int) -> None:
     """Refuse a host and port the server could not listen on (another server has the port,
     or the address is not this machine's), naming --port, before anything is printed."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}): pass another "
-                              f"--port (e.g. --port {port + 1 if port else 8000}), stop the "
-                              "server that holds this one, or --host an address of this "
-                              "machine") from None
+            shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+            raise ConfigError(f"cannot listen on {shown} ({exc.strerror}): "
+                              f"{_listen_fix(exc, port)}") from None
+
+
+def _listen_fix(exc: OSError, port: int) -> str:
+    """What to change when the server cannot listen, by the error's kind."""
+    if exc.errno == errno.EADDRINUSE:
+        return (f"another server holds port {port}: pass another --port (e.g. --port "
+                f"{port + 1}), or stop that server")
+    if exc.errno == errno.EACCES:
+        return ("ports below 1024 need administrator rights: pass a --port of 1024 or more "
+                "(e.g. --port 8000)")
+    return "--host must be an address of this machine (e.g. 127.0.0.1, or 0.0.0.0 for all)"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

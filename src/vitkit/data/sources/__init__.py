@@ -58,6 +58,10 @@ def open_source(name: str, data_dir: str | None = None,
     """
     if mode not in DATA_MODES:
         raise ConfigError(f"data_mode={mode!r} is not one of {', '.join(DATA_MODES)}")
+    if data_dir is not None and (name == "digits" or name.startswith("hf:")):
+        raise ConfigError(f"a data folder ({data_dir}) was given, but data={name} reads none: "
+                          "name the data the folder holds (data=folder, arrays, cifar10 or "
+                          "cifar100; --data on the command line), or leave the folder out")
     if name == "arrays":
         if streaming:
             raise ConfigError("streaming=true is for data=hf:...; data=arrays reads large "
