@@ -213,9 +213,9 @@ def test_offline_a_timm_name_asks_for_timms_file_and_finds_it_where_the_message_
     name = "S/32-augreg-i21k-timm"
     with pytest.raises(WeightsNotFoundError) as error:
         lookup(name).weights_path(tmp_path, download=False)
-    message = str(error.value)  # "Download URL and put it at one of: PLACES (or ...)"
+    message = str(error.value)  # "Download URL and put it at WEIGHTS_DIR/FILE."
     assert f"Download {timm_url('S/32', 'i21k')} and put it at" in message
-    place = Path(message.split("one of: ")[1].split(", ")[0])
+    place = Path(message.split(" and put it at ")[1].removesuffix("."))
     assert place.parent == tmp_path
     place.write_bytes(b"")
     assert lookup(name).weights_path(tmp_path, download=False) == place

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,6 +189,22 @@ def test_sweep_writes_a_two_panel_png_and_one_row_per_variant_and_resolution(cap
         cap = row["memory_cap_gib"] * 2**30
         assert cap == 2 * 2**30
         assert needed(row["largest_batch"]) <= cap < needed(row["largest_batch"] + 1)
+
+def test_sweep_reports_the_figure_file_it_wrote_for_a_name_without_a_suffix(capsys, tmp_path):
+    """matplotlib adds .png to a name without a suffix: the report names that file, the one
+    written (it said `wrote adir`, and adir did not exist); a suffix that is no image format
+    gets .png too (savefig refused it, after the whole sweep)."""
+    for given, written in (("adir", "adir.png"), ("sweep.v2", "sweep.v2.png")):
+        code, out, err = run_cli(capsys, "--sweep", "--variants", "cifar10-tutorial",
+                                 "--resolutions", "32", "--memory-gb", "2", "--out",
+                                 str(tmp_path / given), *FAST)
+        assert code == 0, err
+        reported = Path(out.rstrip().splitlines()[-1].removeprefix("wrote "))
+        assert reported == tmp_path / written and reported.is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["adir.png", "sweep.v2.png"]
+    with Image.open(tmp_path / "adir.png") as image:
+        assert image.format == "PNG"
+
 
 def test_largest_fitting_batch_matches_the_closed_form_of_a_linear_estimate():
     for fixed, per_image, cap in [(0, 1, 1), (10, 3, 1000), (5e8, 7.3e6, 2**34), (100, 1, 99)]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -333,3 +334,21 @@ def test_cli_export_moves_the_graph_and_its_external_data_only_and_refuses_a_fol
     assert f"--out {tmp_path / 'out'} is a folder: give the file to write, e.g. --out " \
         f"{tmp_path / 'out' / 'model.onnx'}" in err and "Traceback" not in err
     assert main(["export", str(folder), "--out", str(tmp_path / "out" / "model.onnx")]) == 0
+
+
+def test_cli_export_to_a_path_ending_in_a_separator_names_a_file_in_that_folder(
+        tmp_path, capsys):
+    """`--out DIR/` means a folder even before DIR exists: refused (it wrote a file named
+    DIR), naming a file in it, int8's own name with --int8; that file is then written."""
+    folder = vitkit.save_pretrained(random_model(), tmp_path / "weights")
+    target = tmp_path / "onnx"
+    for flags, name in (([], "model.onnx"), (["--int8"], "model.int8.onnx")):
+        assert main(["export", str(folder), *flags, "--out", f"{target}{os.sep}"]) != 0
+        err = capsys.readouterr().err
+        suggested = target / name
+        assert f"--out {target}{os.sep} names a folder: give the file to write, e.g. --out " \
+            f"{suggested}" in err and "Traceback" not in err
+        assert not target.exists()
+    assert main(["export", str(folder), "--out", str(target / "model.onnx")]) == 0
+    assert (target / "model.onnx").is_file()
+    assert f"wrote {target / 'model.onnx'}" in capsys.readouterr().out

@@ -3,12 +3,16 @@ message naming the problem and a fix, and the fix is then followed and runs (a p
 does not divide the data's images, a run folder with no checkpoint to resume, a file where a
 folder is needed and the reverse, a --data-dir that the run's data does not read)."""
 
+import json
+import logging
+import os
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from vitkit.cli import main
+from vitkit.data.sources.digits import load_digits
 
 QUICK = ["epochs=1", "warmup_epochs=0", "train_limit=256", "test_limit=200", "progress=false"]
 
@@ -61,6 +65,37 @@ def test_a_file_for_a_folder_and_a_folder_for_a_file_are_named_with_the_fix(
     assert main(["probe", str(run), "--json", str(tmp_path / "eval" / "report.json")]) == 0
 
 
+@pytest.mark.parametrize("argv, flag, example", [
+    (["probe", "W"], "--json", "report.json"),
+    (["fewshot", "W"], "--json", "report.json"),
+    (["benchmark", "--sweep", "--variants", "cifar10-tutorial", "--resolutions", "32",
+      "--memory-gb", "1", "--batch-size", "2", "--warmup", "0", "--iters", "1"], "--out",
+     "sweep.png")])
+def test_a_file_path_ending_in_a_separator_is_refused_as_a_folder(
+        argv, flag, example, tmp_path, capsys):
+    """A file-valued output that ends in a separator names a folder, though none exists yet
+    (the file was written under the folder's name): every such argument refuses it at once,
+    naming a file in the folder (followed in test_benchmark_cli.py and below; export's --out,
+    whose example depends on --int8, is refused by export itself: test_export.py)."""
+    for folder in (f"{tmp_path / 'new'}{os.sep}", f"{tmp_path / 'new'}{os.sep}."):
+        with pytest.raises(SystemExit) as exited:
+            main([*argv, flag, folder])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and "Traceback" not in err
+        assert f"vitkit {argv[0]}: error: argument {flag}: {folder} names a folder: give the " \
+            f"file to write, e.g. {tmp_path / 'new' / example}" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_json_report_into_a_folder_not_made_yet_follows_the_advice(run, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["probe", str(run), "--json", f"{tmp_path / 'reports'}{os.sep}"])
+    assert f"e.g. {tmp_path / 'reports' / 'report.json'}" in capsys.readouterr().err
+    assert not (tmp_path / "reports").exists()
+    assert main(["probe", str(run), "--json", str(tmp_path / "reports" / "report.json")]) == 0
+    assert (tmp_path / "reports" / "report.json").is_file()
+
+
 def test_a_data_dir_the_runs_data_does_not_read_is_refused_naming_the_data(
         run, tmp_path, capsys):
     folder = tmp_path / "digit_pictures"  # an image folder: 10 classes, 2 splits
@@ -79,3 +114,18 @@ def test_a_data_dir_the_runs_data_does_not_read_is_refused_naming_the_data(
     assert main(["eval", str(run), "--data-dir", str(folder), "--data", "folder", "--out",
                  str(tmp_path / "eval")]) == 0
     assert "folder test, 10 images" in capsys.readouterr().out
+
+
+def test_eval_says_it_reads_the_runs_test_limit_and_limit_all_reads_every_image(
+        run, caplog, capsys):
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["eval", str(run), "--json"]) == 0
+    assert "test: the first 200 images, as the training run read them (its test_limit); " \
+        "--limit all reads every image" in caplog.text
+    assert json.loads(capsys.readouterr().out)["images"] == 200
+    assert main(["eval", str(run), "--json", "--limit", "all"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == len(load_digits("test").labels)
+    with pytest.raises(SystemExit):
+        main(["eval", str(run), "--limit", "every"])
+    assert "argument --limit: 'every' is not an integer; give a number of images (>= 1) or " \
+        "all" in capsys.readouterr().err

@@ -138,3 +138,13 @@ def test_bad_nonfinite_settings_are_refused_and_the_fix_is_accepted(override, fi
     with pytest.raises(ConfigError, match=override.split("=")[0]):
         load_train_config("digits", [override])
     assert load_train_config("digits", [fix])
+
+
+def test_the_divergence_error_starts_a_line_of_its_own_after_the_progress_bar(tmp_path, capsys):
+    """The bar is closed (its line cleared: carriage return) before the error is printed;
+    the error used to follow the bar's text on its line."""
+    args = ["train", "digits", "epochs=2", "train_limit=512", "lr=1e4", "progress=true"]
+    assert main([*args, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "step/s" in err or "s/step" in err  # the bar ran
+    assert re.search(r"(^|\n|\r)vitkit train: error: training diverged", err)

@@ -367,3 +367,24 @@ def test_weights_not_trained_on_digits_get_no_digits_note_or_warning(
         assert main(["predict", str(weights), str(bright)]) == 0
     assert "note:" not in capsys.readouterr().out
     assert "light strokes" not in caplog.text
+
+
+def test_the_shipped_sample_on_a_model_of_other_images_gets_a_note_that_it_says_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--sample` on weights not trained on the digits: predicted (exit 0), with a note that a
+    digit says nothing about this model; images of its own kind get no such note."""
+    from vitkit.data.sources.digits import sample_digit
+
+    weights = save_pretrained(_small_model(4), tmp_path / "rgb")
+    assert main(["predict", str(weights), "--sample"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{sample_digit()}: ")
+    assert f"note: the shipped sample (--sample) is an 8x8 digit, for models trained on the " \
+        f"digits; {weights} takes other images (not 8x8, one channel), so its prediction for " \
+        "the sample says nothing about the model: give images of its own kind" in out
+    assert main(["predict", str(weights), str(_png(tmp_path / "own.png", (32, 32), 0))]) == 0
+    assert "note:" not in capsys.readouterr().out
+    digit_sized = create_model("Ti/2", img_size=8, in_chans=1, depth=1, num_classes=10)
+    saved = save_pretrained(digit_sized, tmp_path / "digits_saved")  # keeps no train_config
+    assert main(["predict", str(saved), "--sample"]) == 0
+    assert "says nothing" not in capsys.readouterr().out

@@ -8,7 +8,10 @@ import io
 import json
 import os
 import pickle
+import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import timm.models.vision_transformer as timm_vit
@@ -25,6 +28,7 @@ from vitkit.errors import WeightsNotFoundError
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.preprocess import Preprocess
 from vitkit.weights import save_npz, save_pretrained
+from vitkit.weights.formats import hub
 from vitkit.weights.formats.hub import local_filename, named_checkpoints, resolve_named
 
 TOL = 1e-5
@@ -204,6 +208,83 @@ def test_named_checkpoint_missing_offline_says_where(tmp_path, monkeypatch):
     with pytest.raises(WeightsNotFoundError, match="Did you mean"):
         load_pretrained("B/16-i21", download=False)
     assert named_checkpoints()["R50+B/16-i21k"].endswith("imagenet21k/R50%2BViT-B_16.npz")
+
+
+def _release_file(path: Path, classes: int) -> Path:
+    """A stand-in for a 2020 release .npz: only its head/bias, what tells i21k (21,843
+    classes) from its ImageNet-2012 fine-tune (1000) when both are named "ViT-B_16.npz"."""
+    np.savez(path, **{"head/bias": np.zeros(classes, np.float32)})
+    return path
+
+
+_SHARED_FILE_NAMES = [("B/16-i21k", "B/16-i21k-i1k-384"), ("B/32-i21k", "B/32-i21k-i1k-384"),
+                      ("L/16-i21k", "L/16-i21k-i1k-384"), ("L/32-i21k", "L/32-i21k-i1k-384"),
+                      ("R50+B/16-i21k", "R50+B/16-i21k-i1k-384")]
+
+
+def test_shared_release_file_name_is_used_only_for_its_checkpoint(tmp_path):
+    by_basename = {}  # the release's file names that two checkpoints share: all listed above
+    for name, path in hub._OFFICIAL.items():
+        by_basename.setdefault(path.rsplit("/", 1)[1], []).append(name)
+    assert sorted(tuple(names) for names in by_basename.values() if len(names) > 1) == \
+        sorted(_SHARED_FILE_NAMES)
+    i21k = _release_file(tmp_path / "ViT-B_16.npz", 21843)  # imagenet21k/ViT-B_16.npz
+    assert resolve_named("B/16-i21k", tmp_path, download=False) == i21k
+    with pytest.raises(WeightsNotFoundError) as caught:
+        resolve_named("B/16-i21k-i1k-384", tmp_path, download=False)
+    message = str(caught.value)
+    assert f"{i21k} is imagenet21k/ViT-B_16.npz (a 21843-class head), not " \
+        "B/16-i21k-i1k-384's imagenet21k+imagenet2012/ViT-B_16.npz" in message
+    assert "storage.googleapis.com/vit_models/imagenet21k%2Bimagenet2012/ViT-B_16.npz" in message
+    # Following the advice: the fine-tune saved under the name the message gives.
+    advised = Path(re.search(r"save it as (\S+)\.$", message)[1])
+    assert advised == tmp_path / "imagenet21k+imagenet2012_ViT-B_16.npz"
+    _release_file(advised, 1000)
+    assert resolve_named("B/16-i21k-i1k-384", tmp_path, download=False) == advised
+    assert resolve_named("B/16-i21k", tmp_path, download=False) == i21k
+    # A file by the shared name that is no readable .npz is left to its reader to describe.
+    advised.unlink()
+    i21k.write_text("<!DOCTYPE html><html><body>Sign in to continue</body></html>")
+    assert resolve_named("B/16-i21k-i1k-384", tmp_path, download=False) == i21k
+    with pytest.raises(vitkit.VitkitError, match="HTML page"):
+        load_pretrained("B/16-i21k-i1k-384", weights_dir=tmp_path, download=False)
+
+
+@pytest.mark.parametrize("pair", _SHARED_FILE_NAMES)
+@pytest.mark.parametrize("have_i21k", [True, False])
+def test_other_checkpoint_by_the_shared_file_name_is_not_loaded(tmp_path, pair, have_i21k):
+    have, want = pair if have_i21k else pair[::-1]
+    classes = 21843 if have_i21k else 1000
+    found = _release_file(tmp_path / hub._OFFICIAL[have].rsplit("/", 1)[1], classes)
+    assert resolve_named(have, tmp_path, download=False) == found
+    with pytest.raises(WeightsNotFoundError, match=re.escape(
+            f"{found} is {hub._OFFICIAL[have]} (a {classes}-class head), "
+            f"not {want}'s {hub._OFFICIAL[want]}")):
+        resolve_named(want, tmp_path, download=False)
+
+
+def test_missing_named_checkpoint_says_where_in_the_given_weights_dir(tmp_path, monkeypatch):
+    wanted = tmp_path / "imagenet21k_ViT-B_16.npz"
+    with pytest.raises(WeightsNotFoundError) as caught:
+        resolve_named("B/16-i21k", tmp_path, download=False)
+    assert str(caught.value).endswith(f"put it at {wanted}.")
+    assert "--weights-dir" not in str(caught.value)
+    with pytest.raises(WeightsNotFoundError, match="pass --weights-dir"):
+        resolve_named("B/16-i21k", download=False)  # none given: one may be
+
+    def unreachable(*args, **kwargs):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(hub, "write_atomic", unreachable)  # a failed download, no network
+    with pytest.raises(WeightsNotFoundError, match="unreachable") as caught:
+        resolve_named("B/16-i21k", tmp_path, download=True)
+    assert str(caught.value).endswith(f"put it at {wanted}.")
+    assert "--weights-dir" not in str(caught.value)
+    _release_file(tmp_path / "ViT-B_16.npz", 1000)
+    with pytest.raises(WeightsNotFoundError, match=re.escape(
+            f"put it at {wanted}. Not used: {tmp_path / 'ViT-B_16.npz'} is "
+            "imagenet21k+imagenet2012/ViT-B_16.npz (a 1000-class head)")):
+        resolve_named("B/16-i21k", tmp_path, download=True)
 
 
 # -- bad files ------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from sklearn.metrics import (
 )
 
 from vitkit.errors import ConfigError, DataError
-from vitkit.tasks import TaskSpec, infer_task, make_task
+from vitkit.tasks import LOSS_MEANINGS, LOSSES, TaskSpec, infer_task, make_task
+from vitkit.train.config import check_task
 
 
 def test_regression_metrics_equal_scikit_learn() -> None:
@@ -73,6 +74,44 @@ def test_targets_that_do_not_fit_are_refused_by_name() -> None:
         infer_task(np.array([0, 1]), loss="huber")
     with pytest.raises(ConfigError, match="label_smoothing is for classification"):
         make_task(TaskSpec("regression")).training_targets(torch.zeros(2, 1), 1, 0.1)
+
+
+@pytest.mark.parametrize("given, meant", [
+    ("mae", "l1"), ("mean_absolute_error", "l1"), ("mean_squared_error", "mse"),
+    ("smooth_l1", "huber"), ("SmoothL1Loss", "huber"), ("ce", "cross_entropy"),
+    ("crossentropy", "cross_entropy"), ("softmax", "cross_entropy"),
+    ("bce_with_logits", "bce"), ("BCEWithLogitsLoss", "bce"), ("binary_cross_entropy", "bce")])
+def test_a_common_name_of_a_loss_is_suggested_as_that_loss_not_accepted(given, meant) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_task(None, given)
+    assert str(refused.value).endswith(f" Did you mean {meant!r} ({LOSS_MEANINGS[meant]})?")
+    kind = next(kind for kind, names in LOSSES.items() if meant in names)
+    check_task(kind, meant)  # the suggestion is accepted
+    other = next(other for other in LOSSES if other != kind)  # a task that does not take it
+    with pytest.raises(ConfigError, match=rf"{given!r} is {meant!r} here \(.*\), a loss of "
+                                          rf"task={kind}\.$"):
+        check_task(other, given)
+
+
+def test_a_loss_of_another_task_names_that_task_and_a_bad_saved_loss_is_a_config_error(
+        ) -> None:
+    with pytest.raises(ConfigError, match=r"'mse' \(mean squared error\) is a loss of "
+                                          r"task=regression\.$"):
+        check_task("classification", "mse")
+    with pytest.raises(ConfigError, match=r"'bce' \(binary cross-entropy with logits\) is a "
+                                          r"loss of task=multilabel\.$"):
+        TaskSpec("regression", loss="bce")
+    with pytest.raises(ConfigError, match="loss=1 does not apply to task=regression"):
+        TaskSpec.from_dict({"kind": "regression", "loss": 1})  # as a config.json may hold
+
+
+def test_huber_is_smooth_l1_as_its_suggestion_says() -> None:
+    """vitkit's huber (F.huber_loss, delta 1) equals torch's smooth L1 at its default beta 1,
+    as the suggestion for loss=smooth_l1 says."""
+    outputs, targets = torch.randn(64, 3) * 3, torch.randn(64, 3)
+    spec = TaskSpec("regression", loss="huber", target_mean=[0.0] * 3, target_std=[1.0] * 3)
+    assert torch.allclose(make_task(spec).loss(outputs, targets),
+                          torch.nn.SmoothL1Loss()(outputs, targets))
 
 
 def test_spec_round_trips_through_a_dict() -> None:

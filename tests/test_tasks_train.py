@@ -250,6 +250,23 @@ def test_a_head_of_another_size_is_refused_and_the_fix_trains(small_set, tmp_pat
     assert load_pretrained(tmp_path / "b").config.num_classes == 1
 
 
+@pytest.mark.parametrize("given, meant, meaning", [
+    ("mae", "l1", "mean absolute error"),
+    ("mean_squared_error", "mse", "mean squared error"),
+    ("smooth_l1", "huber",
+     "Huber loss with delta 1 on the standardised targets, the same as smooth L1 with beta 1")])
+def test_another_name_of_a_loss_suggests_vitkits_name_and_the_suggestion_trains(
+        small_set, tmp_path, capsys, given, meant, meaning):
+    """String similarity took loss=mae for mse; the common names of a loss are suggested as
+    the loss they are (not accepted in its place), and the suggestion trains."""
+    err = _refused(capsys, small_set, tmp_path / "a", f"loss={given}")
+    assert f"loss={given!r} is not a loss here: use one of cross_entropy, mse, huber, l1, " \
+        f"bce (or leave it unset for the task's default). Did you mean {meant!r} " \
+        f"({meaning})?" in err
+    _train(small_set, tmp_path / "b", f"loss={meant}", "total_steps=2")
+    assert load_pretrained(tmp_path / "b").task.loss == meant
+
+
 def test_explicit_in_chans_that_differs_from_the_arrays_is_refused(small_set, tmp_path,
                                                                   capsys):
     model = json.dumps({**json.loads(TINY), "in_chans": 3})

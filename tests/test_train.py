@@ -250,7 +250,7 @@ def test_labels_outside_the_head_are_refused():
 
 def test_images_of_another_size_than_the_model_are_refused():
     cfg = load_train_config("digits", ["progress=false"])
-    with pytest.raises(DataError, match=r"16x16.*model.img_size=\[16, 16\]"):
+    with pytest.raises(DataError, match=r"16x16.*set model.img_size=16; or resize the data"):
         build_run(cfg, train_data=_tiny_data([0, 1], 16), test_data=_tiny_data([0, 1], 16))
 
 

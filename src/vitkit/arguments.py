@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vitkit.fieldtypes import parse_size
+from vitkit.files import names_folder
 
 __all__ = ["EAGER_INT8", "add_inference_arguments", "add_int8_arguments",
            "add_merge_tokens_argument", "add_precision_argument", "add_weights_argument",
@@ -38,6 +39,17 @@ def int_at_least(text: str, minimum: int) -> int:
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
     return int_at_least(text, 1)
+
+
+def image_count(text: str) -> int | str:
+    """An argparse type: a number of images >= 1, or "all"."""
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; give a number of images (>= 1) or all"
+                                         ) from None
 
 
 def non_negative_int(text: str) -> int:
@@ -70,11 +82,14 @@ def output_folder(text: str) -> str:
 
 def output_file(example: str) -> Callable[[str], str]:
     """The argparse type of a file to write (`example`: a file name to suggest): refused at once
-    when it is a folder, or a folder above it is a file."""
+    when it is a folder, when it names one (ends in a path separator, or in "." or "..": `DIR/`
+    means a folder even before DIR exists, and `Path` would drop the slash and write a file
+    DIR), or when a folder above it is a file."""
     def checked(text: str) -> str:
         path = Path(text).expanduser()
-        if path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a folder: give the file to write, "
+        if path.is_dir() or names_folder(text):
+            verb = "is" if path.is_dir() else "names"
+            raise argparse.ArgumentTypeError(f"{text} {verb} a folder: give the file to write, "
                                              f"e.g. {path / example}")
         _refuse_file_above(text, path.parent)
         return text

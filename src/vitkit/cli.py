@@ -22,6 +22,7 @@ from vitkit.arguments import (
     add_merge_tokens_argument,
     add_precision_argument,
     add_weights_argument,
+    image_count,
     int8_engine,
     non_negative_int,
     output_file,
@@ -356,8 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="train, test (the held-out split: a folder's val/ or test/; a "
                                "Hugging Face dataset's validation/test), or any split name of "
                                "a Hugging Face dataset (default: test)")
-    evaluate.add_argument("--limit", type=positive_int, help="evaluate only the first N images "
-                                                              "(default: as the training run did)")
+    evaluate.add_argument("--limit", type=image_count,
+                          help="evaluate only the first N images, or all (default: as the "
+                               "training run did, its test_limit)")
     evaluate.add_argument("--batch-size", type=positive_int, default=500)
     evaluate.add_argument("--out", type=output_folder,
                           help="folder for the report and confusion_matrix.png "
@@ -388,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              "onnxruntime")
     add_weights_argument(export)
     export.add_argument("--format", default="onnx", help="output format (only onnx)")
-    export.add_argument("--out", help="output file (default: beside the weights, .onnx)")
+    export.add_argument("--out", help="output file (default: beside the weights, .onnx; a "
+                                      "folder is refused, naming a file in it)")
     export.add_argument("--dynamic-size", action="store_true",
                         help="also accept other image sizes (multiples of the patch size)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: torch's)")
@@ -460,7 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--memory-gb", type=float,
                        help="sweep memory cap (default: 0.8 x the available memory)")
     bench.add_argument("--out", default="benchmark_sweep.png", type=output_file("sweep.png"),
-                       help="sweep figure (PNG)")
+                       help="sweep figure (PNG, or another format by its suffix: pdf, svg, "
+                            "...; .png is added to a name without one; default "
+                            "benchmark_sweep.png)")
     bench.set_defaults(run=cmd_benchmark)
 
     add_frozen_feature_verbs(verbs)

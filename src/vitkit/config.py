@@ -153,7 +153,7 @@ class ViTConfig:
             raise ConfigError(
                 f"image size {height}x{width} is not divisible by patch size {patch}: use an "
                 f"image size that is a multiple of {patch} (e.g. {near}) or a patch size that "
-                f"divides both sides ({_common_patch_sizes(height, width)}).")
+                f"divides both sides ({patch_sizes_in_words(height, width)}).")
         if self.stem == "conv":
             self._validate_conv_stem()
         elif self.stem_pool:
@@ -410,7 +410,7 @@ def list_model_names() -> list[str]:
     return list(COMMON_VARIANTS) + list(TUTORIAL_MODELS)
 
 
-def _common_patch_sizes(height: int, width: int) -> str:
+def patch_sizes_in_words(height: int, width: int) -> str:
     """The patch sizes that divide both sides (up to 32), in words for a message: the fix
     when the image size is the data's own."""
     sizes = [p for p in range(2, min(height, width, 32) + 1) if height % p == 0 == width % p]

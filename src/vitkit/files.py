@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["CACHE_VARIABLE", "cache_root", "default_cache", "write_atomic"]
+__all__ = ["CACHE_VARIABLE", "cache_root", "default_cache", "names_folder",
+           "relative_data_dir_note", "write_atomic"]
 
 CACHE_VARIABLE = "VITKIT_CACHE"
 
@@ -30,6 +31,23 @@ def cache_root() -> Path:
     """`$VITKIT_CACHE`, else `default_cache()` (read at call time)."""
     base = os.environ.get(CACHE_VARIABLE)
     return Path(base) if base else default_cache()
+
+
+def names_folder(text: str | Path) -> bool:
+    """Whether the path `text` can only be a folder: it ends in a separator ("runs/"; either
+    separator on Windows), or its last part is "." or ".." (`Path` drops a trailing slash, so
+    ask before making one)."""
+    return os.path.basename(str(text)) in ("", ".", "..")
+
+
+def relative_data_dir_note(path: str | Path) -> str:
+    """For a message about a path that was not found: where a relative one was looked for
+    (the working folder), and the fix; "" for an absolute path."""
+    if Path(path).expanduser().is_absolute():
+        return ""
+    return (f" (a relative path, looked for in the working folder {Path.cwd()}: run from the "
+            "folder it is relative to, or pass its full path: --data-dir PATH; train also takes "
+            "data_dir=PATH)")
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object], suffix: str = ".tmp",

@@ -404,6 +404,10 @@ def in_precision(model: torch.nn.Module, requested: str | None, batch: torch.Ten
     return module, context, chosen
 
 
+def _trained_on_words(data: str | None) -> str:
+    return f"was trained on {data}" if data else "takes other images (not 8x8, one channel)"
+
+
 def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int = 5,
                   batch_size: int = 32, weights_dir: str | Path | None = None,
                   merge_tokens: int = 0, int8: str | None = None,
@@ -414,6 +418,7 @@ def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int =
     fails before the model loads. Weights a vitkit run trained on the embedded digits get a
     note on the input they expect (`INPUT_NOTE`)."""
     from vitkit.catalog import read_weights
+    from vitkit.data.sources.digits import sample_digit
     from vitkit.inference.speedup import speed_up
     from vitkit.weights import build_model
 
@@ -424,6 +429,12 @@ def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int =
     trained_on = (record.train_config or {}).get("data")
     notes = [f"{INPUT_NOTE} (a sample: vitkit predict {weights} --sample)"] \
         if trained_on == "digits" else []
+    digit_sized = record.config.in_chans == 1 and tuple(record.config.img_size) == (8, 8)
+    if trained_on != "digits" and not digit_sized and sample_digit() in files:
+        notes.append(f"the shipped sample (--sample) is an 8x8 digit, for models trained on "
+                     f"the digits; {weights} {_trained_on_words(trained_on)}, so its "
+                     "prediction for the sample says nothing about the model: give images of "
+                     "its own kind")
     tta = recorded_tta(tta, record.eval_tta)
     warn_if_never_flipped(tta, record.train_config, record.preprocess.pictures)
     return Predictions(predict(model, files, topk=topk, batch_size=batch_size,

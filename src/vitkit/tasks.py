@@ -33,17 +33,32 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.errors import ConfigError, DataError, InputError
-from vitkit.fieldtypes import check_known_keys
+from vitkit.fieldtypes import check_known_keys, did_you_mean
 
-__all__ = ["LOSSES", "TASKS", "Classification", "Multilabel", "Regression", "Task", "TaskSpec",
-           "average_precision", "infer_task", "make_task", "one_hot_smooth",
-           "soft_cross_entropy", "task_of"]
+__all__ = ["LOSSES", "LOSS_ALIASES", "LOSS_MEANINGS", "TASKS", "Classification", "Multilabel",
+           "Regression", "Task", "TaskSpec", "average_precision", "infer_task",
+           "loss_suggestion", "make_task", "one_hot_smooth", "soft_cross_entropy", "task_of"]
 
 log = logging.getLogger("vitkit.tasks")
 
 TASKS = ("classification", "regression", "multilabel")
 LOSSES = {"classification": ("cross_entropy",), "regression": ("mse", "huber", "l1"),
           "multilabel": ("bce",)}
+# What each loss is, named beside a suggestion. "huber" is F.huber_loss at its default delta 1
+# (on the standardised targets): torch's HuberLoss(delta) is delta x SmoothL1Loss(beta=delta),
+# so at 1 the two are the same loss.
+LOSS_MEANINGS = {"cross_entropy": "softmax cross-entropy", "mse": "mean squared error",
+                 "huber": "Huber loss with delta 1 on the standardised targets, the same as "
+                          "smooth L1 with beta 1",
+                 "l1": "mean absolute error", "bce": "binary cross-entropy with logits"}
+# Other common names of the losses (compared after `_loss_key`): suggested with what they mean,
+# never accepted in their place, so a config names one loss one way.
+LOSS_ALIASES = {"mae": "l1", "mean_absolute_error": "l1", "l2": "mse",
+                "mean_squared_error": "mse", "smooth_l1": "huber", "smoothl1": "huber",
+                "ce": "cross_entropy", "crossentropy": "cross_entropy",
+                "softmax": "cross_entropy", "softmax_cross_entropy": "cross_entropy",
+                "bce_with_logits": "bce", "bcewithlogits": "bce",
+                "binary_cross_entropy": "bce", "binary_crossentropy": "bce"}
 # What "better" means for best.pt and early comparisons: the task's primary metric, higher wins.
 PRIMARY_METRIC = {"classification": "top1", "regression": "r2", "multilabel": "map"}
 MULTILABEL_THRESHOLD = 0.5
@@ -72,7 +87,8 @@ class TaskSpec:
         if self.loss not in LOSSES[self.kind]:
             allowed = ", ".join(LOSSES[self.kind])
             raise ConfigError(f"loss={self.loss!r} does not apply to task={self.kind} "
-                              f"(it takes {allowed})")
+                              f"(it takes {allowed})."
+                              + loss_suggestion(self.loss, LOSSES[self.kind]))
         if self.names is not None:
             self.names = [str(n) for n in self.names]
         if (self.target_mean is None) != (self.target_std is None):
@@ -270,6 +286,31 @@ class Multilabel(Task):
         return {"test_loss": float(loss), "map": float(ap.mean()), "f1": float(f1.mean()),
                 "per_label": {self.output_name(j): {"ap": float(ap[j]), "f1": float(f1[j])}
                               for j in range(len(ap))}}
+
+
+def _loss_key(name: str) -> str:
+    """"Smooth-L1 Loss" -> "smooth_l1": lower case, "_" for spaces and dashes, no "loss" at
+    the end (torch's class names: "MSELoss", "SmoothL1Loss")."""
+    key = "_".join(name.strip().lower().replace("-", " ").split())
+    return key.removesuffix("loss").rstrip("_") or key
+
+
+def loss_suggestion(loss: str, allowed: Sequence[str]) -> str:
+    """" Did you mean 'l1' (mean absolute error)?" for a common name of a loss ("mae", "ce",
+    "smooth_l1", "MSELoss"; LOSS_ALIASES) in `allowed`; for one of another task's losses, which
+    task takes it; else `did_you_mean`'s spelling match ("" when none is close)."""
+    if not isinstance(loss, str):
+        return ""
+    key = _loss_key(loss)
+    name = LOSS_ALIASES.get(key, key)
+    if name not in LOSS_MEANINGS:
+        return did_you_mean(loss, allowed)
+    tasks = " or ".join(f"task={kind}" for kind, names in LOSSES.items() if name in names)
+    if name == loss:  # vitkit's own name, of another task
+        return f" {loss!r} ({LOSS_MEANINGS[name]}) is a loss of {tasks}."
+    if name in allowed:
+        return f" Did you mean {name!r} ({LOSS_MEANINGS[name]})?"
+    return f" {loss!r} is {name!r} here ({LOSS_MEANINGS[name]}), a loss of {tasks}."
 
 
 def one_hot_smooth(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0

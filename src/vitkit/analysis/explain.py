@@ -240,6 +240,7 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     from vitkit.catalog import read_weights
     from vitkit.predict import expand_inputs
     from vitkit.weights import build_model
+    from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
     files = expand_inputs(image_paths) if image_paths else []  # bad paths fail before loading
     weights = read_weights(source, weights_dir)
@@ -251,8 +252,10 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     else:
         num_images = PAPER_IMAGES if num_images is None else num_images
         task = task_of(model)
+        trained = weights.train_config
         images, names = images_from_data(data, data_dir, num_images, preprocess,
-                                         weights.extra.get("train_config"), seed, task)
+                                         data_dir_from_here(trained, weights.path)
+                                         if trained else None, seed, task)
         how = "across classes" if task.kind == "classification" else "at random"
         origin = f"{len(images)} test images sampled {how} (seed {seed}; {num_images} asked)"
     path = Path(source)

@@ -23,7 +23,7 @@ from vitkit.catalog import read_weights
 from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
 from vitkit.evaluation.classify import evaluate, reports_top_k
-from vitkit.evaluation.splits import data_for, split_to_evaluate
+from vitkit.evaluation.splits import data_for, recorded_limit_key, split_to_evaluate
 from vitkit.evaluation.task_eval import evaluate_task
 from vitkit.inference.precision import (
     Precision,
@@ -67,7 +67,7 @@ def _check_fits(dataset: EvaluationFeed, num_classes: int,
 
 def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str | None = None,
                         split: str = "test", out: str | Path | None = None,
-                        limit: int | None = None, batch_size: int = 500,
+                        limit: int | str | None = None, batch_size: int = 500,
                         weights_dir: str | Path | None = None, merge_tokens: int = 0,
                         int8: str | None = None, precision: str | None = None,
                         tta: str | None = None) -> Report:
@@ -83,9 +83,9 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     averages the outputs over mirror images. eval.json records each, with the precision's
     reason.
 
-    The data defaults to a training checkpoint's own (data, folder and image limit); other
-    weights need `data`. Images go through the weights' preprocessing (mean/std) and are
-    resized to the model's size when theirs differs.
+    The data defaults to a training checkpoint's own (data, folder and image limit:
+    `limit="all"` reads every image); other weights need `data`. Images go through the
+    weights' preprocessing (mean/std) and are resized to the model's size when theirs differs.
     """
     from vitkit.analysis.plots import plot_confusion
 
@@ -98,7 +98,10 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     warn_if_never_flipped(tta, weights.train_config, weights.preprocess.pictures)
     fast = with_tta(fast, tta)
     int8 = chosen.engine if chosen.name == "int8" else None  # the engine that ran
-    data, data_dir, limit = data_for(weights, data, data_dir, split, limit)
+    asked, (data, data_dir, limit) = limit, data_for(weights, data, data_dir, split, limit)
+    if asked is None and limit is not None:
+        log.info("%s: the first %d images, as the training run read them (its %s); --limit "
+                 "all reads every image", split, limit, recorded_limit_key(split))
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
                                  config.in_chans)
     task = make_task(weights.task)

@@ -10,12 +10,14 @@ from vitkit.data.feeds import EvaluationFeed, evaluation_feed
 from vitkit.data.sources import SOURCES, open_source
 from vitkit.errors import DataError
 from vitkit.weights import WeightsRecord
+from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
 
 def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, split: str,
-             limit: int | None) -> tuple[str, str | None, int | None]:
+             limit: int | str | None) -> tuple[str, str | None, int | None]:
     """(data, data_dir, limit) to evaluate on: as given, else as the training run recorded
-    (its data, folder and image limit, so a run's own score is reproduced)."""
+    (its data, folder and image limit, so a run's own score is reproduced).
+    `limit="all"`: every image of the split, whatever the run read."""
     recipe: dict[str, Any] = weights.train_config or {}
     if data is None:
         data = recipe.get("data")
@@ -25,10 +27,18 @@ def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, spl
                 f"training checkpoints do): pass the data to evaluate on, e.g. --data digits, "
                 f"or --data cifar10 --data-dir DIR (one of {', '.join(SOURCES)})")
         if limit is None:
-            limit = recipe.get("test_limit" if split == "test" else "train_limit")
+            limit = recipe.get(recorded_limit_key(split))
+    if limit == "all":
+        limit = None
     if data_dir is None and data == recipe.get("data"):
-        data_dir = recipe.get("data_dir")
+        data_dir = data_dir_from_here(recipe, weights.path).get("data_dir")
     return data, data_dir, limit
+
+
+def recorded_limit_key(split: str) -> str:
+    """The training recipe's key that limits `split`'s images (a named Hugging Face split is
+    read as the held-out one)."""
+    return "train_limit" if split == "train" else "test_limit"
 
 
 def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,

@@ -20,6 +20,7 @@ from vitkit.export.onnx import (
     external_data_files,
     read_metadata,
 )
+from vitkit.files import names_folder
 from vitkit.model.vit import VisionTransformer
 from vitkit.report import Report
 from vitkit.tasks import task_of
@@ -65,12 +66,14 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     if prepare is not None:
         model = prepare(model)
     merge_tokens = getattr(model, "merge_r", 0)  # set by token merging
+    given = out
     out = Path(default_output_path(weights, int8, merge_tokens) if out is None else out)
     write = export_onnx_int8 if int8 else export_onnx
     sizes = default_check_sizes(model) if dynamic_size else []
     kind = task_of(model).kind
-    if out.is_dir():
-        raise ExportError(f"--out {out} is a folder: give the file to write, e.g. --out "
+    if out.is_dir() or (given is not None and names_folder(given)):  # "DIR/": Path drops "/"
+        verb = "is" if out.is_dir() else "names"
+        raise ExportError(f"--out {given} {verb} a folder: give the file to write, e.g. --out "
                           f"{out / ('model' + _suffix(int8, merge_tokens))}")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

@@ -95,12 +95,15 @@ class ModelService:
         `--precision auto` measures at."""
         from vitkit.catalog import read_weights
         from vitkit.weights import build_model
+        from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
         requested_precision(precision, int8)  # a contradiction refused before the model loads
         record = read_weights(weights, weights_dir)
         return cls.from_model(build_model(record), name=display_name(weights),
                               precision=precision, int8=int8, merge_tokens=merge_tokens,
-                              train_config=record.train_config, batch_size=batch_size,
+                              train_config=data_dir_from_here(record.train_config,
+                                                              record.path)
+                              if record.train_config else None, batch_size=batch_size,
                               tta=tta)
 
     @classmethod

@@ -13,9 +13,10 @@ from vitkit.config import ViTConfig, variant_config
 from vitkit.data.augment import AugmentConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_fields, check_known_keys, check_value, did_you_mean, parse_text
+from vitkit.files import relative_data_dir_note
 from vitkit.inference.tta import TTA_MODES
 from vitkit.runtime import check_device
-from vitkit.tasks import LOSSES, TASKS
+from vitkit.tasks import LOSSES, TASKS, loss_suggestion
 
 LOG_FORMATS = ("csv", "jsonl", "tensorboard")
 # Overrides with keys inside: model.depth=4 (a ViTConfig field), augment.flip=false.
@@ -252,9 +253,7 @@ class TrainConfig:
             raise ConfigError(f"data={self.data!r} is not a data source: use one of "
                               f"{', '.join(SOURCES)}." + did_you_mean(self.data, SOURCES[:-1]))
         if self.data == "digits" and self.data_dir:
-            raise ConfigError(f"data_dir={self.data_dir} is not read by data=digits (the "
-                              "embedded 8x8 digits, the default): name the data the folder "
-                              f"holds: {_sources_for(self.data_dir)}")
+            raise _folder_for_digits_error(self.data_dir)
         _require(self.data_mode in DATA_MODES, "data_mode={!r} is not one of "
                  + ", ".join(DATA_MODES), self.data_mode)
         _require(self.workers is None or self.workers >= 0, "workers={} must be >= 0 (0 reads "
@@ -328,6 +327,18 @@ class TrainConfig:
         return cls(**data)
 
 
+def _folder_for_digits_error(data_dir: str) -> ConfigError:
+    """A data folder given with the digits (which read none): a missing one is named as
+    missing; else the sources that read a folder, the one its files suggest first."""
+    if not Path(data_dir).expanduser().exists():
+        return ConfigError(f"data_dir={data_dir} does not exist{relative_data_dir_note(data_dir)}"
+                           "; the data it names would be read with data=folder, cifar10, "
+                           "cifar100 or arrays (data=digits, the default, reads no folder)")
+    return ConfigError(f"data_dir={data_dir} is not read by data=digits (the embedded 8x8 "
+                       f"digits, the default): name the data the folder holds: "
+                       f"{_sources_for(data_dir)}")
+
+
 def _sources_for(data_dir: str) -> str:
     """The data sources that read a folder, the one its files suggest first."""
     folder = Path(data_dir).expanduser()
@@ -356,7 +367,8 @@ def check_task(task: str | None, loss: str | None) -> None:
     if loss not in allowed:
         fits = f"task={task} takes" if task else "use one of"
         raise ConfigError(f"loss={loss!r} is not a loss here: {fits} {', '.join(allowed)} (or "
-                          "leave it unset for the task's default)." + did_you_mean(loss, allowed))
+                          "leave it unset for the task's default)."
+                          + loss_suggestion(loss, allowed))
 
 
 def model_config_of(model: str | dict[str, Any] | None) -> ViTConfig:
@@ -462,6 +474,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 def checkpoint_train_config(path: str | Path) -> dict[str, Any]:
     """The recipe a training checkpoint (last.pt, best.pt) was trained with, as a dict."""
     from vitkit.train.checkpoint import load_state as load_checkpoint
+    from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
     state = load_checkpoint(path)
     recipe = state.get("train_config") if isinstance(state, dict) else None
@@ -469,4 +482,4 @@ def checkpoint_train_config(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a vitkit training checkpoint (it holds no "
                               "training recipe): --resume takes the last.pt or best.pt that "
                               "`vitkit train` writes")
-    return dict(recipe)
+    return data_dir_from_here(dict(recipe), Path(path))

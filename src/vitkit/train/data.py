@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vitkit.config import ViTConfig
+from vitkit.config import ViTConfig, patch_sizes_in_words
 from vitkit.data.augment import PICTURE_ONLY, AugmentConfig
 from vitkit.data.dataset import DataError
 from vitkit.data.feeds import (
@@ -56,23 +56,23 @@ class TrainingData:
 
 def open_data(cfg: TrainConfig, config: ViTConfig, out_dir: Path, info: DistInfo,
               train: Source | None = None, test: Source | None = None,
-              saved_task: TaskSpec | None = None
+              saved_task: TaskSpec | None = None, resumed: bool = False
               ) -> tuple[Source, Source, ViTConfig, TaskSpec]:
     """The run's train and test data (`train`/`test` when given, else the config's source),
     its task (`saved_task`: a resumed run's own) and the model config with its head (and,
-    for data=arrays, its input channels) sized to them. In memory, every image that could
-    not be read is named in the run folder at once."""
+    for data=arrays, its input channels) sized to them; a `resumed` run keeps its checkpoint's
+    (a run of an older vitkit may have a head the data would not size). In memory, every
+    image that could not be read is named in the run folder at once."""
     if train is None or test is None:
         train, test = open_source(cfg.data, cfg.data_dir, config.img_size, config.in_chans,
                                   cfg.train_limit, cfg.test_limit, cfg.data_mode,
                                   cfg.train_split, cfg.split, cfg.streaming, cfg.workers,
                                   saved_task.kind if saved_task else cfg.task)
     task = decide_task(cfg, train, saved_task)
-    if task.kind == "classification":
-        config = size_head_to_folder(cfg, config, train)
-    else:
-        config = size_head_to_targets(cfg, config, train, task)
-    config = channels_from_arrays(cfg, config, train)
+    if not resumed:
+        config = size_head_to_classes(cfg, config, train) if task.kind == "classification" \
+            else size_head_to_targets(cfg, config, train, task)
+        config = channels_from_arrays(cfg, config, train)
     if info.is_main and not train.streamed:
         write_skipped_files(out_dir, train, test)
     return train, test, config, task
@@ -138,15 +138,41 @@ def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
                             f"{config.num_classes} outputs: set model.num_classes={top + 1}")
     if train.streamed:
         return
-    if train.channels != config.in_chans:
+    channels_differ = train.channels != config.in_chans
+    size_differs = train.image_size != config.img_size and not resize
+    if channels_differ and size_differs:  # a variant name on small data: every fix at once
+        (height, width), (model_height, model_width) = train.image_size, config.img_size
+        raise DataError(f"the data is {height}x{width} with {train.channels} channel(s) but "
+                        f"the model takes {model_height}x{model_width} with "
+                        f"{config.in_chans}: set model.in_chans={train.channels} "
+                        f"model.img_size={_size_value(train.image_size)}"
+                        + _patch_size_fix(config, train.image_size)
+                        + _channels_last_hint(train))
+    if channels_differ:
         raise DataError(f"the data has {train.channels} channel(s) but the model takes "
                         f"{config.in_chans}: set model.in_chans={train.channels}"
                         + _channels_last_hint(train))
-    if train.image_size != config.img_size and not resize:
+    if size_differs:
         raise DataError(f"the images are {train.image_size[0]}x{train.image_size[1]} but the "
                         f"model takes {config.img_size[0]}x{config.img_size[1]}: set "
-                        f"model.img_size={list(train.image_size)} (or resize the data)"
+                        f"model.img_size={_size_value(train.image_size)}"
+                        + _patch_size_fix(config, train.image_size) + "; or resize the data"
                         + _channels_last_hint(train))
+
+
+def _patch_size_fix(config: ViTConfig, size: tuple[int, int]) -> str:
+    """The patch size to set with `model.img_size=size` when the model's does not divide it."""
+    if size[0] % config.patch_size == 0 == size[1] % config.patch_size:
+        return ""
+    words = patch_sizes_in_words(*size)
+    if words.startswith("none"):
+        return f" (no patch size above 1 divides {size[0]}x{size[1]}: resize the images)"
+    return f" and a patch size that divides it ({words}: {config.patch_size} does not)"
+
+
+def _size_value(size: tuple[int, int]) -> str:
+    """`size` as a KEY=VALUE value one shell word long: 8 for 8x8, 60x100 for 60x100."""
+    return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
 
 
 def _channels_last_hint(train: Source) -> str:
@@ -168,15 +194,18 @@ def _set_in_model(cfg: TrainConfig, key: str) -> bool:
     return isinstance(cfg.model, dict) and key in cfg.model
 
 
-def size_head_to_folder(cfg: TrainConfig, config: ViTConfig, train: Source) -> ViTConfig:
-    """A fresh run on `data=folder`, `data=hf:...` or `data=arrays`: the head has one output
-    per class found (arrays: the largest label + 1). A `model.num_classes` set to another
-    number is refused; left unset (a variant name, or a model dict without it), the head is
-    sized from the data."""
-    named_classes = cfg.data in ("folder", "arrays") or cfg.data.startswith("hf:")
+def size_head_to_classes(cfg: TrainConfig, config: ViTConfig, train: Source) -> ViTConfig:
+    """A fresh classifier: the head has one output per class found (arrays: the largest
+    label + 1) when the model leaves `num_classes` unset (a variant name, or a model dict
+    without it), on any data (so `model=Ti/16` on the digits gets 10 outputs, not ImageNet's
+    1000). Set to another number, it is refused for data whose classes are its own (folder,
+    arrays, hf:); on the digits and CIFAR it is kept (a head with spare outputs trains)."""
     found = len(train.classes) or (class_count(train) if cfg.data == "arrays" else 0)
-    if not named_classes or cfg.init_from or not found or config.num_classes == found:
+    if cfg.init_from or not found or config.num_classes == found:
         return config
+    named_classes = cfg.data in ("folder", "arrays") or cfg.data.startswith("hf:")
+    if _set_in_model(cfg, "num_classes") and not named_classes:
+        return config  # check_data_fits refuses a head too small for the labels
     if _set_in_model(cfg, "num_classes"):
         names = list(train.classes) or [str(i) for i in range(found)]
         shown = ", ".join(names[:5]) + (", ..." if found > 5 else "")

@@ -115,6 +115,7 @@ def run_loop(run: Run) -> TrainResult:
     elif info.is_main:
         log.info("%s", run.plan.describe(pos.step, pos.total_steps, cfg.batch_size,
                                          cfg.accum_steps, run.warmup_steps, cfg.time_budget))
+    bar = None
     try:
         while pos.step < pos.total_steps and not stop.reason:
             bar = _progress_bar(run, per_epoch)
@@ -173,6 +174,8 @@ def run_loop(run: Run) -> TrainResult:
             log.warning("%s: saved %s; continue with --resume", stop.reason,
                         run.out_dir / "last.pt")
     finally:
+        if bar is not None:  # an error (a divergence) is then printed on a line of its own
+            bar.close()
         stop.release_signals()
         run.data.feed.close()
         barrier(info)

@@ -43,12 +43,25 @@ def check_recipe_resumable(recipe: dict[str, Any], path: str | Path) -> None:
         config = model_config_of(recipe.get("model", TrainConfig.model))
     except (ConfigError, TypeError, ValueError):
         return  # TrainConfig names what is wrong with the model
-    saved = state.trained.config
-    config = config.replace(num_classes=saved.num_classes)
-    model = recipe.get("model")
-    if recipe.get("data") == "arrays" and not (isinstance(model, dict) and "in_chans" in model):
-        config = config.replace(in_chans=saved.in_chans)  # data=arrays sizes the input too
+    config = with_checkpoint_head(config, state.trained.config, recipe.get("model"),
+                                  recipe.get("data"))
     check_same_model(state, path, config)
+
+
+def with_checkpoint_head(config: ViTConfig, saved: ViTConfig, model: Any, data: Any
+                         ) -> ViTConfig:
+    """`config` with the checkpoint's head size (and, for data=arrays, input channels)
+    wherever the recipe's `model` leaves them unset: the data sized them when the run began,
+    so a resumed run keeps them (one of an older vitkit, which sized only some data's heads,
+    included)."""
+    def sets(key: str) -> bool:
+        return isinstance(model, dict) and key in model
+
+    if not sets("num_classes"):
+        config = config.replace(num_classes=saved.num_classes)
+    if data == "arrays" and not sets("in_chans"):
+        config = config.replace(in_chans=saved.in_chans)
+    return config
 
 
 def check_same_optimizer(state: TrainCheckpoint, path: str | Path, optimizer: str) -> None:

@@ -45,7 +45,12 @@ from vitkit.train.memory import check_fits_in_memory
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import RunPlan
 from vitkit.train.preprocessing import channel_stats, run_preprocess
-from vitkit.train.resume import check_resumable, replan_if_length_changed, restore
+from vitkit.train.resume import (
+    check_resumable,
+    replan_if_length_changed,
+    restore,
+    with_checkpoint_head,
+)
 from vitkit.train.step import TrainStep
 from vitkit.train.stopping import StopRequest
 from vitkit.weights import WeightsRecord
@@ -119,10 +124,13 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
                  "H100 (flash and memory-efficient attention serve instead; docs/speed.md)")
     state = read_checkpoint(resume) if resume else None
     config, init, saved_pre = model_source(cfg, state)
+    if state is not None and not cfg.init_from:
+        config = with_checkpoint_head(config, state.trained.config, cfg.model, cfg.data)
     check_fits_in_memory(config, cfg.batch_size, cfg.accum_steps, device,
                          info.world_size)  # before the data and model are made
     train, test, config, spec = open_data(cfg, config, Path(cfg.out_dir), info, train_data,
-                                          test_data, state.trained.task if state else None)
+                                          test_data, state.trained.task if state else None,
+                                          resumed=state is not None)
     task = make_task(spec)
     torch.manual_seed(cfg.seed)
     if init is not None:

@@ -37,6 +37,7 @@ from vitkit.data.sources.mapped import (
     geometry,
 )
 from vitkit.errors import DataError
+from vitkit.files import relative_data_dir_note
 
 __all__ = ["ARRAY_KEYS", "NAMES_KEY", "open_arrays"]
 
@@ -233,6 +234,15 @@ def _read(opened: _Opened, mapped: bool, memory_limit: int) -> ImageDataset | Ma
     return opened.loaded()
 
 
+def _arrays_folder_above(file: Path) -> Path:
+    """The folder above an arrays file that holds a training split (train.npz or train/):
+    its own folder for data/train.npz, the one above for data/train/images.npy."""
+    for folder in (file.parent, file.parent.parent):
+        if (folder / "train.npz").is_file() or (folder / "train").is_dir():
+            return folder
+    return file.parent
+
+
 def open_arrays(data_dir: str | None, train_limit: int | None = None,
                 test_limit: int | None = None, mode: str = "memory",
                 memory_limit: int = 2 * 1024**3
@@ -244,10 +254,15 @@ def open_arrays(data_dir: str | None, train_limit: int | None = None,
         raise DataError("data=arrays needs data_dir=DIR holding train.npz and test.npz (or "
                         "train/ and test/ folders of images.npy and targets.npy)")
     folder = Path(data_dir).expanduser()
+    if folder.is_file():
+        raise DataError(f"data=arrays: data_dir={data_dir} is a file; data_dir is the folder "
+                        f"that holds train.npz and test.npz (or train/ and test/ folders of "
+                        f"images.npy and targets.npy): data_dir={_arrays_folder_above(folder)}")
     if not folder.is_dir():
-        raise DataError(f"data=arrays: the folder {folder} does not exist; pass "
-                        "data_dir=DIR holding train.npz and test.npz (or train/ and test/ "
-                        "folders of images.npy and targets.npy)")
+        raise DataError(f"data=arrays: the folder {folder} does not exist"
+                        f"{relative_data_dir_note(folder)}; pass data_dir=DIR holding train.npz "
+                        "and test.npz (or train/ and test/ folders of images.npy and "
+                        "targets.npy)")
     train = _Opened(_locate(folder, ("train",)), "arrays:train", train_limit)
     split = _locate(folder, HELD_OUT)
     test = _Opened(split, f"arrays:{Path(split.where.rstrip('/')).stem}", test_limit)

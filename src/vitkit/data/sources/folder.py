@@ -31,7 +31,7 @@ from vitkit.data.sources.table import (
     check_same_columns,
 )
 from vitkit.errors import DataError
-from vitkit.files import cache_root, write_atomic
+from vitkit.files import cache_root, relative_data_dir_note, write_atomic
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderRecords", "check_same_classes", "folder_splits",
            "is_image_folder", "load_image_folder", "open_folder"]
@@ -72,8 +72,8 @@ SPLITS_LAYOUT = ("{root}/train/<class_name>/<image>.jpg and {root}/val/<class_na
 def _check_root(root: Path, layout: str = CLASS_LAYOUT) -> None:
     """Refuse a root that is missing or a file, describing the `layout` expected in it."""
     if not root.exists():
-        raise DataError(f"image folder {root} does not exist; it should hold "
-                        f"{layout.format(root=root)}")
+        raise DataError(f"image folder {root} does not exist{relative_data_dir_note(root)}; it "
+                        f"should hold {layout.format(root=root)}")
     if not root.is_dir():
         raise DataError(f"{root} is a file, not a folder; pass a folder that holds "
                         f"{layout.format(root=root)}")

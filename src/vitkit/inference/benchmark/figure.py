@@ -11,12 +11,26 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.backend_bases import FigureCanvasBase
 
 from vitkit.inference.benchmark.sweep import SweepRow
 
 
+def figure_path(path: str | Path) -> Path:
+    """The file the figure is written to: `path`, with ".png" added when its suffix is not a
+    format matplotlib writes ("sweep" -> "sweep.png", "sweep.v2" -> "sweep.v2.png"). Added
+    here, not left to savefig: savefig adds ".png" to a name without a suffix itself (so the
+    report named a file that was not written) and refuses an unknown suffix (after the whole
+    sweep had run)."""
+    path = Path(path)
+    if path.suffix[1:].lower() in FigureCanvasBase.get_supported_filetypes():
+        return path
+    return path.with_name(path.name.rstrip(".") + ".png")
+
+
 def plot_sweep(rows: Sequence[SweepRow], path: str | Path, title: str = "") -> Path:
-    """Write the two-panel PNG to `path` (log-scaled y axes)."""
+    """Write the two-panel PNG to `figure_path(path)` (log-scaled y axes) and return that
+    path."""
     fig, (ax_speed, ax_batch) = plt.subplots(1, 2, figsize=(10, 4))
     variants = list(dict.fromkeys(row.variant for row in rows))
     for variant in variants:
@@ -36,7 +50,7 @@ def plot_sweep(rows: Sequence[SweepRow], path: str | Path, title: str = "") -> P
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
+    path = figure_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

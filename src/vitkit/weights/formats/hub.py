@@ -10,18 +10,27 @@ the cache (~/.cache/vitkit or $VITKIT_CACHE), downloading it once when downloads
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import struct
+import tokenize
 import urllib.parse
 import urllib.request
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
 
 from vitkit.config import ViTConfig, variant_config
 from vitkit.errors import WeightsNotFoundError
 from vitkit.fieldtypes import did_you_mean
 from vitkit.files import cache_root, write_atomic
+
+log = logging.getLogger("vitkit.weights")
 
 BASE_URL = "https://storage.googleapis.com/vit_models"
 
@@ -279,7 +288,9 @@ def cache_dir() -> Path:
 
 def resolve_named(name: str, weights_dir: str | Path | None = None,
                   download: bool | None = None) -> Path:
-    """Local path of a named checkpoint, downloading it into the cache if allowed."""
+    """Local path of a named checkpoint, downloading it into the cache if allowed. A file
+    found by a bare name that two checkpoints share ("ViT-B_16.npz") is used only when its
+    head says it is this one; else it is skipped and named in the not-found error."""
     key = normalize_name(name)
     if key is None:
         raise unknown_checkpoint_error(name)
@@ -287,19 +298,99 @@ def resolve_named(name: str, weights_dir: str | Path | None = None,
     basename = _OFFICIAL[key].split("/")[-1]
     folders = [Path(p) for p in (weights_dir, os.environ.get("VITKIT_WEIGHTS_DIR")) if p]
     folders.append(cache_dir())
+    skipped: list[tuple[Path, str]] = []  # (folder, why its file by the bare name is not it)
     for folder in folders:
-        for candidate in (folder / filename, folder / _OFFICIAL[key], folder / basename):
+        for candidate in (folder / filename, folder / _OFFICIAL[key]):
             if candidate.is_file():
                 return candidate
+        candidate = folder / basename
+        if candidate.is_file():
+            why = _not_this_checkpoint(candidate, key)
+            if why is None:
+                return candidate
+            skipped.append((folder, why))
     if download is None:
         download = os.environ.get("VITKIT_OFFLINE", "0") in ("0", "", "false")
     url = _url(_OFFICIAL[key])
+    # Where to tell the user to put it: in their --weights-dir, else beside the wrong file.
+    put_at = None
+    if weights_dir or skipped:
+        put_at = (Path(weights_dir) if weights_dir else skipped[0][0]) / filename
     if not download:
-        places = ", ".join(str(f / filename) for f in folders)
+        if skipped:
+            raise WeightsNotFoundError(
+                f"{key} is not on this machine and downloads are off. {skipped[0][1]}: "
+                f"download that one ({url}) and save it as {put_at}.")
+        places = str(put_at) if put_at else \
+            "one of: " + ", ".join(str(f / filename) for f in folders) + \
+            " (or pass --weights-dir FOLDER)"
         raise WeightsNotFoundError(
             f"{key} is not on this machine and downloads are off. Download {url} and put it "
-            f"at one of: {places} (or pass --weights-dir FOLDER).")
-    return download_file(url, cache_dir() / filename)
+            f"at {places}.")
+    for _, why in skipped:
+        log.warning("%s; downloading %s instead", why, key)
+    try:
+        return download_file(url, cache_dir() / filename, put_at=put_at)
+    except WeightsNotFoundError as exc:
+        if not skipped:
+            raise
+        raise WeightsNotFoundError(f"{exc} Not used: {skipped[0][1]}.") from exc
+
+
+def _names_by_basename() -> dict[str, list[str]]:
+    """Each file name -> the names whose file it is. The 2020 release names its files by
+    variant alone, so "ViT-B_16.npz" is both B/16-i21k (imagenet21k/, the 21,843-class
+    pre-training) and B/16-i21k-i1k-384 (imagenet21k+imagenet2012/, 1000 classes)."""
+    names: dict[str, list[str]] = {}
+    for name, path in _OFFICIAL.items():
+        names.setdefault(path.rsplit("/", 1)[-1], []).append(name)
+    return names
+
+
+_NAMES_BY_BASENAME = _names_by_basename()
+
+
+def _not_this_checkpoint(path: Path, key: str) -> str | None:
+    """Why `path`, found by its bare file name, is not `key`'s file, or None when it is or
+    may be. Only a name that other checkpoints share is checked, by the length of its
+    `head/bias` (the classes); a file that is no readable .npz is left to its reader."""
+    names = _NAMES_BY_BASENAME.get(path.name, [])
+    if len(names) < 2:
+        return None
+    classes = _head_classes(path)
+    wanted = named_checkpoint_config(key).num_classes
+    if classes is None or classes == wanted:
+        return None
+    same = [n for n in names if n != key and named_checkpoint_config(n).num_classes == classes]
+    what = f"{_OFFICIAL[same[0]]} (a {classes}-class head)" if len(same) == 1 else \
+        f"a checkpoint with a {classes}-class head" if classes else "an .npz with no head/bias"
+    return f"{path} is {what}, not {key}'s {_OFFICIAL[key]} ({wanted} classes)"
+
+
+_HEAD_BIAS = tuple(f"{prefix}head/bias.npy" for prefix in ("", "opt/target/", "params/"))
+_PROBE_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError,
+                 NotImplementedError, RuntimeError, struct.error, ValueError, OverflowError,
+                 TypeError, SyntaxError, tokenize.TokenError, RecursionError, MemoryError)
+
+
+def _head_classes(path: Path) -> int | None:
+    """The length of the `head/bias` array of the .npz at `path`, from that member's .npy
+    header alone (nothing else is read or decompressed): 0 for an .npz with none, None when
+    `path` is no .npz whose header can be read (its reader then says what is wrong)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.namelist()
+            member = next((m for m in _HEAD_BIAS if m in members), None)
+            if member is None:
+                return 0 if any(m.endswith(".npy") for m in members) else None
+            with archive.open(member) as data:
+                version = np.lib.format.read_magic(data)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                    else np.lib.format.read_array_header_2_0
+                shape = read_header(data)[0]
+    except _PROBE_ERRORS:
+        return None
+    return int(shape[0]) if len(shape) == 1 else None
 
 
 def unknown_checkpoint_error(name: str) -> WeightsNotFoundError:
@@ -310,8 +401,10 @@ def unknown_checkpoint_error(name: str) -> WeightsNotFoundError:
         + f" Known names: {', '.join(_OFFICIAL)}.")
 
 
-def download_file(url: str, target: Path) -> Path:
-    """Download to a temporary file beside `target`, then rename (never a partial file)."""
+def download_file(url: str, target: Path, put_at: Path | None = None) -> Path:
+    """Download to a temporary file beside `target`, then rename (never a partial file).
+    `put_at`: where the error tells an offline user to put the file (default: `target`, or
+    a --weights-dir)."""
     from tqdm.auto import tqdm
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -327,8 +420,9 @@ def download_file(url: str, target: Path) -> Path:
     try:
         write_atomic(target, fetch, suffix=".part")
     except OSError as exc:
+        place = put_at or f"{target} or pass --weights-dir FOLDER"
         raise WeightsNotFoundError(
             f"could not download {url} ({exc}). Offline, download it elsewhere and put it at "
-            f"{target} or pass --weights-dir FOLDER.") from exc
+            f"{place}.") from exc
     return target
 

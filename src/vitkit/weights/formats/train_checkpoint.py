@@ -24,6 +24,8 @@ training's: `vitkit.train.checkpoint`.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +42,8 @@ from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WEIGHT_KINDS, WeightsRecord, check_config_fits
+
+log = logging.getLogger("vitkit.weights")
 
 FORMAT = "vitkit-train-2"
 READABLE_FORMATS = ("vitkit-train-1", FORMAT)
@@ -169,3 +173,30 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
     state = found.contents()
     return TrainedWeights.from_state(state, found.path).record(found.path,
                                                               state.get("train_config"))
+
+
+def data_dir_from_here(recipe: dict[str, Any], checkpoint: str | Path | None
+                       ) -> dict[str, Any]:
+    """`recipe` (the train_config of the run that wrote `checkpoint`) with a relative
+    `data_dir` that the working folder lacks found from the folder the run was trained in:
+    the run folder less its relative `out_dir` (runs/pets/best.pt with out_dir=runs/pets: the
+    folder holding runs/), logged. So `vitkit eval runs/pets` reads the run's data from any
+    folder. Kept as recorded when that folder cannot be told (an absolute out_dir, a moved
+    run) or lacks the data too; then the data's own error says where it was looked for."""
+    data_dir, out_dir = recipe.get("data_dir"), recipe.get("out_dir")
+    if checkpoint is None or not isinstance(data_dir, str) or not isinstance(out_dir, str):
+        return recipe
+    data, out = Path(data_dir).expanduser(), Path(out_dir)
+    if data.is_absolute() or data.exists() or out.is_absolute() or ".." in out.parts:
+        return recipe
+    run = Path(os.path.abspath(checkpoint))  # symlinks kept, as the user named the run
+    run = run if run.is_dir() else run.parent
+    depth = len(out.parts)  # 0 for out_dir=".": the run folder is the training folder
+    if depth and run.parts[-depth:] != out.parts:
+        return recipe
+    found = run.parents[depth - 1] / data if depth else run / data
+    if not found.exists():
+        return recipe
+    log.info("data_dir=%s, relative to the folder the run trained in: read from %s",
+             data_dir, found)
+    return {**recipe, "data_dir": str(found)}

@@ -1,0 +1,136 @@
+"""A run records its data folder as it was given, often relative to the folder `vitkit train`
+ran in. Read from another working folder, the run still finds its data: the folder it trained
+in is the run folder less its relative out_dir. A data folder that cannot be found is named
+with where a relative path was looked for and the fix, and the fix works; so are a data
+folder that is a file (data=arrays) and a missing one given with no data named."""
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitkit.cli import main
+
+TINY = ('model={"variant": "Ti/4", "img_size": 16, "width": 16, "depth": 1, "num_heads": 2, '
+        '"mlp_dim": 32}')
+QUICK = ["epochs=1", "warmup_epochs=0", "batch_size=8", "progress=false"]
+
+
+@pytest.fixture
+def trained_here(tmp_path: Path, monkeypatch) -> Path:
+    """tmp_path/project holds pets/ and runs/pets, trained from there with relative paths."""
+    project = tmp_path / "project"
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 8), ("val", 3)):
+        for shade, name in ((40, "dark"), (215, "light")):
+            folder = project / "pets" / split / name
+            folder.mkdir(parents=True)
+            for index in range(count):
+                pixels = np.clip(shade + rng.normal(0, 20, (16, 16, 3)), 0, 255)
+                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{index}.png")
+    monkeypatch.chdir(project)
+    assert main(["train", "data=folder", "data_dir=pets", TINY, *QUICK,
+                 "--out", "runs/pets"]) == 0
+    return project
+
+
+def test_a_run_finds_its_relative_data_folder_from_another_working_folder(
+        trained_here: Path, tmp_path: Path, monkeypatch, caplog) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    run = trained_here / "runs" / "pets"
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["eval", str(run), "--out", "eval"]) == 0
+    assert f"data_dir=pets, relative to the folder the run trained in: read from " \
+        f"{trained_here / 'pets'}" in caplog.text
+    assert (elsewhere / "eval" / "eval.json").is_file()
+    assert main(["explain", str(run), "--num-images", "2", "--out", "explained"]) == 0
+    assert any((elsewhere / "explained").iterdir())
+    assert main(["train", "--resume", str(run / "last.pt"), "epochs=2"]) == 0  # and resumes
+    assert main(["probe", str(run)]) == 0
+
+
+def test_the_training_folder_is_told_through_a_symlink_as_named_not_its_target(
+        trained_here: Path, tmp_path: Path, monkeypatch, caplog) -> None:
+    """A run reached through a symlinked runs/ is read from the folder the link is in, where
+    its data is; a folder of the same name beside the link's target is not picked."""
+    other = tmp_path / "other"
+    (other / "pets").mkdir(parents=True)  # a same-named folder with no images
+    shutil.move(trained_here / "runs", other / "runs")
+    (trained_here / "runs").symlink_to(other / "runs")
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["eval", str(trained_here / "runs" / "pets")]) == 0
+    assert f"read from {trained_here / 'pets'}" in caplog.text
+
+
+def test_a_run_written_into_its_working_folder_finds_its_data_from_elsewhere(
+        trained_here: Path, tmp_path: Path, monkeypatch) -> None:
+    """out_dir=. : the run folder is the folder training ran in."""
+    assert main(["train", "data=folder", "data_dir=pets", TINY, *QUICK, "--out", "."]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", str(trained_here), "--out", str(tmp_path / "eval")]) == 0
+
+
+def test_a_moved_run_names_where_its_relative_folder_was_looked_for_and_the_fix(
+        trained_here: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    moved = tmp_path / "moved"
+    shutil.move(trained_here / "runs" / "pets", moved)
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", str(moved)]) != 0
+    err = capsys.readouterr().err
+    assert f"image folder pets does not exist (a relative path, looked for in the working " \
+        f"folder {tmp_path}: run from the folder it is relative to, or pass its full path: " \
+        "--data-dir PATH; train also takes data_dir=PATH)" in err
+    assert main(["eval", str(moved), "--data-dir", str(trained_here / "pets")]) == 0
+    monkeypatch.chdir(trained_here)  # or from the folder it is relative to
+    assert main(["eval", str(moved)]) == 0
+
+
+def test_an_arrays_file_given_for_the_folder_names_the_folder(tmp_path: Path, monkeypatch,
+                                                             capsys) -> None:
+    rng = np.random.default_rng(1)
+    for split, count in (("train", 16), ("test", 8)):
+        np.savez(tmp_path / f"{split}.npz", images=rng.random((count, 1, 16, 16), np.float32),
+                 targets=rng.random(count, np.float32))
+    monkeypatch.chdir(tmp_path)
+    model = TINY.replace('"img_size"', '"in_chans": 1, "img_size"')
+    assert main(["train", "data=arrays", "data_dir=train.npz", model, *QUICK,
+                 "--out", "r0"]) == 2
+    err = capsys.readouterr().err
+    assert "data=arrays: data_dir=train.npz is a file; data_dir is the folder that holds " \
+        "train.npz and test.npz (or train/ and test/ folders of images.npy and targets.npy): " \
+        "data_dir=." in err
+    assert main(["train", "data=arrays", "data_dir=.", model, *QUICK, "--out", "r1"]) == 0
+
+
+def test_an_arrays_file_in_a_split_folder_names_the_folder_above_the_splits(
+        tmp_path: Path, capsys) -> None:
+    rng = np.random.default_rng(2)
+    for split, count in (("train", 16), ("test", 8)):
+        (tmp_path / "data" / split).mkdir(parents=True)
+        np.save(tmp_path / "data" / split / "images.npy",
+                rng.random((count, 1, 16, 16), np.float32))
+        np.save(tmp_path / "data" / split / "targets.npy", rng.random(count, np.float32))
+    model = TINY.replace('"img_size"', '"in_chans": 1, "img_size"')
+    given = tmp_path / "data" / "train" / "images.npy"
+    assert main(["train", "data=arrays", f"data_dir={given}", model, *QUICK,
+                 "--out", str(tmp_path / "r0")]) == 2
+    fix = f"data_dir={tmp_path / 'data'}"
+    assert capsys.readouterr().err.rstrip().endswith(fix)
+    assert main(["train", "data=arrays", fix, model, *QUICK, "--out", str(tmp_path / "r1")]) == 0
+
+
+def test_a_missing_data_folder_with_no_data_named_says_it_is_missing(tmp_path: Path,
+                                                                   monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data-dir", "pets", *QUICK]) == 2
+    err = capsys.readouterr().err
+    assert f"data_dir=pets does not exist (a relative path, looked for in the working folder " \
+        f"{tmp_path}: run from the folder it is relative to" in err
+    assert "data=folder, cifar10, cifar100 or arrays" in err
+    assert not (tmp_path / "runs").exists()
