@@ -252,10 +252,9 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     else:
         num_images = PAPER_IMAGES if num_images is None else num_images
         task = task_of(model)
-        trained = weights.train_config
         images, names = images_from_data(data, data_dir, num_images, preprocess,
-                                         data_dir_from_here(trained, weights.path)
-                                         if trained else None, seed, task)
+                                         data_dir_from_here(weights.train_config,
+                                                            weights.path), seed, task)
         how = "across classes" if task.kind == "classification" else "at random"
         origin = f"{len(images)} test images sampled {how} (seed {seed}; {num_images} asked)"
     path = Path(source)

@@ -175,14 +175,17 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
                                                               state.get("train_config"))
 
 
-def data_dir_from_here(recipe: dict[str, Any], checkpoint: str | Path | None
-                       ) -> dict[str, Any]:
+def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | None
+                       ) -> dict[str, Any] | None:
     """`recipe` (the train_config of the run that wrote `checkpoint`) with a relative
     `data_dir` that the working folder lacks found from the folder the run was trained in:
     the run folder less its relative `out_dir` (runs/pets/best.pt with out_dir=runs/pets: the
     folder holding runs/), logged. So `vitkit eval runs/pets` reads the run's data from any
     folder. Kept as recorded when that folder cannot be told (an absolute out_dir, a moved
-    run) or lacks the data too; then the data's own error says where it was looked for."""
+    run) or lacks the data too; then the data's own error says where it was looked for. No
+    recipe (weights that are not a vitkit run's): returned as it is."""
+    if not recipe:
+        return recipe
     data_dir, out_dir = recipe.get("data_dir"), recipe.get("out_dir")
     if checkpoint is None or not isinstance(data_dir, str) or not isinstance(out_dir, str):
         return recipe
