@@ -206,6 +206,27 @@ def test_sweep_reports_the_figure_file_it_wrote_for_a_name_without_a_suffix(caps
         assert image.format == "PNG"
 
 
+def test_a_figure_that_cannot_be_written_is_refused_before_the_sweep(capsys, tmp_path,
+                                                                    monkeypatch):
+    """--out whose figure file is a folder (`fig` -> fig.png/), or .pgf without LaTeX, failed
+    after the whole sweep; it is refused at once, and the suggested file works."""
+    import vitkit.inference.benchmark.figure as figure
+
+    (tmp_path / "fig.png").mkdir()
+    monkeypatch.setattr(figure, "installed", lambda program: False)  # no LaTeX, on any host
+    sweep = ["--sweep", "--variants", "cifar10-tutorial", "--resolutions", "32",
+             "--memory-gb", "2", *FAST]
+    for given, problem in (("fig", "which is a folder"), ("x.pgf", "not installed")):
+        code, out, err = run_cli(capsys, *sweep, "--out", str(tmp_path / given))
+        assert code == 2 and out == ""  # no sweep row was run
+        assert problem in err
+        suggested = re.search(r"e\.g\. (\S+)$", err.strip())[1]
+        code, out, err = run_cli(capsys, *sweep, "--out", suggested)
+        assert code == 0, err
+        assert Path(out.rstrip().splitlines()[-1].removeprefix("wrote ")) == Path(suggested)
+        assert Path(suggested).is_file()
+
+
 def test_largest_fitting_batch_matches_the_closed_form_of_a_linear_estimate():
     for fixed, per_image, cap in [(0, 1, 1), (10, 3, 1000), (5e8, 7.3e6, 2**34), (100, 1, 99)]:
         expected = max(0, int((cap - fixed) // per_image))

@@ -188,6 +188,31 @@ def test_missing_folder_explains_fix(tmp_path: Path) -> None:
         load_cifar(tmp_path, "test", dataset="cifar100")
 
 
+def test_a_relative_folder_not_found_says_where_it_was_looked_for_and_the_fix_works(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "project"
+    folder = project / "c100" / "cifar-100-binary"
+    folder.mkdir(parents=True)
+    _records([1, 2], label_bytes=2).tofile(folder / "train.bin")
+    _records([3], label_bytes=2).tofile(folder / "test.bin")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as error:
+        find_cifar_dir("cifar100", "c100")
+    assert "(looked in: c100; c100/cifar-100-binary) (a relative path, looked for in the " \
+        f"working folder {tmp_path}: run from the folder it is relative to, or pass its full " \
+        "path: --data-dir PATH" in str(error.value)
+    assert find_cifar_dir("cifar100", project / "c100") == folder  # its full path
+    monkeypatch.chdir(project)  # or from the folder it is relative to
+    assert find_cifar_dir("cifar100", "c100").resolve() == folder.resolve()
+    assert "relative path" not in _not_found_text(tmp_path / "nowhere")
+
+
+def _not_found_text(root: Path) -> str:
+    with pytest.raises(DataError) as error:
+        find_cifar_dir("cifar10", root)
+    return str(error.value)
+
+
 def test_find_cifar_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("VITKIT_CIFAR10_DIR", raising=False)

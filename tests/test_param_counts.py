@@ -1,8 +1,11 @@
 """Exact parameter counts of every variant (224 px, 1000 classes), counted on the meta device."""
 
+import numpy as np
 import pytest
+import torch
 
 from vitkit import count_parameters, create_model
+from vitkit.cli import main
 
 PAPER_COUNTS = {
     "Ti/16": 5_717_416,
@@ -40,6 +43,24 @@ def test_cifar10_tutorial_model_has_119_098_parameters_and_no_final_norm():
     assert sum(p.numel() for p in model.parameters()) == 119_098
     assert model.config.final_norm == "none"
     assert model.config.pool == "class_token"
+
+
+def test_the_tutorial_model_trained_on_cifar100_has_a_100_way_head(tmp_path):
+    """docs/models.md: `vitkit train model=cifar10-tutorial data=cifar100` sizes the head to
+    the data's 100 classes: 123,508 parameters (a small synthetic CIFAR-100 folder)."""
+    folder = tmp_path / "cifar-100-binary"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name, count in (("train.bin", 16), ("test.bin", 8)):
+        records = rng.integers(0, 256, size=(count, 2 + 3072), dtype=np.uint8)
+        records[:, 1] = np.arange(count) % 100  # the fine label
+        records.tofile(folder / name)
+    assert main(["train", "model=cifar10-tutorial", "data=cifar100", f"data_dir={tmp_path}",
+                 "epochs=1", "warmup_epochs=0", "batch_size=8", "progress=false",
+                 "--out", str(tmp_path / "run")]) == 0
+    state = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert sum(tensor.numel() for tensor in state["model"].values()) == 123_508
+    assert state["model_config"]["num_classes"] == 100
 
 
 def test_real_allocation_matches_meta_count():

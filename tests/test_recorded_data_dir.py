@@ -4,15 +4,19 @@ in is the run folder less its relative out_dir. A data folder that cannot be fou
 with where a relative path was looked for and the fix, and the fix works; so are a data
 folder that is a file (data=arrays) and a missing one given with no data named."""
 
+import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from vitkit.cli import main
+from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
 TINY = ('model={"variant": "Ti/4", "img_size": 16, "width": 16, "depth": 1, "num_heads": 2, '
         '"mlp_dim": 32}')
@@ -52,6 +56,54 @@ def test_a_run_finds_its_relative_data_folder_from_another_working_folder(
     assert any((elsewhere / "explained").iterdir())
     assert main(["train", "--resume", str(run / "last.pt"), "epochs=2"]) == 0  # and resumes
     assert main(["probe", str(run)]) == 0
+
+
+def _image_folder(root: Path, per_class: int) -> None:
+    rng = np.random.default_rng(3)
+    for split in ("train", "val"):
+        for shade, name in ((40, "dark"), (215, "light")):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for index in range(per_class):
+                pixels = np.clip(shade + rng.normal(0, 20, (16, 16, 3)), 0, 255)
+                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{index}.png")
+
+
+def test_a_same_named_folder_in_the_working_folder_is_not_taken_for_the_runs_data(
+        trained_here: Path, tmp_path: Path, monkeypatch, caplog) -> None:
+    """Another pets/ where eval runs: the run's own (3 val images per class) is read, a
+    warning names the other and how to read it, and following it reads that one (5)."""
+    elsewhere = tmp_path / "elsewhere"
+    _image_folder(elsewhere / "pets", per_class=5)
+    monkeypatch.chdir(elsewhere)
+    run = trained_here / "runs" / "pets"
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["eval", str(run), "--out", "own"]) == 0
+    assert json.loads((elsewhere / "own" / "eval.json").read_text())["images"] == 6
+    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert warning.startswith(f"data_dir=pets: read from {trained_here / 'pets'}, the folder "
+                              "the run trained in; the working folder's pets is another folder")
+    advice = re.search(r"--data-dir (\S+)\)$", warning)
+    assert advice and advice[1] == str(elsewhere / "pets")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["eval", str(run), "--data-dir", advice[1], "--out", "other"]) == 0
+        assert main(["explain", str(run), "--data-dir", "pets", "--num-images", "2",
+                     "--out", "explained"]) == 0
+        assert main(["train", "--resume", str(run / "last.pt"), "--data-dir", "pets",
+                     "epochs=2"]) == 0
+    assert json.loads((elsewhere / "other" / "eval.json").read_text())["images"] == 10
+    assert "read from" not in caplog.text  # a data folder given is read as given
+    assert main(["finetune", str(run), "data_dir=pets", "total_steps=1", "warmup_steps=0",
+                 "batch_size=8", "accum_steps=1", "progress=false", "--out", "tuned"]) == 0
+    tuned = torch.load(elsewhere / "tuned" / "last.pt", weights_only=True)
+    assert tuned["train_config"]["data_dir"] == "pets"  # the override, not the run's folder
+    assert "read from" not in caplog.text
+    with caplog.at_level(logging.INFO, logger="vitkit"):  # serve has no data flag to name
+        data_dir_from_here({"data_dir": "pets", "out_dir": "runs/pets"}, run / "best.pt",
+                           data_option=None)
+    assert caplog.records[-1].getMessage().endswith("the working folder's pets is another "
+                                                    "folder, not read")
 
 
 def test_the_training_folder_is_told_through_a_symlink_as_named_not_its_target(

@@ -11,10 +11,11 @@ from pathlib import Path
 from vitkit.fieldtypes import parse_size
 from vitkit.files import names_folder
 
-__all__ = ["EAGER_INT8", "add_inference_arguments", "add_int8_arguments",
-           "add_merge_tokens_argument", "add_precision_argument", "add_weights_argument",
-           "int8_engine", "non_negative_float", "non_negative_int", "parse_img_size",
-           "positive_float", "positive_int"]
+__all__ = ["EAGER_INT8", "INT8_HELP", "add_inference_arguments", "add_int8_arguments",
+           "add_merge_tokens_argument", "add_precision_argument", "add_tta_argument",
+           "add_weights_argument", "image_count", "int8_engine", "int_at_least",
+           "non_negative_float", "non_negative_int", "output_file", "output_folder",
+           "parse_img_size", "positive_float", "positive_int"]
 
 def parse_img_size(text: str) -> int | tuple[int, int]:
     """"224" -> 224; "60x100", "60,100" or "[60, 100]" -> (60, 100)."""

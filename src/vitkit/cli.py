@@ -31,7 +31,7 @@ from vitkit.arguments import (
     positive_int,
 )
 from vitkit.config import SIZES, ViTConfig
-from vitkit.errors import VitkitError
+from vitkit.errors import ConfigError, VitkitError
 from vitkit.fieldtypes import parse_text
 from vitkit.version import __version__
 
@@ -242,8 +242,12 @@ def cmd_explain(args: argparse.Namespace) -> None:
 def cmd_benchmark(args: argparse.Namespace) -> None:
     """One benchmark, or with --sweep the variants x resolutions table and figure."""
     from vitkit.inference.benchmark import EngineOptions
+    from vitkit.inference.benchmark.figure import figure_problem
     from vitkit.inference.benchmark.report import benchmark_report
 
+    problem = figure_problem(args.out) if args.sweep else None
+    if problem:  # before the sweep, not after it
+        raise ConfigError(f"--out {problem}")
     engine = int8_engine(args)
     options = EngineOptions(args.engine, args.compile, engine is not None, args.merge_tokens,
                             args.threads, args.int8_engine, args.precision)

@@ -16,6 +16,16 @@ not fit is a `CheckpointError` whatever its format.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+
+def first_few(items: Iterable[Any], count: int = 5) -> str:
+    """The first `count` of `items` for a message, " ..." after them when there are more:
+    "3, 17, 40 ..." (indices of bad rows, class names)."""
+    items = list(items)
+    return ", ".join(str(item) for item in items[:count]) + (" ..." if len(items) > count else "")
+
 
 class VitkitError(Exception):
     """Base class of every error vitkit raises on purpose."""

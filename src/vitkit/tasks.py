@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitkit.errors import ConfigError, DataError, InputError
+from vitkit.errors import ConfigError, DataError, InputError, first_few
 from vitkit.fieldtypes import check_known_keys, did_you_mean
 
 __all__ = ["LOSSES", "LOSS_ALIASES", "LOSS_MEANINGS", "TASKS", "Classification", "Multilabel",
@@ -391,9 +391,8 @@ def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
     if np.issubdtype(array.dtype, np.floating):
         bad = np.flatnonzero(~np.isfinite(array).reshape(len(array), -1).all(1))
         if len(bad):
-            shown = ", ".join(str(i) for i in bad[:5])
             raise DataError(f"{where}: {len(bad)} target(s) are NaN or inf, at index "
-                            f"{shown}{' ...' if len(bad) > 5 else ''}; drop or fix them")
+                            f"{first_few(bad)}; drop or fix them")
     integral = array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer) or \
         bool(np.all(array == np.round(array)))
     binary = bool(np.isin(array, (0, 1)).all())

@@ -252,9 +252,11 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     else:
         num_images = PAPER_IMAGES if num_images is None else num_images
         task = task_of(model)
-        images, names = images_from_data(data, data_dir, num_images, preprocess,
-                                         data_dir_from_here(weights.train_config,
-                                                            weights.path), seed, task)
+        recipe = weights.train_config
+        if data_dir is None and data in (None, (recipe or {}).get("data")):  # the run's data
+            recipe = data_dir_from_here(recipe, weights.path)
+        images, names = images_from_data(data, data_dir, num_images, preprocess, recipe,
+                                         seed, task)
         how = "across classes" if task.kind == "classification" else "at random"
         origin = f"{len(images)} test images sampled {how} (seed {seed}; {num_images} asked)"
     path = Path(source)

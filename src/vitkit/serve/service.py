@@ -101,8 +101,8 @@ class ModelService:
         record = read_weights(weights, weights_dir)
         return cls.from_model(build_model(record), name=display_name(weights),
                               precision=precision, int8=int8, merge_tokens=merge_tokens,
-                              train_config=data_dir_from_here(record.train_config,
-                                                              record.path),
+                              train_config=data_dir_from_here(
+                                  record.train_config, record.path, data_option=None),
                               batch_size=batch_size,
                               tta=tta)
 

@@ -471,8 +471,10 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     data[parent] = target
 
 
-def checkpoint_train_config(path: str | Path) -> dict[str, Any]:
-    """The recipe a training checkpoint (last.pt, best.pt) was trained with, as a dict."""
+def checkpoint_train_config(path: str | Path, find_data_dir: bool = True) -> dict[str, Any]:
+    """The recipe a training checkpoint (last.pt, best.pt) was trained with, as a dict; its
+    relative data folder found from the folder the run trained in (`data_dir_from_here`)
+    unless `find_data_dir` is false (another data folder is given)."""
     from vitkit.train.checkpoint import load_state as load_checkpoint
     from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
@@ -482,4 +484,4 @@ def checkpoint_train_config(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a vitkit training checkpoint (it holds no "
                               "training recipe): --resume takes the last.pt or best.pt that "
                               "`vitkit train` writes")
-    return data_dir_from_here(dict(recipe), Path(path))
+    return data_dir_from_here(dict(recipe), Path(path)) if find_data_dir else dict(recipe)

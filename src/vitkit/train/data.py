@@ -27,7 +27,7 @@ from vitkit.data.loader import BatchOrder
 from vitkit.data.skipped import write_skipped_files
 from vitkit.data.sources import Records, open_source
 from vitkit.data.transforms import InceptionCrop
-from vitkit.errors import ConfigError
+from vitkit.errors import ConfigError, first_few
 from vitkit.preprocess import Preprocess
 from vitkit.tasks import TaskSpec, infer_task
 from vitkit.train.config import TrainConfig
@@ -208,9 +208,9 @@ def size_head_to_classes(cfg: TrainConfig, config: ViTConfig, train: Source) -> 
         return config  # check_data_fits refuses a head too small for the labels
     if _set_in_model(cfg, "num_classes"):
         names = list(train.classes) or [str(i) for i in range(found)]
-        shown = ", ".join(names[:5]) + (", ..." if found > 5 else "")
         raise ConfigError(f"model.num_classes={config.num_classes} but the data "
-                          f"{cfg.data_dir or cfg.data} holds {found} classes ({shown}): set "
+                          f"{cfg.data_dir or cfg.data} holds {found} classes "
+                          f"({first_few(names)}): set "
                           f"model.num_classes={found} (or use a recipe whose model leaves "
                           "num_classes unset, and the head is sized from the data)")
     log.info("data=%s: %d classes found, the head has %d outputs", cfg.data, found, found)
@@ -228,9 +228,9 @@ def size_head_to_targets(cfg: TrainConfig, config: ViTConfig, train: Source,
     word = _outputs_word(task)
     if _set_in_model(cfg, "num_classes"):
         names = task.names or [str(i) for i in range(found)]
-        shown = ", ".join(names[:5]) + (", ..." if found > 5 else "")
         raise ConfigError(f"model.num_classes={config.num_classes} but task={task.kind} on "
-                          f"{cfg.data_dir or cfg.data} has {found} {word} per image ({shown}): "
+                          f"{cfg.data_dir or cfg.data} has {found} {word} per image "
+                          f"({first_few(names)}): "
                           f"set model.num_classes={found} (or leave model.num_classes unset, "
                           "and the head is sized from the data)")
     log.info("task=%s: %d %s per image, the head has %d outputs", task.kind, found, word, found)

@@ -112,6 +112,10 @@ def run_loop(run: Run) -> TrainResult:
     if pos.step >= pos.total_steps:
         log.warning("nothing to train: the run is at step %d of %d; a larger epochs= or "
                     "--time-budget with --resume extends it", pos.step, pos.total_steps)
+        if recorder is not None and not (run.out_dir / "last.pt").exists():
+            run.save("last")  # resumed into another --out: the folder holds the run
+            recorder.plot(pos.history)
+            log.info("wrote the run's last.pt and learning curve to %s", run.out_dir)
     elif info.is_main:
         log.info("%s", run.plan.describe(pos.step, pos.total_steps, cfg.batch_size,
                                          cfg.accum_steps, run.warmup_steps, cfg.time_budget))

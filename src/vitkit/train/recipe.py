@@ -63,7 +63,8 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
         if flag is not None:
             overrides.append(f"{key}={json.dumps(flag)}")
     if recipe is None and resume:
-        return build_config(None, overrides, base=checkpoint_train_config(resume))
+        return build_config(None, overrides, base=checkpoint_train_config(
+            resume, find_data_dir=not _names_data_dir(overrides)))
     if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
         fine_tuning = any(item.startswith("init_from=") for item in overrides)
         base = {} if fine_tuning else {"model": TrainConfig.model}  # model.X=... changes it
@@ -128,7 +129,8 @@ def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | 
         raise unknown_name_error(weights, weights=True)
     overrides = [f"init_from={json.dumps(weights)}", *overrides]
     if data is None and not _names_data(overrides):
-        overrides += recorded_data_overrides(weights, keep_data_dir=data_dir is None)
+        keep_data_dir = data_dir is None and not _names_data_dir(overrides)
+        overrides += recorded_data_overrides(weights, keep_data_dir)
     for flag, key in ((data, "data"), (img_size, "model.img_size"),
                       (weights_dir, "weights_dir")):
         if flag is not None:
@@ -141,7 +143,7 @@ def recorded_data_overrides(weights: str, keep_data_dir: bool) -> list[str]:
     """`data=...` (and `data_dir=...` when `keep_data_dir`) overrides for the data a vitkit
     run or training checkpoint recorded, logged; none (and a log line naming the recipe's
     default) for other weights."""
-    recorded = recorded_recipe(weights)
+    recorded = recorded_recipe(weights, find_data_dir=keep_data_dir)
     if not recorded or not recorded.get("data"):
         log.info("fine-tuning on the finetune recipe's data (--data chooses it: digits, "
                  "cifar10, cifar100, folder or hf:NAME_OR_PATH)")
@@ -156,18 +158,24 @@ def recorded_data_overrides(weights: str, keep_data_dir: bool) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in chosen.items()]
 
 
-def recorded_recipe(weights: str) -> dict[str, Any] | None:
-    """The training recipe a vitkit run folder or training checkpoint records; None for
-    other weights (names, Hub repositories, foreign files)."""
+def recorded_recipe(weights: str, find_data_dir: bool = True) -> dict[str, Any] | None:
+    """The training recipe a vitkit run folder or training checkpoint records (its relative
+    data folder found from where it trained, unless another is given: `find_data_dir`
+    false); None for other weights (names, Hub repositories, foreign files)."""
     path = Path(weights).expanduser()
     if is_run_folder(path):
         path = next(path / name for name in RUN_FILES if (path / name).is_file())
     if not path.is_file():
         return None
     try:
-        return checkpoint_train_config(path)
+        return checkpoint_train_config(path, find_data_dir)
     except VitkitError:  # a weights file that is not a vitkit training checkpoint
         return None
+
+
+def _names_data_dir(overrides: list[str]) -> bool:
+    """Whether KEY=VALUE overrides give the data folder (`data_dir=...`, or --data-dir)."""
+    return any(item.startswith("data_dir=") for item in overrides)
 
 
 def _names_data(overrides: list[str]) -> bool:

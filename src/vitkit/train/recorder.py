@@ -50,7 +50,13 @@ class MetricsRecorder:
             for key, value in row.items():
                 if key not in ("epoch", "step"):
                     self._writer.add_scalar(key, value, int(row["step"]))
-        plot_learning_curve(history, self.out_dir / "learning_curve.png", metric=self.metric)
+        self.plot(history)
+
+    def plot(self, history: Sequence[dict[str, float]]) -> None:
+        """learning_curve.png of `history` (nothing before the first evaluation)."""
+        if history:
+            plot_learning_curve(history, self.out_dir / "learning_curve.png",
+                                metric=self.metric)
 
     def _restart_from(self, history: list[dict[str, float]]) -> None:
         """metrics.jsonl (and .csv) hold exactly `history`, what the checkpoint knows."""

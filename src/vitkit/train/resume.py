@@ -5,6 +5,7 @@ exactly, and a new length (`epochs`, `total_steps`, `time_budget`) re-plans the 
 from __future__ import annotations
 
 import logging
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 
 from vitkit.config import ViTConfig
-from vitkit.errors import CheckpointError, ConfigError
+from vitkit.errors import CheckpointError, ConfigError, first_few
 from vitkit.model.vit import VisionTransformer
 from vitkit.train.checkpoint import Position, TrainCheckpoint, read_checkpoint
 from vitkit.train.config import TrainConfig, model_config_of
@@ -62,6 +63,54 @@ def with_checkpoint_head(config: ViTConfig, saved: ViTConfig, model: Any, data: 
     if data == "arrays" and not sets("in_chans"):
         config = config.replace(in_chans=saved.in_chans)
     return config
+
+
+def check_same_classes(state: TrainCheckpoint, path: str | Path, cfg: TrainConfig,
+                       classes: list[str]) -> None:
+    """Refuse resuming a classifier on data whose classes (`classes`, as the data names
+    them) are not the ones it was trained on: the head and its class names are the
+    checkpoint's, so the run would train other classes under its names (more failed on the
+    labels; fewer or renamed trained on without a word). Not compared: data or files that
+    name no classes, and CIFAR or Hugging Face classes named only by their indices
+    "0".."K-1", as many as the run's (a CIFAR copy without its names file)."""
+    saved, task = list(state.trained.class_names), state.trained.task
+    if not saved or not classes or saved == classes or \
+            (task is not None and task.kind != "classification"):
+        return
+    unnamed = cfg.data.startswith(("cifar", "hf:")) and len(saved) == len(classes) and \
+        (_only_indices(saved) or _only_indices(classes))
+    if unnamed:
+        return
+    recorded = state.train_config
+    given = " ".join(f"--{flag} {shlex.quote(str(value))}" for flag, value in
+                     (("data", cfg.data), ("data-dir", cfg.data_dir)) if value)
+    finetune = f"fine-tune from it on this data: vitkit finetune {shlex.quote(str(path))} {given}"
+    found = (f"it was trained on {len(saved)} classes ({first_few(saved)}) but "
+             f"{cfg.data_dir or cfg.data} holds {len(classes)} ({first_few(classes)})")
+    if _is_recorded_data(cfg, recorded):
+        raise CheckpointError(f"cannot resume from {path}: {found}: the run's data has changed "
+                              f"since it trained. Restore its classes to resume, or {finetune}")
+    own = " ".join(f"{key}={recorded[key]}" for key in ("data", "data_dir") if recorded.get(key))
+    raise CheckpointError(
+        f"cannot resume from {path}: {found}. Resume without --data/--data-dir (data=, "
+        "data_dir=): the run reads the data it was trained on" + (f" ({own})" if own else "")
+        + f"; or {finetune}")
+
+
+def _is_recorded_data(cfg: TrainConfig, recorded: dict[str, Any]) -> bool:
+    """Whether `cfg` reads the data the run recorded: its source, and its folder as recorded
+    or as found from the folder the run trained in (which ends in the recorded path)."""
+    data_dir = recorded.get("data_dir")
+    if cfg.data != recorded.get("data") or bool(cfg.data_dir) != bool(data_dir):
+        return False
+    if not data_dir:
+        return True
+    tail = Path(str(data_dir)).parts
+    return Path(str(cfg.data_dir)).parts[-len(tail):] == tail
+
+
+def _only_indices(names: list[str]) -> bool:
+    return names == [str(index) for index in range(len(names))]
 
 
 def check_same_optimizer(state: TrainCheckpoint, path: str | Path, optimizer: str) -> None:

@@ -47,6 +47,7 @@ from vitkit.train.plan import RunPlan
 from vitkit.train.preprocessing import channel_stats, run_preprocess
 from vitkit.train.resume import (
     check_resumable,
+    check_same_classes,
     replan_if_length_changed,
     restore,
     with_checkpoint_head,
@@ -131,6 +132,8 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     train, test, config, spec = open_data(cfg, config, Path(cfg.out_dir), info, train_data,
                                           test_data, state.trained.task if state else None,
                                           resumed=state is not None)
+    if state is not None:
+        check_same_classes(state, resume, cfg, list(train.classes))
     task = make_task(spec)
     torch.manual_seed(cfg.seed)
     if init is not None:

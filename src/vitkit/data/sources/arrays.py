@@ -36,7 +36,7 @@ from vitkit.data.sources.mapped import (
     first_unfit,
     geometry,
 )
-from vitkit.errors import DataError
+from vitkit.errors import DataError, first_few
 from vitkit.files import relative_data_dir_note
 
 __all__ = ["ARRAY_KEYS", "NAMES_KEY", "open_arrays"]
@@ -117,14 +117,14 @@ def _targets(split: _Split, count: int) -> tuple[torch.Tensor, list[str]]:
     if np.issubdtype(targets.dtype, np.floating):
         bad = np.flatnonzero(~np.isfinite(targets.reshape(len(targets), -1)).all(axis=1))
         if len(bad):
-            shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")
-            raise DataError(f"{where}: {len(bad)} target(s) are NaN or inf, at index {shown}; "
+            raise DataError(f"{where}: {len(bad)} target(s) are NaN or inf, at index "
+                            f"{first_few(bad)}; "
                             "drop or fix them")
         bad = np.flatnonzero(beyond_float32(targets))
         if len(bad):
-            shown = ", ".join(str(i) for i in bad[:5]) + (" ..." if len(bad) > 5 else "")
             raise DataError(f"{where}: {len(bad)} target(s) are beyond float32's range (|x| > "
-                            f"3.4e38), at index {shown}; rescale them (other units, or a log)")
+                            f"3.4e38), at index {first_few(bad)}; rescale them (other units, "
+                            "or a log)")
     integral = targets.ndim == 1 and (np.issubdtype(targets.dtype, np.integer)
                                       or targets.dtype == np.bool_)
     tensor = torch.from_numpy(targets.astype(np.int64 if integral else np.float32))

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from vitkit.data.dataset import DataError, ImageDataset
-from vitkit.files import default_cache
+from vitkit.files import default_cache, relative_data_dir_note
 
 __all__ = [
     "CIFAR_SPECS",
@@ -131,7 +131,8 @@ def _resolve(root: Path, spec: CifarSpec) -> Path | None:
 def _not_found(spec: CifarSpec, looked: list[Path]) -> DataError:
     where = "; ".join(str(p) for p in looked)
     return DataError(
-        f"{spec.name} data not found (looked in: {where}). Expected the folder {spec.folder}/ "
+        f"{spec.name} data not found (looked in: {where}){relative_data_dir_note(looked[0])}. "
+        f"Expected the folder {spec.folder}/ "
         f"(from the official binary tarball) or a folder containing it. Fix: pass --data-dir "
         f"PATH, or set the environment variable {spec.env_var}=PATH, or fetch it with "
         f"vitkit.data.sources.cifar.download_cifar({spec.name!r}, "

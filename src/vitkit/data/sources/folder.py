@@ -30,7 +30,7 @@ from vitkit.data.sources.table import (
     as_class_labels,
     check_same_columns,
 )
-from vitkit.errors import DataError
+from vitkit.errors import DataError, first_few
 from vitkit.files import cache_root, relative_data_dir_note, write_atomic
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderRecords", "check_same_classes", "folder_splits",
@@ -243,7 +243,7 @@ def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
     only_held = sorted(set(held_out) - set(train))
 
     def shown(names: list[str]) -> str:
-        return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "") if names else "none"
+        return first_few(names) if names else "none"
 
     raise DataError(f"the class folders of {train_dir} and {held_out_dir} differ: only in "
                     f"{train_dir.name}/: {shown(only_train)}; only in {held_out_dir.name}/: "

@@ -32,7 +32,7 @@ from datasets.utils.file_utils import xopen
 from vitkit.data.images import DecodedImage, decode_image
 from vitkit.data.sources.hf_open import open_hf_splits
 from vitkit.data.sources.mapped import beyond_float32
-from vitkit.errors import DataError
+from vitkit.errors import DataError, first_few
 
 __all__ = ["EVAL_SPLITS", "LABEL_NAMES", "TRAIN_SPLIT", "HFImageRecords", "HFStreamRecords",
            "load_hf_split", "load_hf_splits"]
@@ -136,9 +136,8 @@ def _targets(dataset: Dataset, column: str, names: list[str] | None, kind: str,
                  "rescale the column (ds.map: other units, or a log)")):
             at = np.flatnonzero(bad)
             if len(at):
-                shown = ", ".join(str(i) for i in at[:5]) + (" ..." if len(at) > 5 else "")
                 raise DataError(f"{where}: {len(at)} value(s) of column {column!r} are "
-                                f"{problem}, at index {shown}; {fix}")
+                                f"{problem}, at index {first_few(at)}; {fix}")
         return values.astype(np.float32), list(names or [column])
     rows = dataset.select_columns([column])[column]
     top = max((max(row) for row in rows if row), default=-1)

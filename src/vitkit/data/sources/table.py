@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from vitkit.data.images import DecodedImage, decode_image
-from vitkit.errors import DataError
+from vitkit.errors import DataError, first_few
 
 __all__ = ["TABLE_NAME", "TableRecords", "as_class_labels", "check_same_columns",
            "read_table"]
@@ -126,7 +126,7 @@ def as_class_labels(train: TableRecords, held_out: TableRecords
                         f"0..{occurring - 1} in both tables")
     missing = np.setdiff1d(np.arange(count), train.labels[:, 0])
     if len(missing):
-        shown = ", ".join(str(int(i)) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        shown = first_few(int(i) for i in missing)
         log.warning("warning: %s: class index(es) %s never occur in it, so their outputs are "
                     "never trained%s", train.root / TABLE_NAME, shown,
                     "; are the indices counted from 1? number the classes from 0"

@@ -4,6 +4,7 @@ variant."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,11 +22,31 @@ def figure_path(path: str | Path) -> Path:
     format matplotlib writes ("sweep" -> "sweep.png", "sweep.v2" -> "sweep.v2.png"). Added
     here, not left to savefig: savefig adds ".png" to a name without a suffix itself (so the
     report named a file that was not written) and refuses an unknown suffix (after the whole
-    sweep had run)."""
-    path = Path(path)
+    sweep had run). `~` is expanded."""
+    path = Path(path).expanduser()
     if path.suffix[1:].lower() in FigureCanvasBase.get_supported_filetypes():
         return path
     return path.with_name(path.name.rstrip(".") + ".png")
+
+
+def figure_problem(path: str | Path) -> str | None:
+    """Why the figure could not be written at `path` (None: it can), found before a sweep
+    runs rather than after it: the file `figure_path` names is a folder, or its format needs
+    a program that is not installed (.pgf: LaTeX)."""
+    written = figure_path(path)
+    if written.is_dir():
+        return (f"{path}: the figure would be written to {written}, which is a folder: give "
+                f"another file name, e.g. {written / 'sweep.png'}")
+    texsystem = matplotlib.rcParams["pgf.texsystem"]
+    if written.suffix.lower() == ".pgf" and not installed(texsystem):
+        return (f"{path}: matplotlib writes .pgf through LaTeX ({texsystem}), which is not "
+                f"installed: give a .png, .pdf or .svg file, e.g. {written.with_suffix('.pdf')}")
+    return None
+
+
+def installed(program: str) -> bool:
+    """Whether `program` is on the PATH."""
+    return shutil.which(program) is not None
 
 
 def plot_sweep(rows: Sequence[SweepRow], path: str | Path, title: str = "") -> Path:

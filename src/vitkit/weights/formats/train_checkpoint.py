@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -175,14 +176,16 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
                                                               state.get("train_config"))
 
 
-def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | None
-                       ) -> dict[str, Any] | None:
+def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | None,
+                       data_option: str | None = "--data-dir") -> dict[str, Any] | None:
     """`recipe` (the train_config of the run that wrote `checkpoint`) with a relative
-    `data_dir` that the working folder lacks found from the folder the run was trained in:
-    the run folder less its relative `out_dir` (runs/pets/best.pt with out_dir=runs/pets: the
-    folder holding runs/), logged. So `vitkit eval runs/pets` reads the run's data from any
-    folder. Kept as recorded when that folder cannot be told (an absolute out_dir, a moved
-    run) or lacks the data too; then the data's own error says where it was looked for. No
+    `data_dir` read from the folder the run was trained in: the run folder less its relative
+    `out_dir` (runs/pets/best.pt with out_dir=runs/pets: the folder holding runs/), logged.
+    So `vitkit eval runs/pets` reads the run's data from any folder, and a folder of the same
+    name in the working folder is not taken for it (a warning names it and how to read it:
+    `data_option`, the caller's flag for a data folder; None where there is none).
+    Kept as recorded when the training folder cannot be told (an absolute out_dir, a moved
+    run) or lacks the data; then the data's own error says where it was looked for. No
     recipe (weights that are not a vitkit run's): returned as it is."""
     if not recipe:
         return recipe
@@ -190,7 +193,7 @@ def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | N
     if checkpoint is None or not isinstance(data_dir, str) or not isinstance(out_dir, str):
         return recipe
     data, out = Path(data_dir).expanduser(), Path(out_dir)
-    if data.is_absolute() or data.exists() or out.is_absolute() or ".." in out.parts:
+    if data.is_absolute() or out.is_absolute() or ".." in out.parts:
         return recipe
     run = Path(os.path.abspath(checkpoint))  # symlinks kept, as the user named the run
     run = run if run.is_dir() else run.parent
@@ -198,8 +201,22 @@ def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | N
     if depth and run.parts[-depth:] != out.parts:
         return recipe
     found = run.parents[depth - 1] / data if depth else run / data
-    if not found.exists():
+    if not found.exists() or (data.exists() and _same_file(data, found)):
         return recipe
-    log.info("data_dir=%s, relative to the folder the run trained in: read from %s",
-             data_dir, found)
+    if data.exists():
+        other = f"the working folder's {data_dir} is another folder"
+        log.warning("data_dir=%s: read from %s, the folder the run trained in; %s", data_dir,
+                    found, f"{other} (to read that one instead, give it as the data folder: "
+                           f"{data_option} {shlex.quote(os.path.abspath(data))})"
+                    if data_option else f"{other}, not read")
+    else:
+        log.info("data_dir=%s, relative to the folder the run trained in: read from %s",
+                 data_dir, found)
     return {**recipe, "data_dir": str(found)}
+
+
+def _same_file(first: Path, second: Path) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
