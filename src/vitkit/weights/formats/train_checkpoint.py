@@ -201,7 +201,7 @@ def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | N
     if depth and run.parts[-depth:] != out.parts:
         return recipe
     found = run.parents[depth - 1] / data if depth else run / data
-    if not found.exists() or (data.exists() and _same_file(data, found)):
+    if not found.exists() or _same_file(data, found):
         return recipe
     if data.exists():
         other = f"the working folder's {data_dir} is another folder"
@@ -216,6 +216,7 @@ def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | N
 
 
 def _same_file(first: Path, second: Path) -> bool:
+    """Whether both paths are one file or folder (False when either is missing)."""
     try:
         return os.path.samefile(first, second)
     except OSError:
