@@ -190,6 +190,27 @@ def test_compressed_npz_is_read_into_memory_or_refused_above_the_limit(tmp_path:
                       MappedArrays)
 
 
+def test_a_missing_relative_folder_says_where_and_the_fix_once(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    project = tmp_path / "project"
+    _set(project / "fields")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as error:
+        open_source("arrays", "fields")
+    message = str(error.value)
+    assert message == (
+        f"data=arrays: the folder fields does not exist (a relative path, looked for in the "
+        f"working folder {tmp_path}); pass the folder holding train.npz and test.npz (or "
+        "train/ and test/ folders of images.npy and targets.npy): data_dir=DIR (--data-dir "
+        "DIR), by its full path or from the folder it is relative to")
+    assert open_source("arrays", str(project / "fields"))[0] is not None  # its full path
+    monkeypatch.chdir(project)  # or from the folder it is relative to
+    assert open_source("arrays", "fields")[0] is not None
+    with pytest.raises(DataError) as error:
+        open_source("arrays", str(tmp_path / "nowhere"))
+    assert "(a relative path" not in str(error.value) and str(error.value).endswith("DIR)")
+
+
 def test_missing_folder_and_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         open_source("arrays", str(tmp_path / "nowhere"))

@@ -198,9 +198,13 @@ def test_a_relative_folder_not_found_says_where_it_was_looked_for_and_the_fix_wo
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError) as error:
         find_cifar_dir("cifar100", "c100")
+    message = str(error.value)
     assert "(looked in: c100; c100/cifar-100-binary) (a relative path, looked for in the " \
-        f"working folder {tmp_path}: run from the folder it is relative to, or pass its full " \
-        "path: --data-dir PATH" in str(error.value)
+        f"working folder {tmp_path}). " in message
+    assert "Fix: run from the folder it is relative to, or pass its full path: --data-dir " \
+        "PATH; train also takes data_dir=PATH, or set the environment variable " \
+        "VITKIT_CIFAR100_DIR=PATH" in message
+    assert message.count("--data-dir") == 1  # the fix said once
     assert find_cifar_dir("cifar100", project / "c100") == folder  # its full path
     monkeypatch.chdir(project)  # or from the folder it is relative to
     assert find_cifar_dir("cifar100", "c100").resolve() == folder.resolve()

@@ -1,6 +1,7 @@
 """A run records its data folder as it was given, often relative to the folder `vitkit train`
 ran in. Read from another working folder, the run still finds its data: the folder it trained
-in is the run folder less its relative out_dir. A data folder that cannot be found is named
+in is the run folder less its relative out_dir, else the working folder the checkpoint
+recorded (an absolute out_dir, a moved run). A data folder that cannot be found is named
 with where a relative path was looked for and the fix, and the fix works; so are a data
 folder that is a file (data=arrays) and a missing one given with no data named."""
 
@@ -128,19 +129,74 @@ def test_a_run_written_into_its_working_folder_finds_its_data_from_elsewhere(
     assert main(["eval", str(trained_here), "--out", str(tmp_path / "eval")]) == 0
 
 
-def test_a_moved_run_names_where_its_relative_folder_was_looked_for_and_the_fix(
-        trained_here: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+def test_a_moved_run_reads_its_data_from_the_working_folder_it_recorded(
+        trained_here: Path, tmp_path: Path, monkeypatch, caplog) -> None:
+    """Moved out of its project, the run folder no longer tells where it trained: the
+    checkpoint's recorded working folder does, also over a same-named folder where eval runs."""
     moved = tmp_path / "moved"
     shutil.move(trained_here / "runs" / "pets", moved)
+    elsewhere = tmp_path / "elsewhere"
+    _image_folder(elsewhere / "pets", per_class=5)
+    monkeypatch.chdir(elsewhere)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["eval", str(moved), "--out", "own"]) == 0
+    assert json.loads((elsewhere / "own" / "eval.json").read_text())["images"] == 6
+    assert f"data_dir=pets: read from {trained_here / 'pets'}, the folder the run trained " \
+        "in" in caplog.text
+    assert main(["train", "--resume", str(moved / "last.pt"), "epochs=2"]) == 0
+    resumed = torch.load(moved / "last.pt", weights_only=True)
+    assert resumed["train_config"]["data_dir"] == str(trained_here / "pets")
+
+
+def test_a_copied_project_reads_its_own_data_not_the_recorded_folder(
+        trained_here: Path, tmp_path: Path, monkeypatch) -> None:
+    """The run folder less its out_dir comes first: a copy of the whole project (run and
+    data, the copy's data changed) reads the copy's data, not the original's."""
+    copy = tmp_path / "copy"
+    shutil.copytree(trained_here, copy)
+    for index in range(3, 5):  # two more held-out images in the copy
+        shutil.copy(copy / "pets" / "val" / "dark" / "0.png",
+                    copy / "pets" / "val" / "dark" / f"{index}.png")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", str(copy / "runs" / "pets"), "--out", "copied"]) == 0
+    assert json.loads((tmp_path / "copied" / "eval.json").read_text())["images"] == 8
+
+
+def test_a_run_with_an_absolute_out_dir_reads_its_relative_data_from_elsewhere(
+        trained_here: Path, tmp_path: Path, monkeypatch, caplog) -> None:
+    run = tmp_path / "absolute" / "pets"
+    assert main(["train", "data=folder", "data_dir=pets", TINY, *QUICK, "--out", str(run)]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    _image_folder(elsewhere / "pets", per_class=5)
+    monkeypatch.chdir(elsewhere)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["eval", str(run), "--out", "own"]) == 0
+        assert main(["explain", str(run), "--num-images", "2", "--out", "explained"]) == 0
+    assert json.loads((elsewhere / "own" / "eval.json").read_text())["images"] == 6
+    assert f"read from {trained_here / 'pets'}" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["probe", str(run)]) == 0
+    said = [r.getMessage() for r in caplog.records if "read from" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"data_dir=pets: read from {trained_here}")
+
+
+def test_a_moved_run_names_where_its_relative_folder_was_looked_for_and_the_fix(
+        trained_here: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """Neither the run folder nor the recorded working folder holds the data any more (its
+    project moved as well): the error says where a relative folder was looked for."""
+    moved = tmp_path / "moved"
+    shutil.move(trained_here / "runs" / "pets", moved)
+    shutil.move(trained_here / "pets", trained_here / "pets-renamed")
     monkeypatch.chdir(tmp_path)
     assert main(["eval", str(moved)]) != 0
     err = capsys.readouterr().err
     assert f"image folder pets does not exist (a relative path, looked for in the working " \
         f"folder {tmp_path}: run from the folder it is relative to, or pass its full path: " \
         "--data-dir PATH; train also takes data_dir=PATH)" in err
-    assert main(["eval", str(moved), "--data-dir", str(trained_here / "pets")]) == 0
-    monkeypatch.chdir(trained_here)  # or from the folder it is relative to
-    assert main(["eval", str(moved)]) == 0
+    assert main(["eval", str(moved), "--data-dir", str(trained_here / "pets-renamed")]) == 0
+    (tmp_path / "pets").symlink_to(trained_here / "pets-renamed")
+    assert main(["eval", str(moved)]) == 0  # or from the folder it is relative to
 
 
 def test_an_arrays_file_given_for_the_folder_names_the_folder(tmp_path: Path, monkeypatch,

@@ -73,6 +73,32 @@ def test_resuming_on_other_classes_is_refused_naming_both_and_the_fixes(
     assert torch.load(run / "last.pt", weights_only=True)["position"]["epoch"] == 2
 
 
+def test_the_finetune_advice_for_a_hugging_face_dataset_keeps_its_splits(
+        run: Path, tmp_path: Path, capsys) -> None:
+    """Splits named other than the defaults: the suggested command reads the same ones."""
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))
+              for _ in range(12)]
+    features = datasets.Features({"image": datasets.Image(),
+                                  "label": datasets.ClassLabel(names=["cat", "dog", "owl"])})
+    part = datasets.Dataset.from_dict({"image": images, "label": [i % 3 for i in range(12)]},
+                                      features=features)
+    datasets.DatasetDict(fit=part, holdout=part.select(range(6))).save_to_disk(
+        str(tmp_path / "animals"))
+    spec = f"hf:{tmp_path / 'animals'}"
+    assert main(["train", "--resume", str(run), "epochs=2", "--data", spec, "train_split=fit",
+                 "split=holdout"]) == 2
+    err = capsys.readouterr().err
+    assert "it was trained on 2 classes (dark, light) but " in err
+    finetune = shlex.split(re.search(r"vitkit (finetune .+)$", err.strip())[1])
+    assert finetune[-4:] == ["--data", spec, "train_split=fit", "split=holdout"]
+    assert main([*finetune, "total_steps=2", "warmup_steps=0", "batch_size=8", "accum_steps=1",
+                 "progress=false", "--out", str(tmp_path / "tuned")]) == 0
+    assert torch.load(tmp_path / "tuned" / "last.pt", weights_only=True)["classes"] == \
+        ["cat", "dog", "owl"]
+
+
 def test_the_runs_own_data_grown_a_class_since_is_said_so(run: Path, tmp_path: Path,
                                                          capsys) -> None:
     """Resumed as before (no data settings) after pets/ gained a class: the message says the

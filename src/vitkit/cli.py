@@ -164,7 +164,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vitkit.train.recipe import run_config
 
     cfg = run_config(args.recipe, args.overrides, resume=args.resume, out=args.out,
-                     time_budget=args.time_budget, data_dir=args.data_dir)
+                     time_budget=args.time_budget, data=args.data, data_dir=args.data_dir)
     return run_training(cfg, args)
 
 
@@ -314,8 +314,16 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
     probe.set_defaults(run=cmd_probe)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviated options: `train --data cifar10` was read as
+    `--data-dir cifar10`, the only option it began."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitkit", description=__doc__)
+    parser = Parser(prog="vitkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
@@ -336,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "default: digits; with data=... another source, TrainConfig's "
                             "defaults; with --resume the checkpoint's recipe")
     add_run_arguments(train, "recipe", "epochs=5 model.depth=4 augment.flip=false")
+    train.add_argument("--data", help="the data to train on, as data=... sets it: digits, "
+                                      "cifar10, cifar100, folder, arrays or hf:NAME_OR_PATH")
     train.set_defaults(run=cmd_train, verb_parser=train)
 
     finetune = verbs.add_parser("finetune", help="fine-tune pretrained weights (the paper's "

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["CACHE_VARIABLE", "cache_root", "default_cache", "names_folder",
-           "relative_data_dir_note", "write_atomic"]
+__all__ = ["CACHE_VARIABLE", "RELATIVE_FIX", "cache_root", "default_cache", "names_folder",
+           "relative_data_dir_note", "working_folder", "write_atomic"]
 
 CACHE_VARIABLE = "VITKIT_CACHE"
 
@@ -40,14 +40,26 @@ def names_folder(text: str | Path) -> bool:
     return os.path.basename(str(text)) in ("", ".", "..")
 
 
-def relative_data_dir_note(path: str | Path) -> str:
+RELATIVE_FIX = ("run from the folder it is relative to, or pass its full path: --data-dir PATH; "
+                "train also takes data_dir=PATH")
+
+
+def relative_data_dir_note(path: str | Path, fix: bool = True) -> str:
     """For a message about a path that was not found: where a relative one was looked for
-    (the working folder), and the fix; "" for an absolute path."""
+    (the working folder), and the fix (`RELATIVE_FIX`, unless `fix` is false because the
+    message gives it itself); "" for an absolute path."""
     if Path(path).expanduser().is_absolute():
         return ""
-    return (f" (a relative path, looked for in the working folder {Path.cwd()}: run from the "
-            "folder it is relative to, or pass its full path: --data-dir PATH; train also takes "
-            "data_dir=PATH)")
+    return (f" (a relative path, looked for in the working folder {Path.cwd()}"
+            + (f": {RELATIVE_FIX})" if fix else ")"))
+
+
+def working_folder() -> str | None:
+    """The absolute working folder, or None when it has gone (deleted under the process)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object], suffix: str = ".tmp",

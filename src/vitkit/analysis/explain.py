@@ -254,7 +254,7 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
         task = task_of(model)
         recipe = weights.train_config
         if data_dir is None and data in (None, (recipe or {}).get("data")):  # the run's data
-            recipe = data_dir_from_here(recipe, weights.path)
+            recipe = data_dir_from_here(recipe, weights.path, trained_in=weights.trained_in)
         images, names = images_from_data(data, data_dir, num_images, preprocess, recipe,
                                          seed, task)
         how = "across classes" if task.kind == "classification" else "at random"

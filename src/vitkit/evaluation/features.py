@@ -159,6 +159,7 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
     weights = read_weights(weights_source, weights_dir)
     model = build_model(weights)
     config = model.config
+    data_dir = data_for(weights, data, data_dir, SPLITS[0], None)[1]  # looked up (and said) once
     sources = {split: data_for(weights, data, data_dir, split, None) for split in SPLITS}
     name = sources["train"][0]
     path = features_cache_dir() / f"{_cache_key(weights, model, sources)}.safetensors"

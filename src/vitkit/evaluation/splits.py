@@ -31,7 +31,8 @@ def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, spl
     if limit == "all":
         limit = None
     if data_dir is None and data == recipe.get("data"):
-        data_dir = data_dir_from_here(recipe, weights.path).get("data_dir")
+        data_dir = data_dir_from_here(recipe, weights.path,
+                                      trained_in=weights.trained_in).get("data_dir")
     return data, data_dir, limit
 
 

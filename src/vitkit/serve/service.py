@@ -102,7 +102,8 @@ class ModelService:
         return cls.from_model(build_model(record), name=display_name(weights),
                               precision=precision, int8=int8, merge_tokens=merge_tokens,
                               train_config=data_dir_from_here(
-                                  record.train_config, record.path, data_option=None),
+                                  record.train_config, record.path, data_option=None,
+                                  trained_in=record.trained_in),
                               batch_size=batch_size,
                               tta=tta)
 

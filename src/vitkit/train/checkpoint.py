@@ -11,6 +11,8 @@ preprocess, classes, weights, model, ema, checksum), and what resuming needs:
     history       one row per evaluation (what metrics.jsonl holds)
     rng           {"torch": the global RNG state, "augment": the augmentation generator's}
     train_config  the run's recipe (`TrainConfig.to_dict()`)
+    trained_in    the absolute working folder the run trained in, from which a relative
+                  data_dir was read (older files: absent)
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class TrainCheckpoint:
     torch_rng: torch.Tensor
     augment_rng: torch.Tensor
     train_config: dict[str, Any]
+    trained_in: str | None = None
 
     def to_state(self) -> dict[str, Any]:
         pos = self.position
@@ -62,6 +65,7 @@ class TrainCheckpoint:
             "history": pos.history,
             "rng": {"torch": self.torch_rng, "augment": self.augment_rng},
             "train_config": self.train_config,
+            "trained_in": self.trained_in,
             "checksum": self.trained.checksum(),
         }
 
@@ -74,7 +78,12 @@ class TrainCheckpoint:
                        Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
                                 _best_score(pos), pos["elapsed"], list(state["history"])),
                        state["rng"]["torch"], state["rng"]["augment"],
-                       state.get("train_config") or {})
+                       state.get("train_config") or {}, _text(state.get("trained_in")))
+
+
+def _text(value: Any) -> str | None:
+    """A text entry of the file, or None (absent, or not text in a damaged file)."""
+    return value if isinstance(value, str) else None
 
 
 def _best_score(position: dict[str, Any]) -> float | None:

@@ -484,4 +484,8 @@ def checkpoint_train_config(path: str | Path, find_data_dir: bool = True) -> dic
         raise CheckpointError(f"{path} is not a vitkit training checkpoint (it holds no "
                               "training recipe): --resume takes the last.pt or best.pt that "
                               "`vitkit train` writes")
-    return data_dir_from_here(dict(recipe), Path(path)) if find_data_dir else dict(recipe)
+    if not find_data_dir:
+        return dict(recipe)
+    trained_in = state.get("trained_in")
+    return data_dir_from_here(dict(recipe), Path(path),
+                              trained_in=trained_in if isinstance(trained_in, str) else None)

@@ -40,7 +40,8 @@ log = logging.getLogger("vitkit.train")
 
 def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
                resume: str | None = None, out: str | None = None,
-               time_budget: float | None = None, data_dir: str | None = None) -> TrainConfig:
+               time_budget: float | None = None, data: str | None = None,
+               data_dir: str | None = None) -> TrainConfig:
     """The run's TrainConfig: the recipe (with `resume` and no recipe, the checkpoint's),
     then KEY=VALUE overrides, then the flags. With `resume` and no `out`, the run goes on in
     the checkpoint's folder.
@@ -59,12 +60,13 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
     _refuse_settings_as_words(recipe, overrides)
     if out is None and resume and not any(o.startswith("out_dir=") for o in overrides):
         out = str(Path(resume).parent)
-    for flag, key in ((time_budget, "time_budget"), (out, "out_dir"), (data_dir, "data_dir")):
+    for flag, key in ((time_budget, "time_budget"), (out, "out_dir"), (data, "data"),
+                      (data_dir, "data_dir")):
         if flag is not None:
             overrides.append(f"{key}={json.dumps(flag)}")
     if recipe is None and resume:
-        return build_config(None, overrides, base=checkpoint_train_config(
-            resume, find_data_dir=not _names_data_dir(overrides)))
+        base = checkpoint_train_config(resume, find_data_dir=not _names_data_dir(overrides))
+        return build_config(None, overrides, base=_without_other_datas_folder(base, overrides))
     if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
         fine_tuning = any(item.startswith("init_from=") for item in overrides)
         base = {} if fine_tuning else {"model": TrainConfig.model}  # model.X=... changes it
@@ -171,6 +173,25 @@ def recorded_recipe(weights: str, find_data_dir: bool = True) -> dict[str, Any] 
         return checkpoint_train_config(path, find_data_dir)
     except VitkitError:  # a weights file that is not a vitkit training checkpoint
         return None
+
+
+def _without_other_datas_folder(recipe: dict[str, Any], overrides: list[str]
+                                ) -> dict[str, Any]:
+    """A resumed run's recipe less its data folder when the overrides name other data and
+    no folder (`--data cifar10` on a run of data=folder data_dir=pets: pets is no CIFAR);
+    the class check that follows then says whether the run can go on with that data."""
+    named = [item.partition("=")[2] for item in overrides if item.startswith("data=")]
+    if not named or _names_data_dir(overrides) or not recipe.get("data_dir"):
+        return recipe
+    try:
+        data = json.loads(named[-1])
+    except ValueError:
+        data = named[-1]
+    if data == recipe.get("data"):
+        return recipe
+    log.info("data=%s is not the run's data=%s: its data_dir=%s is not read", data,
+             recipe.get("data"), recipe["data_dir"])
+    return {key: value for key, value in recipe.items() if key != "data_dir"}
 
 
 def _names_data_dir(overrides: list[str]) -> bool:

@@ -82,8 +82,9 @@ def check_same_classes(state: TrainCheckpoint, path: str | Path, cfg: TrainConfi
     if unnamed:
         return
     recorded = state.train_config
-    given = " ".join(f"--{flag} {shlex.quote(str(value))}" for flag, value in
-                     (("data", cfg.data), ("data-dir", cfg.data_dir)) if value)
+    given = " ".join([f"--{flag} {shlex.quote(str(value))}" for flag, value in
+                      (("data", cfg.data), ("data-dir", cfg.data_dir)) if value]
+                     + _hf_keys(cfg))
     finetune = f"fine-tune from it on this data: vitkit finetune {shlex.quote(str(path))} {given}"
     found = (f"it was trained on {len(saved)} classes ({first_few(saved)}) but "
              f"{cfg.data_dir or cfg.data} holds {len(classes)} ({first_few(classes)})")
@@ -95,6 +96,16 @@ def check_same_classes(state: TrainCheckpoint, path: str | Path, cfg: TrainConfi
         f"cannot resume from {path}: {found}. Resume without --data/--data-dir (data=, "
         "data_dir=): the run reads the data it was trained on" + (f" ({own})" if own else "")
         + f"; or {finetune}")
+
+
+def _hf_keys(cfg: TrainConfig) -> list[str]:
+    """The keys that say which part of a Hugging Face dataset `cfg` reads (its splits, and
+    streaming), as KEY=VALUE arguments; none for other data."""
+    if not cfg.data.startswith("hf:"):
+        return []
+    keys = [shlex.quote(f"{key}={value}") for key, value in
+            (("train_split", cfg.train_split), ("split", cfg.split)) if value]
+    return keys + (["streaming=true"] if cfg.streaming else [])
 
 
 def _is_recorded_data(cfg: TrainConfig, recorded: dict[str, Any]) -> bool:

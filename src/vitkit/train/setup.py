@@ -20,6 +20,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vitkit.config import ViTConfig
 from vitkit.data.augment import BatchAugment
+from vitkit.files import working_folder
 from vitkit.inference.precision import training_precision
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
@@ -106,7 +107,7 @@ class Run:
             trained, optimizer=self.optimizer.state_dict(),
             position=replace(pos, elapsed=self.clock.used(pos)),
             torch_rng=torch.get_rng_state(), augment_rng=self.generator.get_state(),
-            train_config=self.cfg.to_dict())
+            train_config=self.cfg.to_dict(), trained_in=working_folder())
 
     def save(self, name: str) -> Path | None:
         """Write `name`.pt atomically (main rank only)."""

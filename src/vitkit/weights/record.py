@@ -47,7 +47,7 @@ class WeightsRecord:
     preprocess: Preprocess
     origin: str  # one of ORIGINS
     class_names: list[str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # "train_config" of training files
+    extra: dict[str, Any] = field(default_factory=dict)  # "train_config", "trained_in"
     weights: str = "raw"  # one of WEIGHT_KINDS
     path: Path | None = None  # the file the tensors were read from
     # what the weights were trained for (kind, output names, loss, target standardisation);
@@ -66,6 +66,13 @@ class WeightsRecord:
     def train_config(self) -> dict[str, Any] | None:
         """The recipe of the run that wrote a training checkpoint (else None)."""
         return self.extra.get("train_config")
+
+    @property
+    def trained_in(self) -> str | None:
+        """The working folder a training checkpoint's run trained in (older files, other
+        formats: None), from which its recipe's relative data folder was read."""
+        folder = self.extra.get("trained_in")
+        return folder if isinstance(folder, str) else None
 
     @property
     def eval_tta(self) -> str:

@@ -259,10 +259,12 @@ def open_arrays(data_dir: str | None, train_limit: int | None = None,
                         f"that holds train.npz and test.npz (or train/ and test/ folders of "
                         f"images.npy and targets.npy): data_dir={_arrays_folder_above(folder)}")
     if not folder.is_dir():
-        raise DataError(f"data=arrays: the folder {folder} does not exist"
-                        f"{relative_data_dir_note(folder)}; pass data_dir=DIR holding train.npz "
-                        "and test.npz (or train/ and test/ folders of images.npy and "
-                        "targets.npy)")
+        note = relative_data_dir_note(folder, fix=False)
+        raise DataError(f"data=arrays: the folder {folder} does not exist{note}; pass the "
+                        "folder holding train.npz and test.npz (or train/ and test/ folders of "
+                        "images.npy and targets.npy): data_dir=DIR (--data-dir DIR)"
+                        + (", by its full path or from the folder it is relative to"
+                           if note else ""))
     train = _Opened(_locate(folder, ("train",)), "arrays:train", train_limit)
     split = _locate(folder, HELD_OUT)
     test = _Opened(split, f"arrays:{Path(split.where.rstrip('/')).stem}", test_limit)

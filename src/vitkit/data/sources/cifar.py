@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from vitkit.data.dataset import DataError, ImageDataset
-from vitkit.files import default_cache, relative_data_dir_note
+from vitkit.files import RELATIVE_FIX, default_cache, relative_data_dir_note
 
 __all__ = [
     "CIFAR_SPECS",
@@ -130,11 +130,12 @@ def _resolve(root: Path, spec: CifarSpec) -> Path | None:
 
 def _not_found(spec: CifarSpec, looked: list[Path]) -> DataError:
     where = "; ".join(str(p) for p in looked)
+    note = relative_data_dir_note(looked[0], fix=False)
     return DataError(
-        f"{spec.name} data not found (looked in: {where}){relative_data_dir_note(looked[0])}. "
-        f"Expected the folder {spec.folder}/ "
-        f"(from the official binary tarball) or a folder containing it. Fix: pass --data-dir "
-        f"PATH, or set the environment variable {spec.env_var}=PATH, or fetch it with "
+        f"{spec.name} data not found (looked in: {where}){note}. "
+        f"Expected the folder {spec.folder}/ (from the official binary tarball) or a folder "
+        f"containing it. Fix: {RELATIVE_FIX if note else 'pass --data-dir PATH'}, "
+        f"or set the environment variable {spec.env_var}=PATH, or fetch it with "
         f"vitkit.data.sources.cifar.download_cifar({spec.name!r}, "
         f"{str(_default_root(spec.name))!r})."
     )

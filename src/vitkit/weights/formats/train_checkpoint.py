@@ -74,18 +74,19 @@ class TrainedWeights:
         return {k[len(_EMA_PREFIX):]: v for k, v in self.ema.items()
                 if k.startswith(_EMA_PREFIX)}
 
-    def record(self, path: Path | None = None, train_config: dict[str, Any] | None = None
-               ) -> WeightsRecord:
-        """The weights that scored, as a record (`train_config`: the run's recipe)."""
+    def record(self, path: Path | None = None, train_config: dict[str, Any] | None = None,
+               trained_in: str | None = None) -> WeightsRecord:
+        """The weights that scored, as a record (`train_config`: the run's recipe;
+        `trained_in`: the working folder it trained in)."""
         try:
             weights = self.scored_state_dict()
         except CheckpointError as exc:
             raise CheckpointError(f"{path}: {exc}") from None
+        extra = {"train_config": train_config or {}, "trained_in": trained_in}
         return WeightsRecord(self.config, weights,
                              self.preprocess.replace(img_size=list(self.config.img_size)),
-                             "vitkit-train", list(self.class_names) or None,
-                             extra={"train_config": train_config or {}}, weights=self.weights,
-                             path=path, task=self.task)
+                             "vitkit-train", list(self.class_names) or None, extra=extra,
+                             weights=self.weights, path=path, task=self.task)
 
     def to_state(self) -> dict[str, Any]:
         """The model part's entries of the file, in the file's order (the checksum, which
@@ -172,37 +173,37 @@ def detect(found: Found) -> bool:
 
 def read(found: Found, options: ReadOptions) -> WeightsRecord:
     state = found.contents()
-    return TrainedWeights.from_state(state, found.path).record(found.path,
-                                                              state.get("train_config"))
+    return TrainedWeights.from_state(state, found.path).record(
+        found.path, state.get("train_config"), state.get("trained_in"))
 
 
 def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | None,
-                       data_option: str | None = "--data-dir") -> dict[str, Any] | None:
+                       data_option: str | None = "--data-dir",
+                       trained_in: str | None = None) -> dict[str, Any] | None:
     """`recipe` (the train_config of the run that wrote `checkpoint`) with a relative
     `data_dir` read from the folder the run was trained in: the run folder less its relative
-    `out_dir` (runs/pets/best.pt with out_dir=runs/pets: the folder holding runs/), logged.
-    So `vitkit eval runs/pets` reads the run's data from any folder, and a folder of the same
-    name in the working folder is not taken for it (a warning names it and how to read it:
-    `data_option`, the caller's flag for a data folder; None where there is none).
-    Kept as recorded when the training folder cannot be told (an absolute out_dir, a moved
-    run) or lacks the data; then the data's own error says where it was looked for. No
-    recipe (weights that are not a vitkit run's): returned as it is."""
+    `out_dir` (runs/pets/best.pt with out_dir=runs/pets: the folder holding runs/), else
+    `trained_in`, the working folder the checkpoint recorded (an absolute out_dir, a moved
+    run), logged. So `vitkit eval runs/pets` reads the run's data from any folder, and a
+    folder of the same name in the working folder is not taken for it (a warning names it
+    and how to read it: `data_option`, the caller's flag for a data folder; None where there
+    is none). Kept as recorded when neither holds the data; then the data's own error says
+    where it was looked for. No recipe (weights that are not a vitkit run's): returned as it
+    is."""
     if not recipe:
         return recipe
-    data_dir, out_dir = recipe.get("data_dir"), recipe.get("out_dir")
-    if checkpoint is None or not isinstance(data_dir, str) or not isinstance(out_dir, str):
+    data_dir = recipe.get("data_dir")
+    if checkpoint is None or not isinstance(data_dir, str):
         return recipe
-    data, out = Path(data_dir).expanduser(), Path(out_dir)
-    if data.is_absolute() or out.is_absolute() or ".." in out.parts:
+    data = Path(data_dir).expanduser()
+    if data.is_absolute():
         return recipe
-    run = Path(os.path.abspath(checkpoint))  # symlinks kept, as the user named the run
-    run = run if run.is_dir() else run.parent
-    depth = len(out.parts)  # 0 for out_dir=".": the run folder is the training folder
-    if depth and run.parts[-depth:] != out.parts:
+    found = next((folder for folder in (_training_folder(recipe.get("out_dir"), checkpoint),
+                                        trained_in if isinstance(trained_in, str) else None)
+                  if folder is not None and (Path(folder) / data).exists()), None)
+    if found is None or _same_file(data, Path(found) / data):
         return recipe
-    found = run.parents[depth - 1] / data if depth else run / data
-    if not found.exists() or _same_file(data, found):
-        return recipe
+    found = Path(found) / data
     if data.exists():
         other = f"the working folder's {data_dir} is another folder"
         log.warning("data_dir=%s: read from %s, the folder the run trained in; %s", data_dir,
@@ -213,6 +214,23 @@ def data_dir_from_here(recipe: dict[str, Any] | None, checkpoint: str | Path | N
         log.info("data_dir=%s, relative to the folder the run trained in: read from %s",
                  data_dir, found)
     return {**recipe, "data_dir": str(found)}
+
+
+def _training_folder(out_dir: Any, checkpoint: str | Path) -> Path | None:
+    """The folder a run trained in, told from where its checkpoint is now: the run folder
+    less its relative `out_dir`; None when that cannot be told (an absolute out_dir, one
+    with "..", a run moved to a folder of another name)."""
+    if not isinstance(out_dir, str):
+        return None
+    out = Path(out_dir)
+    if out.is_absolute() or ".." in out.parts:
+        return None
+    run = Path(os.path.abspath(checkpoint))  # symlinks kept, as the user named the run
+    run = run if run.is_dir() else run.parent
+    depth = len(out.parts)  # 0 for out_dir=".": the run folder is the training folder
+    if depth and run.parts[-depth:] != out.parts:
+        return None
+    return run.parents[depth - 1] if depth else run
 
 
 def _same_file(first: Path, second: Path) -> bool:
