@@ -27,6 +27,19 @@ def first_few(items: Iterable[Any], count: int = 5) -> str:
     return ", ".join(str(item) for item in items[:count]) + (" ..." if len(items) > count else "")
 
 
+def unclear_names(names: Iterable[str]) -> str | None:
+    """What keeps `names` (of outputs: targets, labels, classes) from naming one each: an
+    empty or repeated name, in words; None when each names one. Reports key their figures
+    by name, so a repeat would fold two outputs into one."""
+    names, seen = [str(n).strip() for n in names], set()
+    repeated = [n for n in names if n in seen or seen.add(n)]
+    if "" in names:
+        return f"name {names.index('') + 1} of {len(names)} is empty"
+    if repeated:
+        return f"{first_few(dict.fromkeys(repeated))} appear(s) more than once"
+    return None
+
+
 class VitkitError(Exception):
     """Base class of every error vitkit raises on purpose."""
 

@@ -143,10 +143,16 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
     else:
         chosen, images = _read_through(test, chosen, preprocess)
     names = [f"{data} test #{index}: "
-             + (test.classes[int(labels[index])] if classes else
+             + (_class_text(int(labels[index]), list(test.classes)) if classes else
                 _targets_text(labels[index], task, list(test.classes)))
              for index in chosen]
     return images, names
+
+
+def _class_text(index: int, classes: list[str]) -> str:
+    """A test image's class as its data names it; "class N" where the data names none
+    (integer array labels)."""
+    return classes[index] if 0 <= index < len(classes) else f"class {index}"
 
 
 def _targets_text(row: torch.Tensor, task: Task | None, classes: list[str]) -> str:

@@ -119,8 +119,28 @@ def _cache_key(weights: WeightsRecord, model: VisionTransformer, sources: dict[s
            "sources": {split: [str(Path(p).resolve()) if i == 1 and p else p
                                for i, p in enumerate(source)]
                        for split, source in sources.items()},
-           "recipe_reading": reading}
+           "recipe_reading": reading,
+           "data_stamps": {split: _data_stamp(source[1]) for split, source in sources.items()}}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _data_stamp(data_dir: str | None, depth: int = 2, most: int = 20_000) -> list | None:
+    """Size and modification time of the data's files and folders down to `depth` levels
+    (arrays and CIFAR files; an image folder's split and class folders, whose times change
+    as images come and go), so features of data edited since are extracted again."""
+    if not data_dir or not Path(data_dir).expanduser().exists():
+        return None
+    root = Path(data_dir).expanduser()
+    paths = [root] + [p for level in range(1, depth + 1)
+                      for p in sorted(root.glob("/".join(["*"] * level)))[:most]]
+    stamps = []
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        stamps.append([path.relative_to(root).as_posix(), stat.st_size, stat.st_mtime_ns])
+    return stamps
 
 
 def _read_cache(path: Path, data: str, weights_file: Path | None) -> FrozenFeatures:

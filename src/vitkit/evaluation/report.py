@@ -102,13 +102,16 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     if asked is None and limit is not None:
         log.info("%s: the first %d images, as the training run read them (its %s); --limit "
                  "all reads every image", split, limit, recorded_limit_key(split))
-    dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
-                                 config.in_chans)
     task = make_task(weights.task)
-    if task.kind == "classification":
-        _check_fits(dataset, config.num_classes, config.in_chans, data)
-    else:
-        _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data)
+
+    def check_fits(dataset: EvaluationFeed) -> None:
+        if task.kind == "classification":
+            _check_fits(dataset, config.num_classes, config.in_chans, data)
+        else:
+            _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data)
+
+    dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
+                                config.in_chans, check_first=check_fits)
     if tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)

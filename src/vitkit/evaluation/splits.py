@@ -4,6 +4,7 @@ reproduced. `vitkit eval` and the frozen-feature protocols read their images thr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vitkit.data.feeds import EvaluationFeed, evaluation_feed
@@ -43,9 +44,12 @@ def recorded_limit_key(split: str) -> str:
 
 
 def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
-                       limit: int | None, size: tuple[int, int], channels: int
+                       limit: int | None, size: tuple[int, int], channels: int,
+                       check_first: Callable[[EvaluationFeed], None] | None = None
                        ) -> EvaluationFeed:
-    """The split to evaluate: in memory, or streamed through the weights' own preprocessing.
+    """The split to evaluate: in memory, or streamed through the weights' own preprocessing;
+    refused when its images are in other units than the weights' (`check_same_units`), after
+    `check_first` (the caller's checks whose messages say more, such as the targets').
 
     Folders and Hugging Face datasets are streamed (each image resized and cropped as the
     weights expect), except that a vitkit run's own data is read as the run read it (its
@@ -70,4 +74,23 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
         bool(recipe.get("streaming")) if own else False,
         task=weights.task.kind if weights.task else "classification")
     chosen = train_set if split == "train" else test_set
-    return evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)
+    feed = evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)
+    if check_first is not None:
+        check_first(feed)
+    check_same_units(bool(getattr(chosen, "float_images", False)), weights.preprocess.scale,
+                     data_dir or data)
+    return feed
+
+
+def check_same_units(float_images: bool, scale: float, where: str) -> None:
+    """Refuse 8-bit pictures (folders, CIFAR, the digits, Hugging Face images) for weights
+    trained on arrays in their data's own units (scale 1), whose 0-255 values would be read
+    as those units, as predict refuses such files. (Arrays are held as float32 whatever
+    their stored dtype, so arrays of 0-255 for weights of pictures, which score right, cannot
+    be told here from float arrays of other units.)"""
+    if not float_images and scale != 255:
+        raise DataError(f"{where} holds 8-bit pictures, but the weights were trained on arrays "
+                        f"in their data's own units (their preprocessing divides by {scale:g}, "
+                        "not 255), so the pictures' values would be misread as those units: "
+                        "evaluate them on arrays in those units (data=arrays), or evaluate "
+                        "weights trained on pictures")

@@ -4,6 +4,7 @@ against the model it came from; the report says where it went and how close it i
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -24,19 +25,21 @@ from vitkit.files import names_folder
 from vitkit.model.vit import VisionTransformer
 from vitkit.report import Report
 from vitkit.tasks import task_of
+from vitkit.weights.formats.hf_hub import PREFIX as HUB_PREFIX
 
 
 def default_output_path(weights: str, int8: bool = False, merge_tokens: int = 0) -> Path:
     """Beside the weights: FILE.onnx for a file, FOLDER/model.onnx for a folder (.int8.onnx
-    with int8, .mergeR before it with token merging); for a checkpoint name, NAME.onnx here
-    ("/" becomes "-")."""
+    with int8, .mergeR before it with token merging); for a checkpoint name or Hub repository,
+    NAME.onnx here (hf-hub:ORG/NAME@REV: ORG-NAME-REV.onnx; "/", ":" and "@" become "-",
+    none of which every file system takes)."""
     suffix = _suffix(int8, merge_tokens)
     source = Path(weights)
     if source.is_dir():
         return source / f"model{suffix}"
     if source.exists():
         return source.with_suffix(suffix)
-    return Path(weights.replace("/", "-") + suffix)
+    return Path(re.sub(r"[/:@\\]+", "-", weights.removeprefix(HUB_PREFIX)) + suffix)
 
 
 def _suffix(int8: bool, merge_tokens: int) -> str:

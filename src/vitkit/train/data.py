@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from vitkit.config import ViTConfig, patch_sizes_in_words
@@ -70,8 +71,8 @@ def open_data(cfg: TrainConfig, config: ViTConfig, out_dir: Path, info: DistInfo
                                   saved_task.kind if saved_task else cfg.task)
     task = decide_task(cfg, train, saved_task)
     if not resumed:
-        config = size_head_to_classes(cfg, config, train) if task.kind == "classification" \
-            else size_head_to_targets(cfg, config, train, task)
+        config = size_head_to_classes(cfg, config, train, test) \
+            if task.kind == "classification" else size_head_to_targets(cfg, config, train, task)
         config = channels_from_arrays(cfg, config, train)
     if info.is_main and not train.streamed:
         write_skipped_files(out_dir, train, test)
@@ -107,14 +108,12 @@ def target_count(train: Source) -> int:
     return int(labels.reshape(len(labels), -1).shape[1])
 
 
-def class_count(train: Source) -> int:
-    """Outputs of a new head for `train`: its classes, else its largest label + 1."""
-    return len(train.classes) or int(train.labels.max()) + 1
-
-
-def output_count(train: Source, task: TaskSpec) -> int:
-    """Outputs of a new head for `train` and its task: classes, targets or labels."""
-    return class_count(train) if task.kind == "classification" else target_count(train)
+def output_count(train: Source, task: TaskSpec, test: Source | None = None) -> int:
+    """Outputs of a new head for `train` and its task: classes (labels that name none: the
+    indices of both splits, `index_class_count`), targets or labels."""
+    if task.kind != "classification":
+        return target_count(train)
+    return len(train.classes) or index_class_count(train, test, train.name or "the data")
 
 
 def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
@@ -151,7 +150,9 @@ def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
     if channels_differ:
         raise DataError(f"the data has {train.channels} channel(s) but the model takes "
                         f"{config.in_chans}: set model.in_chans={train.channels}"
-                        + _channels_last_hint(train))
+                        + ("; the pretrained input convolution is then adapted to it, as "
+                           "timm's adapt_input_conv does" if resize and config.in_chans == 3
+                           else "") + _channels_last_hint(train))
     if size_differs:
         raise DataError(f"the images are {train.image_size[0]}x{train.image_size[1]} but the "
                         f"model takes {config.img_size[0]}x{config.img_size[1]}: set "
@@ -194,14 +195,18 @@ def _set_in_model(cfg: TrainConfig, key: str) -> bool:
     return isinstance(cfg.model, dict) and key in cfg.model
 
 
-def size_head_to_classes(cfg: TrainConfig, config: ViTConfig, train: Source) -> ViTConfig:
+def size_head_to_classes(cfg: TrainConfig, config: ViTConfig, train: Source,
+                         test: Source | None = None) -> ViTConfig:
     """A fresh classifier: the head has one output per class found (arrays: the largest
     label + 1) when the model leaves `num_classes` unset (a variant name, or a model dict
     without it), on any data (so `model=Ti/16` on the digits gets 10 outputs, not ImageNet's
     1000). Set to another number, it is refused for data whose classes are its own (folder,
     arrays, hf:); on the digits and CIFAR it is kept (a head with spare outputs trains)."""
-    found = len(train.classes) or (class_count(train) if cfg.data == "arrays" else 0)
-    if cfg.init_from or not found or config.num_classes == found:
+    if cfg.init_from:
+        return config  # fine-tuning gives the pretrained model a new head (`output_count`)
+    found = len(train.classes) or (index_class_count(train, test, cfg.data_dir or cfg.data)
+                                   if cfg.data == "arrays" else 0)
+    if not found or config.num_classes == found:
         return config
     named_classes = cfg.data in ("folder", "arrays") or cfg.data.startswith("hf:")
     if _set_in_model(cfg, "num_classes") and not named_classes:
@@ -215,6 +220,30 @@ def size_head_to_classes(cfg: TrainConfig, config: ViTConfig, train: Source) -> 
                           "num_classes unset, and the head is sized from the data)")
     log.info("data=%s: %d classes found, the head has %d outputs", cfg.data, found, found)
     return config.replace(num_classes=found)
+
+
+def index_class_count(train: Source, test: Source | None, where: str) -> int:
+    """Classes of data that names none (integer array labels are class indices): the largest
+    index of either split + 1, so a held-out class the training split lacks has an output
+    (logged: it is never trained). Refused when most of those indices never occur (labels
+    1000-1002, or counts): the head would be mostly outputs that are never trained."""
+    seen = np.unique(np.asarray(train.labels))
+    held = np.unique(np.asarray(test.labels)) if test is not None and \
+        test.labels is not None and np.asarray(test.labels).ndim == 1 else seen[:0]
+    count = int(max(seen.max(), held.max(initial=0))) + 1
+    occurring = len(np.union1d(seen, held))
+    if occurring < count // 2:
+        raise DataError(f"{where}: the integer labels are read as class indices, which run to "
+                        f"{count - 1} while only {occurring} occur, so the head would have "
+                        f"{count} outputs, most never trained: number the classes 0.."
+                        f"{occurring - 1} in both splits, or, if the labels are quantities "
+                        "(counts, measurements), train task=regression")
+    unseen = np.setdiff1d(held, seen)
+    if len(unseen):
+        log.warning("warning: %s: class index(es) %s occur in the held-out split but never in "
+                    "training, so their outputs are never trained", where,
+                    first_few(int(i) for i in unseen))
+    return count
 
 
 def size_head_to_targets(cfg: TrainConfig, config: ViTConfig, train: Source,

@@ -138,13 +138,14 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     task = make_task(spec)
     torch.manual_seed(cfg.seed)
     if init is not None:
-        model = pretrained_model(init, cfg, output_count(train, spec)).to(device)
+        model = pretrained_model(init, cfg, output_count(train, spec, test)).to(device)
         config = model.config
     else:
         model = VisionTransformer(config).to(device)
     check_data_fits(config, train, resize=bool(cfg.init_from), task=spec)
     streamed, float_images = train.streamed, holds_float_images(train)
-    preprocess = run_preprocess(cfg, config, init.preprocess if init is not None else saved_pre,
+    # the pretrained model's own preprocessing: its mean/std follow an adapted channel count
+    preprocess = run_preprocess(cfg, config, model.preprocess if init is not None else saved_pre,
                                 streamed, float_stats(train, state) if float_images else None)
     optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.betas,
                                 cfg.momentum)

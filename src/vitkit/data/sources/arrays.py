@@ -36,7 +36,7 @@ from vitkit.data.sources.mapped import (
     first_unfit,
     geometry,
 )
-from vitkit.errors import DataError, first_few
+from vitkit.errors import DataError, first_few, unclear_names
 from vitkit.files import relative_data_dir_note
 
 __all__ = ["ARRAY_KEYS", "NAMES_KEY", "open_arrays"]
@@ -141,6 +141,10 @@ def _names(split: _Split, targets: torch.Tensor) -> list[str]:
         raise DataError(f"{where} must be a 1-D array of strings, got {names.dtype} "
                         f"{names.shape}: save numpy.array(['name', ...])")
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in names.tolist()]
+    problem = unclear_names(names)
+    if problem:
+        raise DataError(f"{where}: {problem}; give each target or class a name of its own "
+                        "(reports list their figures by name)")
     if targets.is_floating_point():
         wanted = targets.shape[1]
         if len(names) != wanted:

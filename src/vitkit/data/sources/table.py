@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from vitkit.data.images import DecodedImage, decode_image
-from vitkit.errors import DataError, first_few
+from vitkit.errors import DataError, first_few, unclear_names
 
 __all__ = ["TABLE_NAME", "TableRecords", "as_class_labels", "check_same_columns",
            "read_table"]
@@ -51,6 +51,11 @@ def read_table(split_dir: Path) -> tuple[list[str], list[str], np.ndarray]:
     if not names:
         raise DataError(f"{table} has no target columns: add one column per target "
                         "(`file,<name>,...`)")
+    problem = unclear_names(names)
+    if problem:
+        raise DataError(f"{table}: among the target column names, {problem}; give each "
+                        "column a name of its own in the header (reports list their figures "
+                        "by name)")
     body = [(line, row) for line, row in enumerate(rows[1:], 2) if any(c.strip() for c in row)]
     if not body:
         raise DataError(f"{table} has a header but no rows: add one row per image "

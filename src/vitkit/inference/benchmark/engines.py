@@ -111,7 +111,8 @@ class Engine:
         self.session, self.context = None, contextlib.nullcontext
         requested = options.requested()
         if options.engine == "onnxruntime":
-            self.precision = choose_precision(requested, torch.device("cpu"))
+            self.precision = choose_precision(requested, torch.device("cpu"),
+                                              int8_engine="onnxruntime")
             self.session = _onnx_session(model, options.threads, requested == "int8")
         else:
             batch = measurement_batch(self.in_chans, self.img_size, batch_size) \

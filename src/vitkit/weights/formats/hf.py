@@ -18,6 +18,7 @@ from vitkit.config import HEADS_BY_WIDTH, ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_value
 from vitkit.preprocess import Preprocess, official_preprocess
+from vitkit.tasks import TaskSpec
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WeightsRecord, check_config_fits
@@ -192,14 +193,17 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
 def _read(found: Found, options: ReadOptions) -> WeightsRecord:
     tensors = found.tensors()
     if tensors is None:
-        raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin")
+        raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin "
+                              "(nor an index of their shards)")
     if found.kind == "folder":
         meta = found.config() or {}
         check_config_types(meta, found.path / "config.json")
         config, state_dict = convert_hf(tensors, meta)
         check_config_fits(config, state_dict, found.path)
+        labels = _labels(meta)
         return WeightsRecord(config, state_dict, _folder_preprocess(found, config),
-                             "huggingface", _labels(meta), path=found.weights_file())
+                             "huggingface", labels, path=found.weights_file(),
+                             task=_task(meta.get("problem_type"), labels))
     meta = _config_from_shapes(tensors, options)
     config, state_dict = convert_hf(tensors, meta)
     return WeightsRecord(config, state_dict, official_preprocess(config.img_size, config.in_chans),
@@ -246,6 +250,24 @@ def _find(sd: dict[str, torch.Tensor], suffixes: tuple[str, ...], ndim: int) -> 
         raise CheckpointError(f"the tensor {key!r} has shape {tuple(sd[key].shape)}, expected "
                               f"{ndim} dimensions: the file is damaged; download it again")
     return sd[key]
+
+
+# transformers' `problem_type` (the loss its ForImageClassification models train with) as
+# vitkit's task: regression is MSE on the raw targets (no standardisation stored).
+_PROBLEM_TYPES = {"single_label_classification": None, "regression": "regression",
+                  "multi_label_classification": "multilabel"}
+
+
+def _task(problem_type: Any, labels: list[str] | None) -> TaskSpec | None:
+    """config.json's `problem_type` as a task (absent: classification, as transformers
+    infers it for integer labels)."""
+    if problem_type is None:
+        return None
+    if problem_type not in _PROBLEM_TYPES:
+        raise CheckpointError(f"'problem_type' is {problem_type!r}, not one of "
+                              f"{', '.join(_PROBLEM_TYPES)}; fix config.json")
+    kind = _PROBLEM_TYPES[problem_type]
+    return TaskSpec(kind, names=labels) if kind else None
 
 
 def _labels(meta: dict[str, Any]) -> list[str] | None:

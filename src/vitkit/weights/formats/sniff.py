@@ -29,6 +29,8 @@ from vitkit.weights.formats.base import damaged
 from vitkit.weights.formats.npz_archive import read_npz_arrays
 
 CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # a folder's, in order of preference
+INDEX_SUFFIX = ".index.json"  # beside the shards of a split one: model.safetensors.index.json
 KINDS = ("folder", "npz", "torch", "safetensors", "html", "unknown")
 _HTML_STARTS = (b"<!doctype", b"<html", b"<?xml", b"<head", b"<body")
 
@@ -161,6 +163,7 @@ class Found:
     _contents: Any = field(default=None, repr=False)
     _loaded: bool = field(default=False, repr=False)
     _weights: Found | None = field(default=None, repr=False)  # a folder's weights file
+    _shards: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # or its shards
 
     @classmethod
     def at(cls, path: str | Path) -> Found:
@@ -186,6 +189,10 @@ class Found:
                 weights = self.weights_file()
                 if weights is None:
                     return None
+                if weights.name.endswith(INDEX_SUFFIX):
+                    if self._shards is None:
+                        self._shards = read_shards(weights)
+                    return self._shards
                 self._weights = Found.at(weights)
             return self._weights.tensors()
         if self.kind not in ("safetensors", "torch"):
@@ -206,6 +213,31 @@ class Found:
         return data if isinstance(data, dict) else None
 
     def weights_file(self) -> Path | None:
-        """A folder's weights: model.safetensors, else pytorch_model.bin."""
-        names = ("model.safetensors", "pytorch_model.bin")
+        """A folder's weights: model.safetensors, else pytorch_model.bin, else the index of
+        either split into shards (`save_pretrained(..., max_shard_size=...)`)."""
+        names = WEIGHT_FILES + tuple(name + INDEX_SUFFIX for name in WEIGHT_FILES)
         return next((self.path / n for n in names if (self.path / n).is_file()), None)
+
+
+def read_shards(index: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a sharded Hugging Face folder: its index's `weight_map` (tensor
+    name -> shard file in the same folder), each shard read as a file of its own."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise damaged(index, f"not a JSON object with a weight_map: {exc}") from None
+    if not isinstance(weight_map, dict) or not weight_map or \
+            not all(isinstance(v, str) for v in weight_map.values()):
+        raise damaged(index, "its weight_map is not an object of tensor name: shard file")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(set(weight_map.values())):
+        shard = index.parent / name
+        if Path(name).name != name or not shard.is_file():
+            raise CheckpointError(f"{index} names the shard {name!r}, which is not a file in "
+                                  f"{index.parent}: download or copy the whole folder again")
+        tensors.update(Found.at(shard).tensors() or {})
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+        raise damaged(index, f"its shards lack {len(missing)} tensor(s) it lists, such as "
+                             f"{missing[0]!r}")
+    return tensors

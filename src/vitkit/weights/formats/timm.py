@@ -3,13 +3,15 @@ is a check of what is supported and an inference of the config from the tensor s
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import math
 import re
 from typing import Any
 
 import torch
 
-from vitkit.config import HEADS_BY_WIDTH, ViTConfig
+from vitkit.config import HEADS_BY_WIDTH, ViTConfig, is_variant_name, variant_config
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_value
 from vitkit.model.resnet import ResNetBackbone
@@ -82,12 +84,17 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
         if pos is None:
             raise CheckpointError("no position embeddings in the checkpoint: pass "
                                   "source_img_size=(height, width), its training resolution")
-        img_size = training_image_size(pos.shape[1] - int(class_token), patch, None,
-                                       target_img_size)
+        try:
+            img_size = training_image_size(pos.shape[1] - int(class_token), patch, None,
+                                           target_img_size)
+        except CheckpointError as exc:
+            note = _no_class_row_note(pos.shape[1], class_token)
+            raise CheckpointError(f"{str(exc).rstrip('.')}{note}." if note else str(exc)
+                                  ) from None
     if num_heads is None:
         if width not in HEADS_BY_WIDTH:
-            raise CheckpointError(f"width {width} is not a standard ViT width, so the number of "
-                                  "heads cannot be inferred: pass num_heads=")
+            raise HeadsUnknown(f"width {width} is not a standard ViT width, so the number of "
+                               "heads cannot be inferred from the tensors: pass num_heads=N")
         num_heads = HEADS_BY_WIDTH[width]
     pooled_norm = "fc_norm.weight" in sd
     if global_pool is None:
@@ -107,6 +114,61 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
         pos_embed="learned" if pos is not None else "none", init="trunc_normal", **hybrid,
     )
     return (config.replace(**overrides) if overrides else config), sd
+
+
+def _no_class_row_note(rows: int, class_token: bool) -> str:
+    """For positions that form no grid after the class token's row: when all of them form a
+    square one, the file may be timm's `no_embed_class` layout (FlexiViT, DeiT III: no
+    position for the class token), which shapes alone cannot tell from a non-square grid
+    (225 rows: 15x15, or 14x16 and the class token's)."""
+    grid = math.isqrt(rows)
+    if not class_token or grid * grid != rows:
+        return ""
+    return (f". Or, if the file is timm's no_embed_class layout ({rows} rows = a {grid}x{grid} "
+            "grid with no row for the class token: FlexiViT, DeiT III), vitkit cannot read it: "
+            "its ViT adds a position to the class token, as the paper's does, and would read "
+            "the table shifted by one row")
+
+
+class HeadsUnknown(CheckpointError):
+    """A timm state dict whose head count neither its width nor its config tells."""
+
+
+def _heads_advice(path: object) -> str:
+    """How to give the head count: in Python, and once for the command line."""
+    return (f"load_pretrained({str(path)!r}, num_heads=N); for the command line, "
+            "convert the file once to a vitkit folder, which records it: python -c \"import "
+            f"vitkit; vitkit.save_pretrained(vitkit.load_pretrained({str(path)!r}, "
+            "num_heads=N), 'FOLDER')\" and give FOLDER to the verbs")
+
+
+def _heads_from_config(meta: dict[str, Any]) -> int | None:
+    """The head count a timm config.json gives: `model_args.num_heads`, else its
+    `architecture` when that is a variant name (vit_base_patch16_224), else the architecture
+    built by timm (when installed) on the meta device, which allocates nothing. None when
+    none tells."""
+    args = meta.get("model_args")
+    args = args if isinstance(args, dict) else {}
+    if isinstance(args.get("num_heads"), int) and args["num_heads"] > 0:
+        return args["num_heads"]
+    architecture = meta.get("architecture")
+    if not isinstance(architecture, str):
+        return None
+    if is_variant_name(architecture):
+        try:
+            return variant_config(architecture).num_heads
+        except ConfigError:
+            pass
+    try:
+        import timm
+    except ImportError:
+        return None
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(architecture, pretrained=False, **args)
+        return int(model.blocks[0].attn.num_heads)
+    except (RuntimeError, TypeError, ValueError, AttributeError, KeyError, IndexError):
+        return None  # not a timm model name, or not a ViT: the width decides, as for a file
 
 
 def _shaped(sd: dict[str, torch.Tensor], key: str, ndim: int) -> torch.Tensor:
@@ -158,8 +220,9 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
     try:
         return _read(found, options)
     except (CheckpointError, ConfigError) as exc:
-        raise CheckpointError(f"{found.path} cannot be read as timm ViT weights: {exc}") \
-            from None
+        advice = f": {_heads_advice(found.path)}" if isinstance(exc, HeadsUnknown) else ""
+        raise CheckpointError(f"{found.path} cannot be read as timm ViT weights: {exc}"
+                              f"{advice}") from None
 
 
 def _read(found: Found, options: ReadOptions) -> WeightsRecord:
@@ -168,7 +231,10 @@ def _read(found: Found, options: ReadOptions) -> WeightsRecord:
     config, state_dict = convert_timm(found.tensors(), img_size=options.source_img_size,
                                       target_img_size=options.img_size, **options.timm_hints())
     log.info("%s: timm weights without a pretrained config; assuming mean=std=0.5 (the "
-             "official and augreg ViTs)", found.path)
+             "official and augreg ViTs)%s", found.path, "" if "num_heads" in
+             options.timm_hints() else f" and {config.num_heads} heads, the standard count "
+             f"for width {config.width} (a model with others, such as timm's "
+             "vit_base_patch16_gap_224 with 16, needs load_pretrained(path, num_heads=N))")
     return WeightsRecord(config, state_dict, official_preprocess(config.img_size, config.in_chans),
                          "timm", path=found.path)
 
@@ -179,7 +245,8 @@ def _read_folder(found: Found, options: ReadOptions) -> WeightsRecord:
     pytorch_model.bin, as timm's save_for_hf / push_to_hf_hub write it."""
     weights = found.weights_file()
     if weights is None:
-        raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin")
+        raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin "
+                              "(nor an index of their shards)")
     meta = found.config() or {}
     cfg = meta.get("pretrained_cfg", {})
     if not isinstance(cfg, dict):
@@ -188,6 +255,14 @@ def _read_folder(found: Found, options: ReadOptions) -> WeightsRecord:
     hints = options.timm_hints()
     if "global_pool" not in hints and meta.get("global_pool") in ("token", "avg"):
         hints["global_pool"] = meta["global_pool"]
+    if "num_heads" not in hints and (heads := _heads_from_config(meta)) is not None:
+        hints["num_heads"] = heads
+    elif "num_heads" not in hints and isinstance(meta.get("architecture"), str):
+        why = "timm, which is not installed" if importlib.util.find_spec("timm") is None \
+            else "timm, which could not build it"
+        log.warning("%s names the architecture %s, whose head count only %s could tell: the "
+                    "standard count for its width is assumed; if the model had others, pass "
+                    "num_heads=N", found.path / "config.json", meta["architecture"], why)
     config, state_dict = convert_timm(found.tensors() or {}, img_size=options.source_img_size,
                                       target_img_size=options.img_size or _input_size(cfg),
                                       **hints)
