@@ -37,6 +37,20 @@ def _arrays(root: Path, train_targets: np.ndarray, test_targets: np.ndarray | No
     return root
 
 
+def _pictures(root: Path, seed: int) -> None:
+    """An image folder of 8x8 gray PNGs: train/ and val/, classes a and b, 4 images each."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for index in range(4):
+                Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)).save(
+                    folder / f"{index}.png")
+
+
 def test_a_held_out_class_the_training_split_lacks_gets_an_output(tmp_path: Path,
                                                                   caplog) -> None:
     data = _arrays(tmp_path / "d", np.arange(32) % 3, np.arange(32) % 4)
@@ -118,17 +132,8 @@ def test_eval_and_probe_refuse_data_in_other_units_than_the_weights(tmp_path: Pa
     """As predict refuses such files: 0-255 pictures for weights of float arrays (scale 1)
     gave an R^2 of -4 without a word. (Arrays for weights of pictures are scored: arrays are
     held as float32 whatever their dtype, so 0-255 ones cannot be told from others.)"""
-    from PIL import Image
-
     floats = _arrays(tmp_path / "floats", np.arange(32) % 2)
-    rng = np.random.default_rng(2)
-    for split in ("train", "val"):
-        for name in ("a", "b"):
-            folder = tmp_path / "pics" / split / name
-            folder.mkdir(parents=True)
-            for index in range(4):
-                Image.fromarray(rng.integers(0, 255, (8, 8), dtype=np.uint8)).save(
-                    folder / f"{index}.png")
+    _pictures(tmp_path / "pics", seed=2)
     assert main(["train", *SMALL, f"data_dir={floats}", "--out", str(tmp_path / "f")]) == 0
     pictures = [item for item in SMALL if item != "data=arrays"] + ["batch_size=8"]
     assert main(["train", "data=folder", *pictures, f"data_dir={tmp_path / 'pics'}",
@@ -142,3 +147,20 @@ def test_eval_and_probe_refuse_data_in_other_units_than_the_weights(tmp_path: Pa
             capsys.readouterr().err
     assert main(["eval", str(tmp_path / "f"), "--data", "arrays", "--data-dir",
                  str(floats)]) == 0  # arrays in the units it was trained on
+
+
+def test_fine_tuning_weights_of_arrays_on_pictures_reads_them_as_pictures(tmp_path: Path,
+                                                                          capsys) -> None:
+    """Before, the arrays' preprocessing (scale 1) was kept: the run trained on raw 0-255
+    values, and its weights then refused the very pictures they were tuned on."""
+    floats = _arrays(tmp_path / "floats", np.arange(32) % 2)
+    assert main(["train", *SMALL, f"data_dir={floats}", "--out", str(tmp_path / "f")]) == 0
+    _pictures(tmp_path / "pics", seed=3)
+    assert main(["finetune", str(tmp_path / "f"), "--data", "folder", "--data-dir",
+                 str(tmp_path / "pics"), "total_steps=2", "warmup_steps=0", "batch_size=8",
+                 "accum_steps=1", "progress=false", "--out", str(tmp_path / "tuned")]) == 0
+    saved = torch.load(tmp_path / "tuned" / "last.pt", weights_only=True)["preprocess"]
+    assert saved["scale"] == 255 and saved["mean"] == [0.5]
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "tuned"),
+                 str(tmp_path / "pics" / "val" / "a" / "0.png")]) == 0
