@@ -486,6 +486,4 @@ def checkpoint_train_config(path: str | Path, find_data_dir: bool = True) -> dic
                               "`vitkit train` writes")
     if not find_data_dir:
         return dict(recipe)
-    trained_in = state.get("trained_in")
-    return data_dir_from_here(dict(recipe), Path(path),
-                              trained_in=trained_in if isinstance(trained_in, str) else None)
+    return data_dir_from_here(dict(recipe), Path(path), trained_in=state.get("trained_in"))

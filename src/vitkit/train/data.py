@@ -228,8 +228,10 @@ def index_class_count(train: Source, test: Source | None, where: str) -> int:
     (logged: it is never trained). Refused when most of those indices never occur (labels
     1000-1002, or counts): the head would be mostly outputs that are never trained."""
     seen = np.unique(np.asarray(train.labels))
-    held = np.unique(np.asarray(test.labels)) if test is not None and \
-        test.labels is not None and np.asarray(test.labels).ndim == 1 else seen[:0]
+    held_labels = np.asarray(test.labels) if test is not None and test.labels is not None \
+        else None
+    held = np.unique(held_labels) if held_labels is not None and held_labels.ndim == 1 \
+        else seen[:0]
     count = int(max(seen.max(), held.max(initial=0))) + 1
     occurring = len(np.union1d(seen, held))
     if occurring < count // 2:

@@ -20,7 +20,7 @@ from vitkit.fieldtypes import check_value
 from vitkit.preprocess import Preprocess, official_preprocess
 from vitkit.tasks import TaskSpec
 from vitkit.weights.formats.base import ReadOptions, training_image_size
-from vitkit.weights.formats.sniff import Found
+from vitkit.weights.formats.sniff import Found, missing_weights
 from vitkit.weights.record import WeightsRecord, check_config_fits
 
 _RENAMES = [
@@ -193,8 +193,7 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
 def _read(found: Found, options: ReadOptions) -> WeightsRecord:
     tensors = found.tensors()
     if tensors is None:
-        raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin "
-                              "(nor an index of their shards)")
+        raise missing_weights(found.path)
     if found.kind == "folder":
         meta = found.config() or {}
         check_config_types(meta, found.path / "config.json")

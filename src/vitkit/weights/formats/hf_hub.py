@@ -17,11 +17,12 @@ from typing import Any
 
 from vitkit.errors import CheckpointError, WeightsNotFoundError
 from vitkit.network import hub_unreachable
+from vitkit.weights.formats.sniff import WEIGHT_FILES
 from vitkit.weights.formats.vitkit import FORMAT_NAME  # a pushed vitkit save_pretrained folder
 
 PREFIX = "hf-hub:"
 CONFIG = "config.json"
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in order of preference
+WEIGHTS = WEIGHT_FILES  # in order of preference
 HF_PREPROCESSOR = "preprocessor_config.json"
 HF_MODEL_TYPES = ("vit", "vit-hybrid")  # what formats/hf.py reads
 TIMM_ARCHITECTURES = ("vit_", "deit_", "deit3_")  # timm's plain ViT families

@@ -219,6 +219,12 @@ class Found:
         return next((self.path / n for n in names if (self.path / n).is_file()), None)
 
 
+def missing_weights(folder: Path) -> CheckpointError:
+    """The error for a model folder that holds none of `Found.weights_file`'s files."""
+    return CheckpointError(f"{folder} has no {' or '.join(WEIGHT_FILES)} (nor an index of "
+                           "their shards)")
+
+
 def read_shards(index: Path) -> dict[str, torch.Tensor]:
     """The state dict of a sharded Hugging Face folder: its index's `weight_map` (tensor
     name -> shard file in the same folder), each shard read as a file of its own."""

@@ -17,7 +17,7 @@ from vitkit.fieldtypes import check_value
 from vitkit.model.resnet import ResNetBackbone
 from vitkit.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, official_preprocess
 from vitkit.weights.formats.base import ReadOptions, training_image_size
-from vitkit.weights.formats.sniff import Found
+from vitkit.weights.formats.sniff import Found, missing_weights
 from vitkit.weights.record import WeightsRecord
 
 log = logging.getLogger("vitkit.weights")
@@ -245,8 +245,7 @@ def _read_folder(found: Found, options: ReadOptions) -> WeightsRecord:
     pytorch_model.bin, as timm's save_for_hf / push_to_hf_hub write it."""
     weights = found.weights_file()
     if weights is None:
-        raise CheckpointError(f"{found.path} has no model.safetensors or pytorch_model.bin "
-                              "(nor an index of their shards)")
+        raise missing_weights(found.path)
     meta = found.config() or {}
     cfg = meta.get("pretrained_cfg", {})
     if not isinstance(cfg, dict):
