@@ -198,3 +198,34 @@ def test_predict_export_and_explain_take_a_run_folder(run, tmp_path, caplog, cap
     assert caplog.text.count("is a run folder: using best.pt") == 2
     assert (tmp_path / "run.onnx").stat().st_size > 0
     assert (tmp_path / "explain" / "explain.json").is_file()
+
+
+# -- one report per data folder ----------------------------------------------------------------
+def _digit_folder(root: Path, images: torch.Tensor, labels: torch.Tensor,
+                  names: list[str]) -> Path:
+    """An image folder (train/ and val/ of class sub-folders `names`) of the digits given."""
+    for split in ("train", "val"):
+        for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+            folder = root / split / names[int(label)]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image[0].numpy(), mode="L").save(folder / f"{i}.png")
+    return root
+
+
+def test_evaluations_on_two_data_folders_keep_a_report_each_naming_the_folder(run, tmp_path):
+    images, labels = _digits_test()
+    images, labels = images[:40], labels[:40]
+    names = [f"d{i}" for i in range(10)]
+    right = _digit_folder(tmp_path / "right", images, labels, names)
+    shifted = _digit_folder(tmp_path / "shifted", images, (labels + 1) % 10, names)
+    model = load_pretrained(run / "best.pt")
+    with torch.no_grad():
+        predicted = model(model.preprocess.normalize(images)).argmax(1)
+    for folder, truth in ((right, labels), (shifted, (labels + 1) % 10)):
+        assert main(["eval", str(run), "--data", "folder", "--data-dir", str(folder)]) == 0
+        kept = json.loads((run / f"eval-folder-{folder.name}-test.json").read_text())
+        assert kept["data_dir"] == str(folder) and kept["images"] == 40
+        assert abs(kept["top1"] - (predicted == truth).double().mean().item()) <= TOL
+    right_report = json.loads((run / "eval-folder-right-test.json").read_text())
+    assert right_report["top1"] != kept["top1"]  # the first folder's report was not overwritten
+    assert json.loads((run / "eval.json").read_text()) == kept  # eval.json: the latest

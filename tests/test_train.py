@@ -138,6 +138,9 @@ def test_two_processes_under_torchrun_equal_one_process(tmp_path):
                           *overrides, "--out", str(tmp_path / "ddp")],
                          env=env, capture_output=True, text=True)
     assert ran.returncode == 0, f"torchrun exited {ran.returncode}:\n{ran.stderr[-4000:]}"
+    # rank 0 speaks for both processes: each note once (the precision chosen, the plan)
+    notes = [line for line in ran.stderr.splitlines() if line.startswith(("precision ", "plan:"))]
+    assert len(notes) == 2 and notes[0] != notes[1], ran.stderr[-4000:]
     assert main(["train", "digits", *overrides, "--out", str(tmp_path / "single")]) == 0
     ddp, single = _weights(tmp_path / "ddp" / "last.pt"), _weights(tmp_path / "single" / "last.pt")
     worst = max((ddp[k] - single[k]).abs().max().item() for k in single)

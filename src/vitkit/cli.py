@@ -380,8 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(default: beside the weights; ./eval for a "
                                         "checkpoint name or hf-hub: repository). Each "
                                         "evaluation keeps eval-DATA-SPLIT.json (-int8, -bf16, "
-                                        "-mergeR, -flip for those paths); eval.json is the "
-                                        "latest")
+                                        "-mergeR, -flip for those paths; DATA-FOLDER with "
+                                        "--data-dir); eval.json is the latest")
     add_inference_arguments(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print the report as one JSON "
                                                               "object (what eval.json holds)")
@@ -530,9 +530,12 @@ def setting_flag_hint(extra: list[str], argv: list[str]) -> str | None:
 
 def configure_logging() -> None:
     """vitkit's own messages at INFO (what was loaded, and how), other libraries' warnings,
-    each message printed once (Hugging Face's libraries print theirs with their own handler)."""
+    each message printed once (Hugging Face's libraries print theirs with their own handler).
+    Under torchrun, rank 0 speaks for all: the other processes log errors only, so a run's
+    notes and warnings are not repeated once per process."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("vitkit").setLevel(logging.INFO)
+    main_process = os.environ.get("RANK", "0") == "0"
+    logging.getLogger("vitkit").setLevel(logging.INFO if main_process else logging.ERROR)
     for name in OWN_HANDLER_LOGGERS:
         logging.getLogger(name).propagate = False
 

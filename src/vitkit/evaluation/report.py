@@ -3,8 +3,9 @@ with more than 5 classes), loss, per-class accuracy, the JSON report and a confu
 PNG. Weights trained for regression report mae, rmse, r2 and per_output; for multi-label
 classification map, f1 and per_label (`vitkit.tasks`; no confusion matrix or top-k).
 
-Each evaluation keeps its own report, `eval-<data>-<split>[-int8|-bf16][-mergeR].json` (a later
-evaluation on other data or split, or through another speed path, does not overwrite it);
+Each evaluation keeps its own report, `eval-<data>[-<folder>]-<split>[-int8|-bf16][-mergeR].json`
+(`<folder>`: the last part of a data folder given with the data; a later evaluation on other
+data, folder or split, or through another speed path, does not overwrite it);
 `eval.json` and `confusion_matrix.png` are the latest evaluation's, as Hugging Face's
 Trainer keeps `eval_results.json`."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -98,6 +100,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     warn_if_never_flipped(tta, weights.train_config, weights.preprocess.pictures)
     fast = with_tta(fast, tta)
     int8 = chosen.engine if chosen.name == "int8" else None  # the engine that ran
+    folder = _given_folder_name(data or (weights.train_config or {}).get("data"), data_dir)
     asked, (data, data_dir, limit) = limit, data_for(weights, data, data_dir, split, limit)
     if asked is None and limit is not None:
         log.info("%s: the first %d images, as the training run read them (its %s); --limit "
@@ -117,7 +120,8 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
     out_dir = Path(out) if out else default_out_dir(path, weights.path)
     head = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
-            "data": data, "split": split, "merge_tokens": merge_tokens, "int8": int8, "tta": tta,
+            "data": data, "data_dir": data_dir, "split": split, "merge_tokens": merge_tokens,
+            "int8": int8, "tta": tta,
             "precision": chosen.name, "precision_reason": chosen.reason}
     speed = "".join([f", int8 ({int8})" if int8 else "", ", bf16" if chosen.name == "bf16" else "",
                      f", {merge_tokens} tokens merged per layer" if merge_tokens else "",
@@ -130,7 +134,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
         report = {**head, "task": task.kind, "images": scored.count,
                   "loss": scored.metrics["test_loss"],
                   **{k: v for k, v in scored.metrics.items() if k != "test_loss"}}
-        return _write_report(report, out_dir, data, split, merge_tokens, chosen.name,
+        return _write_report(report, out_dir, data, folder, split, merge_tokens, chosen.name,
                              task_lines(task, report, f"{data} {split}, {scored.count} "
                                                       f"images{speed}"))
     result = evaluate(fast, dataset, config.num_classes, weights.preprocess, batch_size,
@@ -144,7 +148,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
               "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
               "confusion": result.confusion.tolist()}
     text = json.dumps(report, indent=2) + "\n"
-    kept = out_dir / eval_report_name(data, split, merge_tokens, chosen.name, tta)
+    kept = out_dir / eval_report_name(data, split, merge_tokens, chosen.name, tta, folder)
     kept.write_text(text)
     (out_dir / LATEST_REPORT).write_text(text)
     png = plot_confusion(result.confusion, classes, out_dir / "confusion_matrix.png",
@@ -234,12 +238,13 @@ def task_lines(task: Task, report: dict, title: str) -> list[str]:
     return lines
 
 
-def _write_report(report: dict, out_dir: Path, data: str, split: str, merge_tokens: int,
-                  precision: str, lines: list[str]) -> Report:
+def _write_report(report: dict, out_dir: Path, data: str, folder: str | None, split: str,
+                  merge_tokens: int, precision: str, lines: list[str]) -> Report:
     """Write the kept report and eval.json (the latest); the printed text ends naming them."""
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=2) + "\n"
-    kept = out_dir / eval_report_name(data, split, merge_tokens, precision, report["tta"])
+    kept = out_dir / eval_report_name(data, split, merge_tokens, precision, report["tta"],
+                                      folder)
     kept.write_text(text)
     (out_dir / LATEST_REPORT).write_text(text)
     lines.append(f"wrote {kept} (and {LATEST_REPORT}, the latest)")
@@ -261,17 +266,29 @@ def _in_precision(model: torch.nn.Module, precision: str | None, int8: str | Non
 
 
 def eval_report_name(data: str, split: str, merge_tokens: int = 0,
-                     precision: str | None = None, tta: str = "none") -> str:
+                     precision: str | None = None, tta: str = "none",
+                     folder: str | None = None) -> str:
     """"eval-digits-test.json", "eval-hf_ylecun_mnist-test-int8-merge8.json",
-    "eval-cifar10-test-flip.json": one report per data, split, speed path and test-time
-    augmentation, so evaluations never overwrite each other. `precision`: fp32 or None,
-    bf16, or int8 (an int8 engine's name, "torch", also means int8)."""
+    "eval-cifar10-test-flip.json", "eval-folder-pets-test.json": one report per data (and data
+    folder given), split, speed path and test-time augmentation, so evaluations never
+    overwrite each other. `precision`: fp32 or None, bf16, or int8 (an int8 engine's name,
+    "torch", also means int8)."""
     label = None if precision in (None, "fp32") else "bf16" if precision == "bf16" else "int8"
-    parts = [data, split, *([label] if label else []),
+    parts = [data, *([folder] if folder else []), split, *([label] if label else []),
              *([f"merge{merge_tokens}"] if merge_tokens else []),
              *([tta] if tta != "none" else [])]
     return "eval-" + "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", part).strip("_")
                               for part in parts) + ".json"
+
+
+def _given_folder_name(data: str | None, data_dir: str | None) -> str | None:
+    """The last part of a data folder given with the data, for a kept report's name (so
+    evaluations of one run on two folders keep two reports); None without one (a run's own
+    folder, read without --data-dir, leaves the name as the data's)."""
+    if not data_dir:
+        return None
+    folder = Path(os.path.abspath(os.path.expanduser(data_dir))).name
+    return folder if folder and folder != data else None
 
 
 def default_out_dir(source: str | Path, weights_file: Path | None) -> Path:
