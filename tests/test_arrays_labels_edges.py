@@ -130,8 +130,8 @@ def test_features_of_data_edited_since_are_extracted_again(tmp_path: Path, caplo
 def test_eval_and_probe_refuse_data_in_other_units_than_the_weights(tmp_path: Path,
                                                                     capsys) -> None:
     """As predict refuses such files: 0-255 pictures for weights of float arrays (scale 1)
-    gave an R^2 of -4 without a word. (Arrays for weights of pictures are scored: arrays are
-    held as float32 whatever their dtype, so 0-255 ones cannot be told from others.)"""
+    gave an R^2 of -4 without a word, and float arrays for weights of 8-bit pictures were
+    read as 0-255 values; uint8 arrays of 0-255, as the refusal advises, are scored."""
     floats = _arrays(tmp_path / "floats", np.arange(32) % 2)
     _pictures(tmp_path / "pics", seed=2)
     assert main(["train", *SMALL, f"data_dir={floats}", "--out", str(tmp_path / "f")]) == 0
@@ -147,6 +147,23 @@ def test_eval_and_probe_refuse_data_in_other_units_than_the_weights(tmp_path: Pa
             capsys.readouterr().err
     assert main(["eval", str(tmp_path / "f"), "--data", "arrays", "--data-dir",
                  str(floats)]) == 0  # arrays in the units it was trained on
+    for verb in ("eval", "probe"):
+        assert main([verb, str(tmp_path / "p"), "--data", "arrays", "--data-dir",
+                     str(floats)]) != 0
+        assert f"{floats} holds float32 arrays, but the weights were trained on 8-bit pictures " \
+            "(their preprocessing divides by 255), so the arrays' values would be misread as " \
+            "0-255: save them as uint8 arrays of 0-255 (for values in [0, 1]: (a * 255).round()" \
+            ".clip(0, 255).astype(numpy.uint8))" in capsys.readouterr().err
+    as_bytes = tmp_path / "bytes"  # the advice followed
+    as_bytes.mkdir()
+    for split in ("train", "test"):
+        held = dict(np.load(floats / f"{split}.npz"))
+        a = held["images"]
+        np.savez(as_bytes / f"{split}.npz", targets=held["targets"],
+                 images=(a * 255).round().clip(0, 255).astype(np.uint8))
+    assert main(["eval", str(tmp_path / "p"), "--data", "arrays", "--data-dir", str(as_bytes),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 32
 
 
 def test_fine_tuning_weights_of_arrays_on_pictures_reads_them_as_pictures(tmp_path: Path,

@@ -18,6 +18,8 @@ class ImageDataset:
     units); `labels` the targets: int64 class indices (N,), or float32 (N, K) for regression
     and multi-label tasks (`vitkit.tasks`); `classes[i]` names class, target or label i.
 
+    `stored_dtype`: the numpy dtype arrays were stored in ("" for pictures), so weights of
+    8-bit pictures can refuse float arrays, whose values are not 0-255.
     `skipped` counts files that could not be read when the dataset was built;
     `skipped_files` names every one as (path, "kind: detail"), e.g.
     ("pets/train/cat/3.jpg", "truncated: image file is truncated").
@@ -30,6 +32,7 @@ class ImageDataset:
     skipped: int = 0
     notes: list[str] = field(default_factory=list)
     skipped_files: list[tuple[str, str]] = field(default_factory=list)
+    stored_dtype: str = ""
     streamed: ClassVar[bool] = False  # held in memory at one size (see `sources.records`)
 
     def __post_init__(self) -> None:
@@ -71,7 +74,8 @@ class ImageDataset:
     def subset(self, indices: torch.Tensor | slice) -> ImageDataset:
         """The images at `indices` (a slice or an index tensor), same classes."""
         return ImageDataset(self.images[indices], self.labels[indices], self.classes,
-                            self.name, self.skipped, list(self.notes), list(self.skipped_files))
+                            self.name, self.skipped, list(self.notes), list(self.skipped_files),
+                            self.stored_dtype)
 
 
 STATS_CHUNK_BYTES = 8 * 1024**2  # float64 bytes of images one step of `channel_stats_of` holds

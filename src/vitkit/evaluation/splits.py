@@ -78,16 +78,22 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
     if check_first is not None:
         check_first(feed)
     check_same_units(bool(getattr(chosen, "float_images", False)), weights.preprocess.scale,
-                     data_dir or data)
+                     data_dir or data, getattr(chosen, "stored_dtype", ""))
     return feed
 
 
-def check_same_units(float_images: bool, scale: float, where: str) -> None:
+def check_same_units(float_images: bool, scale: float, where: str,
+                     stored_dtype: str = "") -> None:
     """Refuse 8-bit pictures (folders, CIFAR, the digits, Hugging Face images) for weights
     trained on arrays in their data's own units (scale 1), whose 0-255 values would be read
-    as those units, as predict refuses such files. (Arrays are held as float32 whatever
-    their stored dtype, so arrays of 0-255 for weights of pictures, which score right, cannot
-    be told here from float arrays of other units.)"""
+    as those units, and arrays stored as anything but uint8 (`stored_dtype`) for weights of
+    8-bit pictures (scale 255), whose values are not 0-255: as predict refuses such files."""
+    if stored_dtype and stored_dtype != "uint8" and scale == 255:
+        raise DataError(f"{where} holds {stored_dtype} arrays, but the weights were trained on "
+                        "8-bit pictures (their preprocessing divides by 255), so the arrays' "
+                        "values would be misread as 0-255: save them as uint8 arrays of 0-255 "
+                        "(for values in [0, 1]: (a * 255).round().clip(0, 255).astype("
+                        "numpy.uint8)), or evaluate weights trained on these arrays")
     if not float_images and scale != 255:
         raise DataError(f"{where} holds 8-bit pictures, but the weights were trained on arrays "
                         f"in their data's own units (their preprocessing divides by {scale:g}, "

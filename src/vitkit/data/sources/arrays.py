@@ -188,20 +188,21 @@ class _Opened:
     def mapped(self) -> MappedArrays:
         assert self.reader is not None
         records = MappedArrays(self.reader, self.labels, self.classes, self.name,
-                               self.channels_last, self.count)
+                               self.channels_last, self.count, str(self.dtype))
         records.check_finite()
         return records
 
     def loaded(self) -> ImageDataset:
         if self.reader is not None:
             return MappedArrays(self.reader, self.labels, self.classes, self.name,
-                                self.channels_last, self.count).load()
+                                self.channels_last, self.count, str(self.dtype)).load()
         raw = _load_small(*self.split.images, f"{self.split.where} images")[:self.count]
         unfit = first_unfit(raw)
         if unfit is not None:
             raise DataError(f"{self.name}: image {unfit[0]} {unfit[1]}")
         return ImageDataset(torch.from_numpy(as_nchw(raw, self.channels_last)),
-                            self.labels[:self.count], self.classes, self.name)
+                            self.labels[:self.count], self.classes, self.name,
+                            stored_dtype=str(self.dtype))
 
 
 def _check_held_out(train: _Opened, test: _Opened) -> None:

@@ -76,7 +76,8 @@ class MappedArrays:
     """Images read from `source` by rows, with their targets in memory.
 
     `labels` the targets (int64 (N,) classes, or float32 (N, K)); `classes` their names ([]
-    when the files name none); `channels_last`: the file holds (N, H, W, C).
+    when the files name none); `channels_last`: the file holds (N, H, W, C); `stored_dtype`:
+    the file's numpy dtype (`ImageDataset.stored_dtype`).
     """
 
     streamed = False  # one size and channel count, as held: not decoded as read
@@ -84,8 +85,10 @@ class MappedArrays:
     skipped = 0
 
     def __init__(self, source: ArrayFile, labels: torch.Tensor, classes: list[str],
-                 name: str, channels_last: bool = False, count: int | None = None) -> None:
+                 name: str, channels_last: bool = False, count: int | None = None,
+                 stored_dtype: str = "") -> None:
         self.source, self.classes, self.name = source, classes, name
+        self.stored_dtype = stored_dtype
         self.channels_last = channels_last
         self.count = len(source) if count is None else min(count, len(source))
         self._labels = labels[:self.count]
@@ -153,7 +156,7 @@ class MappedArrays:
     def subset(self, count: int) -> MappedArrays:
         """The first `count` records."""
         return MappedArrays(self.source, self._labels, self.classes, self.name,
-                            self.channels_last, count)
+                            self.channels_last, count, self.stored_dtype)
 
     def load(self) -> ImageDataset:
         """Every image read into memory as an `ImageDataset` (float32)."""
@@ -162,4 +165,5 @@ class MappedArrays:
         for chunk in self._checked_chunks():
             images[start:start + rows] = chunk
             start += rows
-        return ImageDataset(torch.from_numpy(images), self._labels, self.classes, self.name)
+        return ImageDataset(torch.from_numpy(images), self._labels, self.classes, self.name,
+                            stored_dtype=self.stored_dtype)
