@@ -84,10 +84,15 @@ def test_explain_names_classes_the_data_does_not_name(tmp_path: Path) -> None:
     assert main(["train", *SMALL, f"data_dir={data}", "--out", str(tmp_path / "run")]) == 0
     assert main(["explain", str(tmp_path / "run"), "--num-images", "3",
                  "--out", str(tmp_path / "explained")]) == 0
-    shown = json.loads((tmp_path / "explained" / "explain.json").read_text())["images"]
+    explained = json.loads((tmp_path / "explained" / "explain.json").read_text())
+    shown = explained["images"]
     # "arrays test #11: class 2 -> class 1 (34%)": the true class, then the prediction
     assert {line.split(": ")[1].split(" -> ")[0] for line in shown} == \
         {"class 0", "class 1", "class 2"}
+    for line, predicted in zip(shown, explained["predictions"], strict=True):
+        top = predicted["top"][0]  # the JSON names the prediction as the title does
+        assert top["label"] == f"class {top['index']}"
+        assert line.split(" -> ")[1].startswith(f"{top['label']} (")
 
 
 @pytest.mark.parametrize("names, problem", [(["a", "a", "b"], "a appear(s) more than once"),

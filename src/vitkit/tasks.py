@@ -174,6 +174,12 @@ class Classification(Task):
     def decode(self, outputs: torch.Tensor) -> torch.Tensor:
         return outputs.float().softmax(-1)
 
+    def output_name(self, index: int) -> str:
+        """A class's name; "class N" where the data names none (integer array labels), as
+        predict, eval and explain's titles say."""
+        names = self.names
+        return names[index] if names and index < len(names) else f"class {index}"
+
     def describe(self, outputs: torch.Tensor, top_k: int = 5) -> list[dict[str, Any]]:
         probs = self.decode(outputs.detach())
         k = min(top_k, probs.shape[1])
