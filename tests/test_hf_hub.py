@@ -176,6 +176,29 @@ def test_offline_without_the_weights_file_names_both(hf_cache):
     assert load_pretrained(f"hf-hub:{HF_REPO}").config.depth == 2
 
 
+def test_a_sharded_repository_loads_through_its_index_and_a_missing_shard_is_named(hf_cache):
+    """save_pretrained(max_shard_size=...) as pushed: model.safetensors.index.json and the
+    shards it names, no model.safetensors (before, refused as holding no weights)."""
+    reference = hf_model()
+    folder = snapshot(hf_cache, HF_REPO)
+    reference.save_pretrained(folder, max_shard_size="60KB")
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and not (folder / "model.safetensors").exists()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = reference(pixel_values=images).logits
+        assert (load_pretrained(f"hf-hub:{HF_REPO}")(images) - expected).abs().max() <= TOL
+    saved = shards[-1].read_bytes()
+    shards[-1].unlink()
+    with pytest.raises(WeightsNotFoundError) as info:
+        load_pretrained(f"hf-hub:{HF_REPO}")
+    assert f"{shards[-1].name} is not in the Hugging Face cache" in str(info.value)
+    assert f"hf download {HF_REPO}" in str(info.value)
+    shards[-1].write_bytes(saved)  # as `hf download` on a connected machine leaves it
+    with torch.no_grad():
+        assert (load_pretrained(f"hf-hub:{HF_REPO}")(images) - expected).abs().max() <= TOL
+
+
 @pytest.mark.parametrize("config, holds", [
     ({"model_type": "bert", "hidden_size": 64}, "'bert' model"),
     ({"architecture": "resnet50", "pretrained_cfg": {}}, "timm resnet50"),

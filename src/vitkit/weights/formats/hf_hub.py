@@ -5,7 +5,8 @@ A source, like `hub` (`vitkit.catalog` hands it the names it claims): it fetches
 apply) and hands the snapshot folder to the format adapters: `hf` (transformers ViT:
 config.json with model_type "vit") or `timm` (config.json with "architecture" and
 "pretrained_cfg"). config.json is read first to tell the two apart; then only the weights file
-the folder needs is fetched, safetensors first.
+the folder needs is fetched, safetensors first (a sharded repository: its index, then the
+shards it names).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from vitkit.errors import CheckpointError, WeightsNotFoundError
 from vitkit.network import hub_unreachable
-from vitkit.weights.formats.sniff import WEIGHT_FILES
+from vitkit.weights.formats.sniff import INDEX_SUFFIX, WEIGHT_FILES, shard_map
 from vitkit.weights.formats.vitkit import FORMAT_NAME  # a pushed vitkit save_pretrained folder
 
 PREFIX = "hf-hub:"
@@ -87,6 +88,13 @@ def resolve(name: str, weights_dir: str | Path | None = None,
         fetcher.get(HF_PREPROCESSOR, required=False)
     for filename in WEIGHTS:
         if fetcher.get(filename, required=False) is not None:
+            return config_path.parent
+    for filename in WEIGHTS:  # sharded (save_pretrained's max_shard_size): the index, its shards
+        index = fetcher.get(filename + INDEX_SUFFIX, required=False)
+        if index is not None:
+            for shard in sorted(set(shard_map(index).values())):
+                if Path(shard).name == shard:  # others: refused by name when the folder is read
+                    fetcher.get(shard, required=True)
             return config_path.parent
     raise fetcher.missing_weights()
 

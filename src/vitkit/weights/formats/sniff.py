@@ -225,9 +225,8 @@ def missing_weights(folder: Path) -> CheckpointError:
                            "their shards)")
 
 
-def read_shards(index: Path) -> dict[str, torch.Tensor]:
-    """The state dict of a sharded Hugging Face folder: its index's `weight_map` (tensor
-    name -> shard file in the same folder), each shard read as a file of its own."""
+def shard_map(index: Path) -> dict[str, str]:
+    """A sharded folder's index's `weight_map`: tensor name -> shard file in the same folder."""
     try:
         weight_map = json.loads(index.read_text()).get("weight_map")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
@@ -235,6 +234,13 @@ def read_shards(index: Path) -> dict[str, torch.Tensor]:
     if not isinstance(weight_map, dict) or not weight_map or \
             not all(isinstance(v, str) for v in weight_map.values()):
         raise damaged(index, "its weight_map is not an object of tensor name: shard file")
+    return weight_map
+
+
+def read_shards(index: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a sharded Hugging Face folder: its index's `weight_map` (tensor
+    name -> shard file in the same folder), each shard read as a file of its own."""
+    weight_map = shard_map(index)
     tensors: dict[str, torch.Tensor] = {}
     for name in sorted(set(weight_map.values())):
         shard = index.parent / name
