@@ -78,6 +78,10 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
         verb = "is" if out.is_dir() else "names"
         raise ExportError(f"--out {given} {verb} a folder: give the file to write, e.g. --out "
                           f"{out / ('model' + _suffix(int8, merge_tokens))}")
+    if out.is_file() and out.suffix.lower() != ".onnx":  # weights (best.pt), the input...
+        raise ExportError(f"--out {given} is an existing file that is not an .onnx graph, and "
+                          "exporting would replace it: give a path ending in .onnx, e.g. --out "
+                          f"{out.with_suffix(_suffix(int8, merge_tokens))}")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
