@@ -21,6 +21,7 @@ from vitkit.export.onnx import (
     quiet_onnxruntime,
 )
 from vitkit.model.vit import VisionTransformer
+from vitkit.tasks import task_of
 
 INT8_RTOL = 0.1  # int8 logits may differ from fp32 by up to this fraction of the logits' range
 
@@ -81,14 +82,17 @@ def export_onnx_int8(model: VisionTransformer, path: str | Path, *, check_float:
 def check_onnx_int8(model: VisionTransformer, path: str | Path,
                     batch_sizes: Sequence[int] = (1, 3),
                     sizes: Sequence[int | tuple[int, int]] | None = None,
-                    rtol: float = INT8_RTOL) -> tuple[float, float]:
+                    rtol: float = INT8_RTOL, fix: str = "export without --int8"
+                    ) -> tuple[float, float]:
     """Compare an int8 ONNX file with the float `model` on random inputs.
 
     Passes when the max abs logit difference is at most `rtol` times the range (max - min)
-    of the float logits, and every image whose float top-1 margin over the runner-up exceeds
-    twice that difference keeps its top-1 class (those cannot flip within the error).
-    Returns (max abs difference, top-1 agreement over all images); raises ExportError.
+    of the float logits (a regression model: of its values), and every image whose float
+    top-1 margin over the runner-up exceeds twice that difference keeps its top-1 class
+    (those cannot flip within the error). Returns (max abs difference, top-1 agreement over
+    all images); raises ExportError, whose message ends with `fix`.
     """
+    outputs = "values" if task_of(model).kind == "regression" else "logits"
     expected_all, got_all = [], []
     for expected, got, _ in onnx_and_torch_outputs(model, path, batch_sizes, sizes or ()):
         expected_all.append(expected)
@@ -97,15 +101,14 @@ def check_onnx_int8(model: VisionTransformer, path: str | Path,
     diff = (got - expected).abs().max().item()
     spread = (expected.max() - expected.min()).item()
     if not diff <= rtol * spread:
-        raise ExportError(f"the int8 ONNX logits differ from the float model by {diff:.3g}, "
-                          f"above {rtol:g} x the logits' range {spread:.3g}; the quantised "
-                          "graph is not faithful: export without --int8.")
+        raise ExportError(f"the int8 ONNX {outputs} differ from the float model's by "
+                          f"{diff:.3g}, above {rtol:g} x their range {spread:.3g}; the "
+                          f"quantised graph is not faithful: {fix}.")
     agree = got.argmax(-1) == expected.argmax(-1)
     if expected.shape[-1] > 1:
         top2 = expected.topk(2, dim=-1).values
         clear = (top2[:, 0] - top2[:, 1]) > 2 * diff
         if not agree[clear].all():
             raise ExportError("the int8 ONNX graph changes the top-1 class of an input whose "
-                              "float margin exceeds the quantisation error; export without "
-                              "--int8.")
+                              f"float margin exceeds the quantisation error: {fix}.")
     return diff, agree.float().mean().item()

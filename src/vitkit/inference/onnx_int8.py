@@ -6,8 +6,11 @@ and run in an in-memory `InferenceSession` (its VNNI/AMX int8 kernels where the 
 standardised outputs, as its own forward gives) and every other attribute (config,
 preprocessing, task, class names) from `model`, so eval and predict take it as they take the
 model. No file is left behind: the graph is read into memory and its folder deleted. The
-float graph is checked against `model` before it is quantised (`export_onnx_int8`), so a graph
-the exporter got wrong raises ExportError instead of answering wrongly.
+float graph is checked against `model` before it is quantised (`export_onnx_int8`), and the
+int8 graph after, as `vitkit export --int8` checks it (`check_onnx_int8`: within INT8_RTOL of
+the outputs' range, clear top-1 classes kept), so a graph the exporter got wrong, or one that
+int8 bends too far (seen on a small regression model), raises ExportError instead of answering
+wrongly: `auto` then leaves the engine out, and a pinned engine is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from torch import nn
 
 from vitkit.errors import ExportError
-from vitkit.export import export_onnx_int8, require
+from vitkit.export import check_onnx_int8, export_onnx_int8, require
 from vitkit.export.onnx import destandardisation
 
 __all__ = ["OnnxRuntimeInt8", "cpu_session", "onnxruntime_available"]
@@ -51,6 +54,14 @@ def _other_engines() -> str:
     return "--int8-engine torch" + (" (or onednn)" if "onednn" in available_engines() else "")
 
 
+def _with_fix(message: str) -> str:
+    """An export error's message with the other engines as its fix (the faithfulness check
+    names them already)."""
+    fix = f"use another int8 engine: {_other_engines()}"
+    return message if fix in message else f"{message} Use another int8 engine: " \
+        f"{_other_engines()}."
+
+
 class OnnxRuntimeInt8(nn.Module):
     """`model` as an int8 ONNX Runtime session (see the module docstring)."""
 
@@ -61,9 +72,11 @@ class OnnxRuntimeInt8(nn.Module):
             try:
                 path = export_onnx_int8(model, Path(folder) / "model.onnx",
                                         dynamic_batch=True, dynamic_size=False)
+                check_onnx_int8(model, path, fix=f"use another int8 engine: "
+                                                 f"{_other_engines()}")
             except ExportError as exc:
-                raise ExportError(f"the onnxruntime int8 engine cannot run this model: {exc} "
-                                  f"Use another int8 engine: {_other_engines()}.") from exc
+                raise ExportError(f"the onnxruntime int8 engine cannot run this model: "
+                                  f"{_with_fix(str(exc))}") from exc
             graph = path.read_bytes()
         self.session = cpu_session(graph, threads)
         self.input_name = self.session.get_inputs()[0].name
