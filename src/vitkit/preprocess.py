@@ -8,6 +8,7 @@ shorter side, centre-crop and use the ImageNet mean/std. Getting this wrong cost
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +43,9 @@ class Preprocess:
     """How raw images become model input.
 
     `resize_mode="squash"` resizes to `img_size` directly (the official ViT evaluation);
-    "shorter_side" scales the shorter side to size / crop_pct and centre-crops `img_size`.
+    "shorter_side" scales the shorter side to size / crop_pct and centre-crops `img_size`,
+    in timm's arithmetic (`transforms_imagenet_eval`, crop mode "center"), so timm weights
+    see the pixels timm gives them.
     """
 
     img_size: tuple[int, int] = (224, 224)
@@ -106,11 +109,12 @@ class Preprocess:
         resample = INTERPOLATIONS[self.interpolation]
         if self.resize_mode == "squash":
             return image.resize((width, height), resample)
-        scale = max(height / image.height, width / image.width) / self.crop_pct
-        new_w = max(width, round(image.width * scale))
-        new_h = max(height, round(image.height * scale))
+        new_h, new_w = _shorter_side_size(image.height, image.width, height, width,
+                                          self.crop_pct)
+        new_h, new_w = max(height, new_h), max(width, new_w)
         image = image.resize((new_w, new_h), resample)
-        left, top = (new_w - width) // 2, (new_h - height) // 2
+        # torchvision's centre crop: offsets rounded (half to even), not floored
+        left, top = round((new_w - width) / 2), round((new_h - height) / 2)
         return image.crop((left, top, left + width, top + height))
 
     def to_uint8(self, image: Image.Image) -> torch.Tensor:
@@ -127,6 +131,21 @@ class Preprocess:
     def __call__(self, images: list[Image.Image]) -> torch.Tensor:
         """A normalised float batch (B, C, H, W) from PIL images."""
         return self.normalize(torch.stack([self.to_uint8(image) for image in images]))
+
+
+def _shorter_side_size(image_h: int, image_w: int, height: int, width: int,
+                       crop_pct: float) -> tuple[int, int]:
+    """The (H, W) an image is resized to before the centre crop, as timm's evaluation
+    transform sizes it: each side's floor(size / crop_pct); for a square size the shorter
+    side goes there and the longer one is truncated (torchvision's Resize(int)), for another
+    the image's ratio is kept with both sides rounded (timm's ResizeKeepRatio)."""
+    scaled_h, scaled_w = math.floor(height / crop_pct), math.floor(width / crop_pct)
+    if height == width:
+        if image_w <= image_h:
+            return int(scaled_w * image_h / image_w), scaled_w
+        return scaled_h, int(scaled_h * image_w / image_h)
+    ratio = min(image_h / scaled_h, image_w / scaled_w)
+    return round(image_h / ratio), round(image_w / ratio)
 
 
 def normalize(images: torch.Tensor, mean: Sequence[float] | torch.Tensor,
