@@ -229,3 +229,27 @@ def test_evaluations_on_two_data_folders_keep_a_report_each_naming_the_folder(ru
     right_report = json.loads((run / "eval-folder-right-test.json").read_text())
     assert right_report["top1"] != kept["top1"]  # the first folder's report was not overwritten
     assert json.loads((run / "eval.json").read_text()) == kept  # eval.json: the latest
+
+
+def test_a_folder_of_some_of_the_models_classes_is_scored_by_their_names(run, tmp_path, capsys,
+                                                                         caplog):
+    """Before: the folder's classes 3 and 5 were numbered 0 and 1 and scored as the model's
+    classes 0 and 1 (12.5% where the model was right on most images)."""
+    images, labels = _digits_test()
+    chosen = (labels == 3) | (labels == 5)
+    images, labels = images[chosen][:30], labels[chosen][:30]
+    model = load_pretrained(run / "best.pt")
+    with torch.no_grad():
+        predicted = model(model.preprocess.normalize(images)).argmax(1)
+    expected = (predicted == labels).double().mean().item()
+    folder = _digit_folder(tmp_path / "some", images, labels,
+                           [str(i) for i in range(10)])  # sub-folders 3/ and 5/ only
+    with caplog.at_level(logging.INFO):
+        report = _eval(tmp_path, run, "--data", "folder", "--data-dir", str(folder))
+    assert "the folder classes are matched to the model's by name (2 of its 10)" in caplog.text
+    assert abs(report["top1"] - expected) <= TOL and expected > 0.5
+    names = [f"d{i}" if i == 5 else str(i) for i in range(10)]  # 5/ renamed d5/
+    other = _digit_folder(tmp_path / "other", images, labels, names)
+    assert main(["eval", str(run), "--data", "folder", "--data-dir", str(other)]) == 2
+    assert "folder has classes the model does not: d5 (the model's 10 are 0, 1, 2, 3, 4 ...)" \
+        in capsys.readouterr().err

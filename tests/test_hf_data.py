@@ -6,6 +6,7 @@ runs offline with HF_HOME in its own tmp folder."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -14,7 +15,7 @@ import datasets
 import huggingface_hub.constants
 import numpy as np
 import pytest
-from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Value, concatenate_datasets
 from datasets import Image as HFImage
 from datasets.packaged_modules.parquet.parquet import Parquet
 from PIL import Image
@@ -346,3 +347,36 @@ def test_streaming_shards_cover_every_record_once_and_resume_exactly(
     _, labels = _digit_images()
     assert label == labels[int(np.asarray(image.image)[0, 0, 0])]
     assert where.startswith(f"hf:{spec} train (epoch 0, rank 0 of 1, record 0")
+
+
+def test_eval_split_advice_and_probe_features_of_a_dataset_saved_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The missing-split refusal named only the training setting (split=), which `vitkit
+    eval` does not take; probe read the features of a dataset saved anew at the same path
+    from its cache (nothing of a local dataset's files was in the cache's key)."""
+    from vitkit.cli import main
+
+    parts, _, _ = _dataset_dict()
+    saved = tmp_path / "saved"
+    parts.save_to_disk(str(saved))
+    run = tmp_path / "run"
+    assert main(["train", f"data=hf:{saved}", 'model={"img_size": 24, "patch_size": 8, '
+                 '"width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32}', "epochs=1",
+                 "batch_size=10", "warmup_epochs=0", "progress=false", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--split", "dev"]) == 2
+    err = capsys.readouterr().err
+    assert "its splits are train, validation, test: pass one of them as split= (vitkit eval: " \
+        "--split NAME)" in err
+    assert main(["eval", str(run), "--split", "test", "--json"]) == 0  # the advice followed
+    assert json.loads(capsys.readouterr().out)["images"] == 4
+    assert main(["probe", str(run), "--json", str(tmp_path / "first.json")]) == 0
+    first = json.loads((tmp_path / "first.json").read_text())
+    grown = DatasetDict(train=parts["train"], validation=concatenate_datasets(
+        [parts["validation"]] * 3), test=parts["test"])
+    grown.save_to_disk(str(tmp_path / "grown"))
+    shutil.rmtree(saved)
+    (tmp_path / "grown").rename(saved)
+    assert main(["probe", str(run), "--json", str(tmp_path / "again.json")]) == 0
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert (first["test_images"], again["test_images"]) == (6, 18)

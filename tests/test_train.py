@@ -71,6 +71,12 @@ def test_resume_continues_exactly(tmp_path):
         assert a.keys() == b.keys()
         for name in a:
             assert torch.equal(a[name], b[name]), f"{key}.{name} differs after resume"
+    # the resumed epoch's train_loss is the whole epoch's (was: only the resumed part's)
+    rows = {run: [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text()
+                  .splitlines()] for run in ("a", "b")}
+    assert [row["epoch"] for row in rows["b"]] == [row["epoch"] for row in rows["a"]]
+    assert [row["train_loss"] for row in rows["b"]] == \
+        pytest.approx([row["train_loss"] for row in rows["a"]], rel=1e-6)
 
 
 def _as_version_1(state: dict) -> dict:
@@ -145,6 +151,10 @@ def test_two_processes_under_torchrun_equal_one_process(tmp_path):
     ddp, single = _weights(tmp_path / "ddp" / "last.pt"), _weights(tmp_path / "single" / "last.pt")
     worst = max((ddp[k] - single[k]).abs().max().item() for k in single)
     assert worst <= 1e-4  # same global batches; only the all-reduce summation order differs
+    # every rank's images in the train loss, not rank 0's alone
+    losses = [[json.loads(line)["train_loss"] for line in (tmp_path / run / "metrics.jsonl")
+               .read_text().splitlines()] for run in ("ddp", "single")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
     assert load_checkpoint(tmp_path / "ddp" / "last.pt")["position"]["step"] == 22
 
 

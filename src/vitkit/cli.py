@@ -1,8 +1,9 @@
 """`vitkit <verb>`: a thin command-line layer over the library.
 
 Exit status: 0 on success; 1 when some inputs failed but the rest were done (`predict`);
-2 for a usage error or a `VitkitError` (one line on stderr, no traceback). Anything else is
-a bug: its traceback is kept and the user is asked to report it.
+2 for a usage error or a `VitkitError` (one line on stderr, no traceback); 130 for Ctrl-C
+(one line; training saves a checkpoint first). Anything else is a bug: its traceback is kept
+and the user is asked to report it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 EXIT_PARTIAL = 1  # some inputs failed, the others were done
 EXIT_BUG = 1  # an unexpected exception (as Python's own exit status for one)
 EXIT_ERROR = 2  # a usage error or a VitkitError
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as the shell reports it
 # Libraries whose loggers print through a handler of their own: the root handler must not print
 # their messages a second time.
 OWN_HANDLER_LOGGERS = ("huggingface_hub", "datasets")
@@ -367,10 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
                                "the data a training checkpoint records; required for other "
                                "weights)")
     evaluate.add_argument("--data-dir", help="local dataset folder")
-    evaluate.add_argument("--split", default="test",
+    evaluate.add_argument("--split",
                           help="train, test (the held-out split: a folder's val/ or test/; a "
-                               "Hugging Face dataset's validation/test), or any split name of "
-                               "a Hugging Face dataset (default: test)")
+                               "Hugging Face dataset's split named test where it has one), or "
+                               "any split name of a Hugging Face dataset (default: the "
+                               "held-out split: the one the run evaluated on, for a Hugging "
+                               "Face dataset validation before test)")
     evaluate.add_argument("--limit", type=image_count,
                           help="evaluate only the first N images, or all (default: as the "
                                "training run did, its test_limit)")
@@ -548,6 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VitkitError as exc:  # bad input: the message says what to change
         print(f"vitkit {args.verb}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except KeyboardInterrupt:  # Ctrl-C outside training (which saves and stops on its own)
+        print(f"vitkit {args.verb}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`vitkit models | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
         return 0

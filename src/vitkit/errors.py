@@ -66,6 +66,10 @@ class DataError(VitkitError, ValueError):
     """A dataset that is missing, malformed, or does not fit the model."""
 
 
+class MissingSplit(DataError):
+    """A Hugging Face dataset has no split of the name asked for."""
+
+
 class TrainingError(VitkitError, RuntimeError):
     """A training run that cannot go on, such as a loss that stopped being finite."""
 

@@ -50,6 +50,7 @@ from vitkit.data.workers import (
     Transform,
     auto_workers,
     loader,
+    own_generator,
 )
 from vitkit.errors import DataError
 from vitkit.preprocess import Preprocess
@@ -222,7 +223,8 @@ class IterableFeed(_NamesSkips):
               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         self.dataset.epoch, self.dataset.skip_batches = epoch, start_batch
         batches = DataLoader(self.dataset, batch_size=None, num_workers=1,
-                             pin_memory=self.pin_memory, prefetch_factor=4)
+                             pin_memory=self.pin_memory, prefetch_factor=4,
+                             generator=own_generator())
         total = self.order.batches_per_epoch()
         for index, batch in enumerate(batches, start_batch):
             if index >= total:
@@ -336,7 +338,7 @@ class IterableEval(_NamesSkips):
         dataset = StreamedBatches(self.records, self.transform, self.channels, self.size, 0,
                                   rank, world_size, batch_size)
         batches = DataLoader(dataset, batch_size=None, num_workers=1,
-                             pin_memory=self.pin_memory)
+                             pin_memory=self.pin_memory, generator=own_generator())
         for batch in batches:
             self.skips.add(batch.skipped)
             if len(batch.labels):

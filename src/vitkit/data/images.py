@@ -62,8 +62,9 @@ FIXES = {
                   "remove the file",
     TRUNCATED: "the file was cut short (an interrupted download or copy?): fetch it again",
     CORRUPT: "the file is damaged: fetch or export it again",
-    TOO_MANY_PIXELS: "if you trust the file, raise PIL.Image.MAX_IMAGE_PIXELS (None disables "
-                     "the check), or shrink the image",
+    TOO_MANY_PIXELS: "shrink the image below Pillow's decompression-bomb limit (in Python, "
+                     "for a file you trust, raise PIL.Image.MAX_IMAGE_PIXELS first; None "
+                     "disables the check)",
     UNSUPPORTED: "save the image as 8- or 16-bit grayscale or RGB",
 }
 

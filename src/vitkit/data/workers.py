@@ -171,4 +171,13 @@ def loader(dataset: DecodedBatches, sampler: Sampler, workers: int, pin_memory: 
     return DataLoader(dataset, batch_sampler=sampler, num_workers=workers,
                       collate_fn=_single, pin_memory=pin_memory,
                       persistent_workers=persistent and workers > 0,
-                      prefetch_factor=4 if workers > 0 else None)
+                      prefetch_factor=4 if workers > 0 else None, generator=own_generator())
+
+
+def own_generator() -> torch.Generator:
+    """The generator a DataLoader draws its workers' base seed from at each new iterator.
+    Left to torch's global one, that draw moves the dropout and drop-path masks the model
+    takes from it, by one draw per epoch begun, so a run resumed mid-epoch (one iterator
+    fewer) was not exact. The workers' seeds are unused: every random choice of a batch is
+    seeded by the run's seed, epoch and position."""
+    return torch.Generator().manual_seed(0)

@@ -84,14 +84,16 @@ def evaluate(model: torch.nn.Module, dataset: EvaluationFeed,
              info: Ranks | None = None,
              context: Callable[[], contextlib.AbstractContextManager] | None = None,
              image_size: tuple[int, int] | None = None,
-             should_stop: Callable[[], bool] | None = None) -> EvalResult:
+             should_stop: Callable[[], bool] | None = None,
+             label_map: torch.Tensor | None = None) -> EvalResult:
     """Evaluate on this rank's share of `dataset` and combine the counts over ranks.
 
     Images are normalised with `preprocess` (its mean and std), then resized to `image_size`
     when it differs from the dataset's (bilinear, antialiased when shrinking). The model runs
     inside `context()` (from `vitkit.inference.precision`: `apply_precision`'s, or
     `autocast_context` for a run's amp; None: none). In a single process, `should_stop` is
-    asked before each batch (a signal need not wait for the end).
+    asked before each batch (a signal need not wait for the end). `label_map[i]`: the model's
+    output for the data's class i (`match_classes`; None: the same index).
     """
     info = info or SingleProcess()
     device = device or torch.device("cpu")
@@ -107,7 +109,7 @@ def evaluate(model: torch.nn.Module, dataset: EvaluationFeed,
             interrupted = True  # under DDP every rank must join the all-reduce below
             break
         x = resize_batch(preprocess.normalize(images.to(device)), image_size)
-        labels = labels.to(device)
+        labels = (labels if label_map is None else label_map[labels]).to(device)
         with (context or contextlib.nullcontext)():
             logits = model(x)
         logits = logits.float()

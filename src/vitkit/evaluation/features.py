@@ -27,7 +27,7 @@ from vitkit.catalog import read_weights
 from vitkit.data.augment import resize_batch
 from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
-from vitkit.evaluation.splits import data_for, split_to_evaluate
+from vitkit.evaluation.splits import data_for, recorded_limit_key, split_to_evaluate
 from vitkit.files import cache_root, write_atomic
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
@@ -120,8 +120,16 @@ def _cache_key(weights: WeightsRecord, model: VisionTransformer, sources: dict[s
                                for i, p in enumerate(source)]
                        for split, source in sources.items()},
            "recipe_reading": reading,
-           "data_stamps": {split: _data_stamp(source[1]) for split, source in sources.items()}}
+           "data_stamps": {split: _data_stamp(source[1] or _local_dataset(source[0]))
+                           for split, source in sources.items()}}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _local_dataset(data: str) -> str | None:
+    """The folder of a Hugging Face dataset read from disk (hf:PATH: save_to_disk's or a
+    folder of parquet files), whose files stamp it as a data folder's do; None otherwise."""
+    path = data[len("hf:"):] if data.startswith("hf:") else ""
+    return path if path and Path(path).expanduser().is_dir() else None
 
 
 def _data_stamp(data_dir: str | None, depth: int = 2, most: int = 20_000) -> list | None:
@@ -181,6 +189,11 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
     config = model.config
     data_dir = data_for(weights, data, data_dir, SPLITS[0], None)[1]  # looked up (and said) once
     sources = {split: data_for(weights, data, data_dir, split, None) for split in SPLITS}
+    for split, (named, _, limit) in sources.items():
+        if limit is not None:
+            log.info("%s: the first %d images, as the training run read them (its %s); name "
+                     "the data (--data %s) to read every image", split, limit,
+                     recorded_limit_key(split), named)
     name = sources["train"][0]
     path = features_cache_dir() / f"{_cache_key(weights, model, sources)}.safetensors"
     task = getattr(model, "task", None)

@@ -3,9 +3,11 @@ with more than 5 classes), loss, per-class accuracy, the JSON report and a confu
 PNG. Weights trained for regression report mae, rmse, r2 and per_output; for multi-label
 classification map, f1 and per_label (`vitkit.tasks`; no confusion matrix or top-k).
 
-Each evaluation keeps its own report, `eval-<data>[-<folder>]-<split>[-int8|-bf16][-mergeR].json`
-(`<folder>`: the last part of a data folder given with the data; a later evaluation on other
-data, folder or split, or through another speed path, does not overwrite it);
+Each evaluation keeps its own report,
+`eval-<data>[-<folder>]-<split>[-first<N>][-int8|-bf16][-mergeR][-flip].json` (`<folder>`: the
+last part of a data folder given with the data; `first<N>`: `--limit N` asked for; a later
+evaluation on other data, folder, split or limit, or through another speed path, does not
+overwrite it);
 `eval.json` and `confusion_matrix.png` are the latest evaluation's, as Hugging Face's
 Trainer keeps `eval_results.json`."""
 
@@ -23,7 +25,7 @@ import torch
 
 from vitkit.catalog import read_weights
 from vitkit.data.feeds import EvaluationFeed
-from vitkit.errors import DataError
+from vitkit.errors import DataError, first_few
 from vitkit.evaluation.classify import evaluate, reports_top_k
 from vitkit.evaluation.splits import data_for, recorded_limit_key, split_to_evaluate
 from vitkit.evaluation.task_eval import evaluate_task
@@ -68,7 +70,7 @@ def _check_fits(dataset: EvaluationFeed, num_classes: int,
 
 
 def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str | None = None,
-                        split: str = "test", out: str | Path | None = None,
+                        split: str | None = None, out: str | Path | None = None,
                         limit: int | str | None = None, batch_size: int = 500,
                         weights_dir: str | Path | None = None, merge_tokens: int = 0,
                         int8: str | None = None, precision: str | None = None,
@@ -85,12 +87,15 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     averages the outputs over mirror images. eval.json records each, with the precision's
     reason.
 
+    `split`: "train", "test" or a Hugging Face split's name (None: the held-out split; a
+    Hugging Face dataset's split called test is read when "test" is named).
     The data defaults to a training checkpoint's own (data, folder and image limit:
     `limit="all"` reads every image); other weights need `data`. Images go through the
     weights' preprocessing (mean/std) and are resized to the model's size when theirs differs.
     """
     from vitkit.analysis.plots import plot_confusion
 
+    named, split = split is not None, split or "test"
     weights = read_weights(path, weights_dir)
     model = build_model(weights)
     config = model.config
@@ -114,11 +119,13 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
             _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data)
 
     dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
-                                config.in_chans, check_first=check_fits)
+                                config.in_chans, check_first=check_fits, named=named)
     if tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
     out_dir = Path(out) if out else default_out_dir(path, weights.path)
+    kept_name = eval_report_name(data, split, merge_tokens, chosen.name, tta, folder,
+                                 limit if asked not in (None, "all") else None)
     head = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
             "data": data, "data_dir": data_dir, "split": split, "merge_tokens": merge_tokens,
             "int8": int8, "tta": tta,
@@ -134,12 +141,14 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
         report = {**head, "task": task.kind, "images": scored.count,
                   "loss": scored.metrics["test_loss"],
                   **{k: v for k, v in scored.metrics.items() if k != "test_loss"}}
-        return _write_report(report, out_dir, data, folder, split, merge_tokens, chosen.name,
+        return _write_report(report, out_dir, kept_name,
                              task_lines(task, report, f"{data} {split}, {scored.count} "
                                                       f"images{speed}"))
+    label_map = match_classes(list(dataset.classes), weights.class_names, data)
     result = evaluate(fast, dataset, config.num_classes, weights.preprocess, batch_size,
-                      image_size=config.img_size, context=context)
-    classes = list(dataset.classes) if len(dataset.classes) == config.num_classes else \
+                      image_size=config.img_size, context=context, label_map=label_map)
+    classes = list(dataset.classes) if label_map is None and \
+        len(dataset.classes) == config.num_classes else \
         list(weights.class_names or [f"class {i}" for i in range(config.num_classes)])
     out_dir.mkdir(parents=True, exist_ok=True)
     per_class = {name: round(float(acc), 4) for name, acc in zip(classes, result.per_class,
@@ -148,7 +157,7 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
               "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
               "confusion": result.confusion.tolist()}
     text = json.dumps(report, indent=2) + "\n"
-    kept = out_dir / eval_report_name(data, split, merge_tokens, chosen.name, tta, folder)
+    kept = out_dir / kept_name
     kept.write_text(text)
     (out_dir / LATEST_REPORT).write_text(text)
     png = plot_confusion(result.confusion, classes, out_dir / "confusion_matrix.png",
@@ -159,6 +168,35 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     lines += [f"  {name:<12} {100 * acc:6.2f}%" for name, acc in per_class.items()]
     lines.append(f"wrote {kept} (and {LATEST_REPORT}, the latest) and {png}")
     return Report("\n".join(lines), report)
+
+
+def match_classes(data_classes: list[str], model_classes: list[str] | None,
+                  data: str) -> torch.Tensor | None:
+    """The model's output for each of the data's classes, matched by name where the two name
+    them differently (a folder of some of the model's classes, or in another order); None
+    where they are the same, or cannot be matched (then scored by position, with a warning
+    when neither names one class of the other). Data naming classes the model lacks among
+    ones it has is refused: scored by position, it would be scored against other classes."""
+    if not data_classes or not model_classes or data_classes == list(model_classes):
+        return None
+    output = {name: i for i, name in enumerate(model_classes)}
+    missing = [name for name in data_classes if name not in output]
+    if len(missing) == len(data_classes):
+        log.warning("warning: none of the %s classes (%s) is among the model's (%s): scored by "
+                    "position (the data's class i as the model's output i)", data,
+                    first_few(data_classes), first_few(model_classes))
+        return None
+    if missing:
+        raise DataError(f"{data} has classes the model does not: {first_few(missing)} (the "
+                        f"model's {len(model_classes)} are {first_few(model_classes)}): "
+                        "evaluate on data of the model's classes, or fine-tune it on this data "
+                        f"first (vitkit finetune WEIGHTS --data {data})")
+    mapping = torch.tensor([output[name] for name in data_classes])
+    if torch.equal(mapping, torch.arange(len(data_classes))):
+        return None
+    log.info("the %s classes are matched to the model's by name (%d of its %d)", data,
+             len(data_classes), len(model_classes))
+    return mapping
 
 
 def _class_labels(labels: torch.Tensor) -> bool:
@@ -238,13 +276,11 @@ def task_lines(task: Task, report: dict, title: str) -> list[str]:
     return lines
 
 
-def _write_report(report: dict, out_dir: Path, data: str, folder: str | None, split: str,
-                  merge_tokens: int, precision: str, lines: list[str]) -> Report:
+def _write_report(report: dict, out_dir: Path, kept_name: str, lines: list[str]) -> Report:
     """Write the kept report and eval.json (the latest); the printed text ends naming them."""
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=2) + "\n"
-    kept = out_dir / eval_report_name(data, split, merge_tokens, precision, report["tta"],
-                                      folder)
+    kept = out_dir / kept_name
     kept.write_text(text)
     (out_dir / LATEST_REPORT).write_text(text)
     lines.append(f"wrote {kept} (and {LATEST_REPORT}, the latest)")
@@ -267,14 +303,15 @@ def _in_precision(model: torch.nn.Module, precision: str | None, int8: str | Non
 
 def eval_report_name(data: str, split: str, merge_tokens: int = 0,
                      precision: str | None = None, tta: str = "none",
-                     folder: str | None = None) -> str:
+                     folder: str | None = None, first: int | None = None) -> str:
     """"eval-digits-test.json", "eval-hf_ylecun_mnist-test-int8-merge8.json",
-    "eval-cifar10-test-flip.json", "eval-folder-pets-test.json": one report per data (and data
-    folder given), split, speed path and test-time augmentation, so evaluations never
-    overwrite each other. `precision`: fp32 or None, bf16, or int8 (an int8 engine's name,
-    "torch", also means int8)."""
+    "eval-cifar10-test-flip.json", "eval-folder-pets-test-first5.json": one report per data
+    (and data folder given), split, image limit asked for (`first`), speed path and test-time
+    augmentation, so evaluations never overwrite each other. `precision`: fp32 or None, bf16,
+    or int8 (an int8 engine's name, "torch", also means int8)."""
     label = None if precision in (None, "fp32") else "bf16" if precision == "bf16" else "int8"
-    parts = [data, *([folder] if folder else []), split, *([label] if label else []),
+    parts = [data, *([folder] if folder else []), split, *([f"first{first}"] if first else []),
+             *([label] if label else []),
              *([f"merge{merge_tokens}"] if merge_tokens else []),
              *([tta] if tta != "none" else [])]
     return "eval-" + "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", part).strip("_")

@@ -9,7 +9,7 @@ from typing import Any
 
 from vitkit.data.feeds import EvaluationFeed, evaluation_feed
 from vitkit.data.sources import SOURCES, open_source
-from vitkit.errors import DataError
+from vitkit.errors import DataError, MissingSplit
 from vitkit.weights import WeightsRecord
 from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
@@ -45,8 +45,8 @@ def recorded_limit_key(split: str) -> str:
 
 def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
                        limit: int | None, size: tuple[int, int], channels: int,
-                       check_first: Callable[[EvaluationFeed], None] | None = None
-                       ) -> EvaluationFeed:
+                       check_first: Callable[[EvaluationFeed], None] | None = None,
+                       named: bool = False) -> EvaluationFeed:
     """The split to evaluate: in memory, or streamed through the weights' own preprocessing;
     refused when its images are in other units than the weights' (`check_same_units`), after
     `check_first` (the caller's checks whose messages say more, such as the targets').
@@ -55,7 +55,9 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
     weights expect), except that a vitkit run's own data is read as the run read it (its
     `data_mode`), so its score is reproduced. `split`: "train", "test" (the held-out split:
     val/ or test/ of a folder, the run's `split` or validation/test of a Hugging Face
-    dataset) or, for a Hugging Face dataset, any split name it has.
+    dataset) or, for a Hugging Face dataset, any split name it has. `named`: the user named
+    the split (`--split test`): a Hugging Face dataset's split called test is then read,
+    where it has one, rather than the held-out split (validation, when it has both).
     """
     recipe = weights.train_config or {}
     own = data == recipe.get("data")
@@ -63,16 +65,26 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
     mode = recipe.get("data_mode", "auto") if own else ("stream" if streamable else "auto")
     train_split = recipe.get("train_split") if own else None
     eval_split = recipe.get("split") if own else None
-    if split not in ("train", "test"):
+    held_out = eval_split
+    literal_test = named and split == "test" and data.startswith("hf:")
+    if split not in ("train", "test") or literal_test:
         if not data.startswith("hf:"):
             raise DataError(f"--split {split}: {data} has the splits train and test; other "
                             "split names are for Hugging Face datasets (--data hf:NAME)")
         eval_split, split = split, "test"
-    train_set, test_set = open_source(
-        data, data_dir, size, channels, limit if split == "train" else None,
-        limit if split == "test" else None, mode, train_split, eval_split,
-        bool(recipe.get("streaming")) if own else False,
-        task=weights.task.kind if weights.task else "classification")
+
+    def opened(eval_split: str | None) -> tuple[Any, Any]:
+        return open_source(data, data_dir, size, channels, limit if split == "train" else None,
+                           limit if split == "test" else None, mode, train_split, eval_split,
+                           bool(recipe.get("streaming")) if own else False,
+                           task=weights.task.kind if weights.task else "classification")
+
+    try:
+        train_set, test_set = opened(eval_split)
+    except MissingSplit:
+        if not literal_test:
+            raise
+        train_set, test_set = opened(held_out)  # no split named test: the held-out one
     chosen = train_set if split == "train" else test_set
     feed = evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)
     if check_first is not None:

@@ -49,7 +49,8 @@ def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
     add_tta_argument(serve)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; "
-                            "another address needs --token)")
+                            "another address is open to anyone who can reach it unless "
+                            "--token is set, and a warning says so)")
     serve.add_argument("--port", type=port_number, default=8000,
                        help="port, 0 to 65535 (default 8000; 0: any free port)")
     serve.add_argument("--max-batch", type=positive_int, default=8,
@@ -61,7 +62,7 @@ def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
     serve.add_argument("--max-upload-mb", type=positive_float, default=20.0,
                        help="largest request body, refused with 413 above (default 20 MB)")
     serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/ routes "
-                                       "(needed when --host is not loopback; default: the "
+                                       "(set one when --host is not loopback; default: the "
                                        f"{TOKEN_ENV} environment variable, which, unlike "
                                        "the command line, other users cannot read in the "
                                        "process list)")

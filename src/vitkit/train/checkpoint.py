@@ -40,6 +40,10 @@ class Position:
     best_score: float | None = None  # the task's primary metric at best.pt (None: no best yet)
     elapsed: float = 0.0  # training wall time before this process started
     history: list[dict[str, float]] = field(default_factory=list)
+    # the epoch in progress so far, over every rank: its training loss summed over images and
+    # the images, so a run resumed mid-epoch reports the whole epoch's train_loss
+    epoch_loss: float = 0.0
+    epoch_images: int = 0
 
 
 @dataclass
@@ -61,7 +65,8 @@ class TrainCheckpoint:
             "optimizer": self.optimizer,
             "position": {"epoch": pos.epoch, "batch": pos.batch, "step": pos.step,
                          "total_steps": pos.total_steps, "best_score": pos.best_score,
-                         "elapsed": pos.elapsed},
+                         "elapsed": pos.elapsed, "epoch_loss": pos.epoch_loss,
+                         "epoch_images": pos.epoch_images},
             "history": pos.history,
             "rng": {"torch": self.torch_rng, "augment": self.augment_rng},
             "train_config": self.train_config,
@@ -76,7 +81,9 @@ class TrainCheckpoint:
             pos = state["position"]
             return cls(trained, state["optimizer"],
                        Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
-                                _best_score(pos), pos["elapsed"], list(state["history"])),
+                                _best_score(pos), pos["elapsed"], list(state["history"]),
+                                float(pos.get("epoch_loss", 0.0)),
+                                int(pos.get("epoch_images", 0))),
                        state["rng"]["torch"], state["rng"]["augment"],
                        state.get("train_config") or {}, _text(state.get("trained_in")))
 

@@ -113,7 +113,21 @@ def output_count(train: Source, task: TaskSpec, test: Source | None = None) -> i
     indices of both splits, `index_class_count`), targets or labels."""
     if task.kind != "classification":
         return target_count(train)
-    return len(train.classes) or index_class_count(train, test, train.name or "the data")
+    where = train.name or "the data"
+    return check_two_classes(len(train.classes) or index_class_count(train, test, where),
+                             train, where)
+
+
+def check_two_classes(found: int, train: Source, where: str) -> int:
+    """`found`, the classes of the data: refused when there is one, which a classifier learns
+    to 100% without learning anything (most often a folder laid out one level off)."""
+    if found == 1:
+        named = f" ({train.classes[0]})" if train.classes else ""
+        raise DataError(f"{where} holds one class{named}, and a classifier needs two or more: "
+                        "give the data two classes or more (a folder: one sub-folder per class "
+                        "in train/ and in val/, train/<class>/<image>); for values rather "
+                        "than classes: task=regression")
+    return found
 
 
 def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
@@ -204,8 +218,9 @@ def size_head_to_classes(cfg: TrainConfig, config: ViTConfig, train: Source,
     arrays, hf:); on the digits and CIFAR it is kept (a head with spare outputs trains)."""
     if cfg.init_from:
         return config  # fine-tuning gives the pretrained model a new head (`output_count`)
-    found = len(train.classes) or (index_class_count(train, test, cfg.data_dir or cfg.data)
-                                   if cfg.data == "arrays" else 0)
+    found = check_two_classes(len(train.classes) or (
+        index_class_count(train, test, cfg.data_dir or cfg.data) if cfg.data == "arrays"
+        else 0), train, cfg.data_dir or cfg.data)
     if not found or config.num_classes == found:
         return config
     named_classes = cfg.data in ("folder", "arrays") or cfg.data.startswith("hf:")

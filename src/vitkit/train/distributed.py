@@ -47,6 +47,15 @@ def broadcast_flag(flag: bool, info: DistInfo) -> bool:
     return bool(value.item())
 
 
+def sum_over_ranks(loss_sum: float, images: int, info: DistInfo) -> tuple[float, int]:
+    """A rank's training loss sum and image count, summed over every rank."""
+    if not info.enabled:
+        return loss_sum, images
+    totals = torch.tensor([loss_sum, float(images)], dtype=torch.float64)
+    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    return float(totals[0]), int(totals[1])
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

@@ -23,7 +23,7 @@ from vitkit.inference.precision import autocast_context
 from vitkit.inference.tta import with_tta
 from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
-from vitkit.train.distributed import barrier, broadcast_flag, cleanup
+from vitkit.train.distributed import barrier, broadcast_flag, cleanup, sum_over_ranks
 from vitkit.train.nonfinite import DIVERGED_CHECKPOINT, NonFiniteGuard
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.rundir import prepare_run_dir
@@ -123,7 +123,8 @@ def run_loop(run: Run) -> TrainResult:
     try:
         while pos.step < pos.total_steps and not stop.reason:
             bar = _progress_bar(run, per_epoch)
-            epoch_loss, epoch_images = 0.0, 0
+            epoch_loss, epoch_images = 0.0, 0  # this rank's, in this process
+            carried = (pos.epoch_loss, pos.epoch_images) if pos.batch else (0.0, 0)
             clock.start_epoch()
             for batch_index, images, labels in run.data.feed.epoch(pos.epoch, pos.batch):
                 lr = cfg.lr * schedule(pos.step, pos.total_steps, run.warmup_steps,
@@ -158,14 +159,18 @@ def run_loop(run: Run) -> TrainResult:
             if bar is not None:
                 bar.close()
             train_seconds = clock.end_epoch()
+            loss_here, images_here = sum_over_ranks(epoch_loss, epoch_images, info)
+            loss_sum, images = carried[0] + loss_here, carried[1] + images_here
             epoch_done = pos.batch >= per_epoch
             scheduled = epoch_done and (pos.epoch + 1) % cfg.eval_every == 0
             if epoch_done:  # before the evaluation, so a best.pt it saves resumes past it
                 pos.epoch, pos.batch = pos.epoch + 1, 0
+            pos.epoch_loss, pos.epoch_images = (0.0, 0) if epoch_done else (loss_sum, images)
             if not stop.signalled() and (scheduled or pos.step >= pos.total_steps
                                          or stop.reason):
                 with clock.timing_evaluation():
-                    final = evaluate_and_log(run, epoch_loss, epoch_images, train_seconds,
+                    final = evaluate_and_log(run, loss_sum / max(images, 1),
+                                             images_here / max(train_seconds, 1e-9),
                                              recorder) or final
             if epoch_done and not stop.reason:
                 clock.refit_after_epoch(pos)
@@ -190,9 +195,11 @@ def run_loop(run: Run) -> TrainResult:
                        run.model.config.num_classes, run.task.kind, cfg.tta)
 
 
-def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
+def evaluate_and_log(run: Run, train_loss: float, images_per_s: float,
                      recorder: MetricsRecorder | None) -> dict[str, float]:
     """Evaluate the model (and the EMA), log a row, and save best.pt on a new best.
+    `train_loss`: the epoch's mean over every rank's images (a resumed epoch's included);
+    `images_per_s`: every rank's images over this process's time training the epoch.
 
     Which weights the checkpoints hold is decided here, once: the EMA's when they scored
     better than the raw model's at this evaluation (the task's primary metric: top-1, R^2 or
@@ -215,8 +222,8 @@ def evaluate_and_log(run: Run, loss_sum: float, images: int, seconds: float,
     row: dict[str, float] = {
         "epoch": pos.epoch + pos.batch / run.plan.batches_per_epoch, "step": pos.step,
         "resolution": size[0],
-        "train_loss": loss_sum / max(images, 1), **result.as_dict(),
-        "images_per_s": images / max(seconds, 1e-9), "minutes": run.clock.used(pos) / 60,
+        "train_loss": train_loss, **result.as_dict(),
+        "images_per_s": images_per_s, "minutes": run.clock.used(pos) / 60,
     }
     if cfg.compile:  # seconds of this process's steps that compiled, within "minutes"
         row["compile_s"] = run.compile_clock.seconds

@@ -4,7 +4,8 @@ A training run writes last.pt, best.pt (diverged.pt when it diverges), metrics.j
 (appended), metrics.csv (rewritten), learning_curve.png, skipped_files.txt and tensorboard/.
 Starting a new run in a folder that
 holds them would mix the two runs' metrics and overwrite the checkpoints, so it is refused
-unless the run is being continued (`resume` inside the folder) or `overwrite` clears it first.
+unless the run is being continued (`resume` inside the folder) or `overwrite` clears it first
+(with the reports `vitkit eval` wrote there of the earlier run's weights).
 
 Checkpoints are written to `.{name}.XXXX.tmp` and renamed; a process killed mid-write
 (kill -9, power loss) leaves that file behind. Starting in the folder removes them.
@@ -56,12 +57,21 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
             f"{out} already holds a run ({names}); a new run there would overwrite it. "
             f"{continue_it} start over (deletes those files): --overwrite; to keep it: "
             "another --out folder.")
-    for path in found:
+    for path in [*found, *report_files(out)]:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)  # another rank (torchrun) may have removed it
     remove_stale_temporary_files(out)
+
+
+def report_files(out_dir: str | Path) -> list[Path]:
+    """The reports `vitkit eval` wrote beside a run's weights (eval.json, eval-*.json,
+    confusion_matrix.png): the earlier run's, so --overwrite deletes them with it (they do
+    not make a folder a run's)."""
+    out = Path(out_dir)
+    return [path for path in (out / "eval.json", out / "confusion_matrix.png",
+                              *sorted(out.glob("eval-*.json"))) if path.is_file()]
 
 
 def stale_temporary_files(out_dir: str | Path) -> list[Path]:

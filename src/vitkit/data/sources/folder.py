@@ -258,8 +258,9 @@ def open_folder(data_dir: str | Path | None, task: str | None = None
     as class labels when `task` is "classification" and the tables hold one column of class
     indices (`as_class_labels`)."""
     if data_dir is None:
-        raise DataError("data='folder' needs data_dir=PATH holding train/ and val/ (or "
-                        "test/) folders with one subfolder per class")
+        raise DataError("data='folder' needs a data folder holding train/ and val/ (or "
+                        "test/) folders with one subfolder per class: data_dir=PATH in "
+                        "training settings, --data-dir PATH on the command line")
     train_dir, held_out_dir = folder_splits(data_dir)
     tables = [(d / TABLE_NAME).is_file() for d in (train_dir, held_out_dir)]
     if any(tables):

@@ -32,7 +32,7 @@ from datasets.utils.file_utils import xopen
 from vitkit.data.images import DecodedImage, decode_image
 from vitkit.data.sources.hf_open import open_hf_splits
 from vitkit.data.sources.mapped import beyond_float32
-from vitkit.errors import DataError, first_few
+from vitkit.errors import DataError, MissingSplit, first_few
 
 __all__ = ["EVAL_SPLITS", "LABEL_NAMES", "TRAIN_SPLIT", "HFImageRecords", "HFStreamRecords",
            "load_hf_split", "load_hf_splits"]
@@ -287,21 +287,24 @@ def _records(spec: str, split: str, part: Dataset | IterableDataset, splits: lis
 
 # The TrainConfig keys (and `vitkit eval --split`) that choose each split.
 _KEYS = {"train": "train_split=", "eval": "split="}
+_EVAL_FLAG = " (vitkit eval: --split NAME)"  # the verbs' flag for the held-out split
 
 
 def _choose(spec: str, splits: Mapping[str, object], wanted: str | None, role: str) -> str:
     found = ", ".join(splits)
     if wanted is not None:
         if wanted not in splits:
-            raise DataError(f"hf:{spec} has no split {wanted!r} for {role}; its splits are "
-                            f"{found}: pass one of them as {_KEYS[role]}")
+            raise MissingSplit(f"hf:{spec} has no split {wanted!r} for {role}; its splits are "
+                            f"{found}: pass one of them as {_KEYS[role]}"
+                            + (_EVAL_FLAG if role == "eval" else ""))
         return wanted
     defaults = (TRAIN_SPLIT,) if role == "train" else EVAL_SPLITS
     chosen = next((name for name in defaults if name in splits), None)
     if chosen is None:
         held_out = "" if role == "train" else " (a held-out split, not the training one)"
         raise DataError(f"hf:{spec} has no {'/'.join(defaults)} split for {role}; its splits "
-                        f"are {found}: pass {_KEYS[role]}NAME{held_out}")
+                        f"are {found}: pass {_KEYS[role]}NAME{held_out}"
+                        + (_EVAL_FLAG if role == "eval" else ""))
     return chosen
 
 
