@@ -62,6 +62,25 @@ def test_a_held_out_class_the_training_split_lacks_gets_an_output(tmp_path: Path
     assert main(["eval", str(tmp_path / "run"), "--out", str(tmp_path / "eval")]) == 0
 
 
+def test_classes_numbered_from_one_are_warned_of_and_numbering_from_zero_is_quiet(
+        tmp_path: Path, caplog) -> None:
+    """Labels 1..3 made a 4-way head whose output 0 is never trained, without a word (a
+    targets.csv said so)."""
+    data = _arrays(tmp_path / "d", np.arange(32) % 3 + 1)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["train", *SMALL, f"data_dir={data}", "--out", str(tmp_path / "r1")]) == 0
+    assert "class index(es) 0 occur in neither split (classes numbered from 1?), but the head " \
+        "has an output for each, never trained: number the classes 0..2" in caplog.text
+    caplog.clear()
+    renumbered = _arrays(tmp_path / "d0", np.arange(32) % 3)  # the advice followed
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        assert main(["train", *SMALL, f"data_dir={renumbered}", "--out",
+                     str(tmp_path / "r0")]) == 0
+    assert "occur in neither split" not in caplog.text
+    assert torch.load(tmp_path / "r0" / "last.pt", weights_only=True)["model"][
+        "head.weight"].shape[0] == 3
+
+
 def test_labels_that_are_no_class_indices_are_refused_and_both_fixes_work(
         tmp_path: Path, capsys) -> None:
     data = _arrays(tmp_path / "ids", np.arange(32) % 3 + 1000)

@@ -260,6 +260,12 @@ def index_class_count(train: Source, test: Source | None, where: str) -> int:
         log.warning("warning: %s: class index(es) %s occur in the held-out split but never in "
                     "training, so their outputs are never trained", where,
                     first_few(int(i) for i in unseen))
+    absent = np.setdiff1d(np.arange(count), np.union1d(seen, held))
+    if len(absent):
+        numbered_from = " (classes numbered from 1?)" if absent.tolist() == [0] else ""
+        log.warning("warning: %s: class index(es) %s occur in neither split%s, but the head "
+                    "has an output for each, never trained: number the classes 0..%d",
+                    where, first_few(int(i) for i in absent), numbered_from, occurring - 1)
     return count
 
 
