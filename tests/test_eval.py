@@ -248,8 +248,22 @@ def test_a_folder_of_some_of_the_models_classes_is_scored_by_their_names(run, tm
         report = _eval(tmp_path, run, "--data", "folder", "--data-dir", str(folder))
     assert "the folder classes are matched to the model's by name (2 of its 10)" in caplog.text
     assert abs(report["top1"] - expected) <= TOL and expected > 0.5
+    assert set(report["per_class_accuracy"]) == {"3", "5"}  # the data's classes, not all ten
     names = [f"d{i}" if i == 5 else str(i) for i in range(10)]  # 5/ renamed d5/
     other = _digit_folder(tmp_path / "other", images, labels, names)
     assert main(["eval", str(run), "--data", "folder", "--data-dir", str(other)]) == 2
     assert "folder has classes the model does not: d5 (the model's 10 are 0, 1, 2, 3, 4 ...)" \
         in capsys.readouterr().err
+
+
+def test_a_class_name_the_model_gives_twice_is_scored_by_position_with_a_warning(caplog):
+    """ImageNet's label lists name "crane" (and "maillot") twice: no one output to match."""
+    from vitkit.evaluation.report import match_classes
+
+    with caplog.at_level(logging.WARNING):
+        assert match_classes(["crane", "tench"], ["tench", "crane", "goldfish", "crane"],
+                             "folder") is None
+    assert "the model names crane more than once: the folder classes are scored by position" \
+        in caplog.text
+    assert match_classes(["goldfish", "tench"], ["tench", "crane", "goldfish", "crane"],
+                         "folder").tolist() == [2, 0]

@@ -40,7 +40,8 @@ def test_a_run_folder_without_a_checkpoint_is_not_offered_for_resuming(tmp_path,
     assert main(["train", *QUICK, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"{out} already holds a run (metrics.jsonl); a new run there would overwrite it. It " \
-        "has no last.pt to continue from. To start over (deletes those files): --overwrite" in err
+        "has no last.pt to continue from. To start over (deletes those files and the eval " \
+        "reports there): --overwrite" in err
     assert "--resume" not in err
     assert main(["train", *QUICK, "--out", str(out), "--overwrite"]) == 0
 

@@ -369,7 +369,13 @@ def test_eval_split_advice_and_probe_features_of_a_dataset_saved_again(
     assert "its splits are train, validation, test: pass one of them as split= (vitkit eval: " \
         "--split NAME)" in err
     assert main(["eval", str(run), "--split", "test", "--json"]) == 0  # the advice followed
-    assert json.loads(capsys.readouterr().out)["images"] == 4
+    assert json.loads(capsys.readouterr().out)["images"] == 4  # the split named test
+    assert main(["eval", str(run), "--json"]) == 0  # the held-out split the run evaluated on
+    assert json.loads(capsys.readouterr().out)["split"] == "validation"
+    reports = {path.name: json.loads(path.read_text())["images"]
+               for path in run.glob("eval-hf_*.json")}
+    assert sorted(reports.values()) == [4, 6] and all(  # a report each, by the split's name
+        name.endswith(("-test.json", "-validation.json")) for name in reports)
     assert main(["probe", str(run), "--json", str(tmp_path / "first.json")]) == 0
     first = json.loads((tmp_path / "first.json").read_text())
     grown = DatasetDict(train=parts["train"], validation=concatenate_datasets(

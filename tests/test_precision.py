@@ -613,6 +613,12 @@ def test_an_int8_engine_that_bends_a_regression_model_is_refused_and_auto_leaves
 
     fp32 = r2()
     assert fp32 > 0.9
+    try:  # the graph's faithfulness depends on the CPU's int8 kernels (measured here: AVX2)
+        quantize_int8(vitkit.load_pretrained(run), "onnxruntime")
+    except vitkit.errors.ExportError:
+        pass
+    else:
+        pytest.skip("ONNX Runtime's int8 graph of this model is faithful on this CPU")
     assert main(["eval", str(run), "--int8-engine", "onnxruntime"]) == 2
     err = capsys.readouterr().err
     assert "the onnxruntime int8 engine cannot run this model: the int8 ONNX values differ " \

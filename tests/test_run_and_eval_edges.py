@@ -83,6 +83,10 @@ def test_probe_says_it_reads_the_runs_image_limit_and_naming_the_data_reads_all(
     assert main(["probe", str(run), "--data", "digits", "--json",
                  str(tmp_path / "all.json")]) == 0  # the advice followed
     assert json.loads((tmp_path / "all.json").read_text())["train_images"] > 64
+    # eval: the run's first 40 held-out images and every one, each in a report of its own
+    assert main(["eval", str(run)]) == 0 and main(["eval", str(run), "--limit", "all"]) == 0
+    assert json.loads((run / "eval-digits-test-first40.json").read_text())["images"] == 40
+    assert json.loads((run / "eval-digits-test.json").read_text())["images"] > 40
 
 
 def test_a_folder_without_its_path_names_the_command_line_flag(tmp_path, capsys):

@@ -202,8 +202,8 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
         return dataclasses.replace(_read_cache(path, name, weights.path), task=task)
     arrays, classes = {}, []
     for split, (split_data, split_dir, limit) in sources.items():
-        dataset = split_to_evaluate(weights, split_data, split_dir, split, limit,
-                                    config.img_size, config.in_chans)
+        dataset, _ = split_to_evaluate(weights, split_data, split_dir, split, limit,
+                                       config.img_size, config.in_chans)
         if tuple(dataset.image_size) != tuple(config.img_size):
             log.info("the %s images are %dx%d and the model takes %dx%d: resizing them "
                      "(bilinear, antialiased when shrinking), as fine-tuning does", split_data,

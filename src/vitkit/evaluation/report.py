@@ -5,7 +5,9 @@ classification map, f1 and per_label (`vitkit.tasks`; no confusion matrix or top
 
 Each evaluation keeps its own report,
 `eval-<data>[-<folder>]-<split>[-first<N>][-int8|-bf16][-mergeR][-flip].json` (`<folder>`: the
-last part of a data folder given with the data; `first<N>`: `--limit N` asked for; a later
+last part of a data folder given with the data, unless it is the data's name; `<split>`: a
+Hugging Face dataset's split by its name; `first<N>`: the first N images read, the run's
+test_limit or `--limit N`; a later
 evaluation on other data, folder, split or limit, or through another speed path, does not
 overwrite it);
 `eval.json` and `confusion_matrix.png` are the latest evaluation's, as Hugging Face's
@@ -118,14 +120,13 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
         else:
             _check_targets_fit(dataset, task, config.num_classes, config.in_chans, data)
 
-    dataset = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
-                                config.in_chans, check_first=check_fits, named=named)
+    dataset, split = split_to_evaluate(weights, data, data_dir, split, limit, config.img_size,
+                                       config.in_chans, check_first=check_fits, named=named)
     if tuple(dataset.image_size) != tuple(config.img_size):
         log.info("the %s images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
                  "antialiased when shrinking)", data, *dataset.image_size, *config.img_size)
     out_dir = Path(out) if out else default_out_dir(path, weights.path)
-    kept_name = eval_report_name(data, split, merge_tokens, chosen.name, tta, folder,
-                                 limit if asked not in (None, "all") else None)
+    kept_name = eval_report_name(data, split, merge_tokens, chosen.name, tta, folder, limit)
     head = {"checkpoint": str(path), "origin": weights.origin, "weights": weights.weights,
             "data": data, "data_dir": data_dir, "split": split, "merge_tokens": merge_tokens,
             "int8": int8, "tta": tta,
@@ -153,6 +154,8 @@ def evaluate_checkpoint(path: str | Path, data: str | None = None, data_dir: str
     out_dir.mkdir(parents=True, exist_ok=True)
     per_class = {name: round(float(acc), 4) for name, acc in zip(classes, result.per_class,
                                                                  strict=False)}
+    if label_map is not None:  # the data's classes only, not the model's others at 0%
+        per_class = {classes[i]: per_class[classes[i]] for i in label_map.tolist()}
     report = {**head, "images": result.count, "top1": result.top1,
               "top5": result.top5, "loss": result.loss, "per_class_accuracy": per_class,
               "confusion": result.confusion.tolist()}
@@ -180,6 +183,12 @@ def match_classes(data_classes: list[str], model_classes: list[str] | None,
     if not data_classes or not model_classes or data_classes == list(model_classes):
         return None
     output = {name: i for i, name in enumerate(model_classes)}
+    twice = [name for name in data_classes if list(model_classes).count(name) > 1]
+    if twice:  # ImageNet names "crane" and "maillot" twice: no one output to match
+        log.warning("warning: the model names %s more than once: the %s classes are scored "
+                    "by position (the data's class i as the model's output i)",
+                    first_few(twice), data)
+        return None
     missing = [name for name in data_classes if name not in output]
     if len(missing) == len(data_classes):
         log.warning("warning: none of the %s classes (%s) is among the model's (%s): scored by "
@@ -306,8 +315,9 @@ def eval_report_name(data: str, split: str, merge_tokens: int = 0,
                      folder: str | None = None, first: int | None = None) -> str:
     """"eval-digits-test.json", "eval-hf_ylecun_mnist-test-int8-merge8.json",
     "eval-cifar10-test-flip.json", "eval-folder-pets-test-first5.json": one report per data
-    (and data folder given), split, image limit asked for (`first`), speed path and test-time
-    augmentation, so evaluations never overwrite each other. `precision`: fp32 or None, bf16,
+    (and data folder given), split (a Hugging Face dataset's by its name), image limit
+    (`first`: the run's test_limit, or --limit N), speed path and test-time augmentation, so
+    evaluations never overwrite each other. `precision`: fp32 or None, bf16,
     or int8 (an int8 engine's name, "torch", also means int8)."""
     label = None if precision in (None, "fp32") else "bf16" if precision == "bf16" else "int8"
     parts = [data, *([folder] if folder else []), split, *([f"first{first}"] if first else []),

@@ -4,6 +4,7 @@ reproduced. `vitkit eval` and the frozen-feature protocols read their images thr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,8 @@ from vitkit.data.sources import SOURCES, open_source
 from vitkit.errors import DataError, MissingSplit
 from vitkit.weights import WeightsRecord
 from vitkit.weights.formats.train_checkpoint import data_dir_from_here
+
+log = logging.getLogger("vitkit.evaluation")
 
 
 def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, split: str,
@@ -46,8 +49,10 @@ def recorded_limit_key(split: str) -> str:
 def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, split: str,
                        limit: int | None, size: tuple[int, int], channels: int,
                        check_first: Callable[[EvaluationFeed], None] | None = None,
-                       named: bool = False) -> EvaluationFeed:
-    """The split to evaluate: in memory, or streamed through the weights' own preprocessing;
+                       named: bool = False) -> tuple[EvaluationFeed, str]:
+    """The split to evaluate, and its name for reports ("train", "test", or a Hugging Face
+    dataset's split as it is called): in memory, or streamed through the weights' own
+    preprocessing;
     refused when its images are in other units than the weights' (`check_same_units`), after
     `check_first` (the caller's checks whose messages say more, such as the targets').
 
@@ -85,13 +90,16 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
         if not literal_test:
             raise
         train_set, test_set = opened(held_out)  # no split named test: the held-out one
+        log.info("%s has no split named test: its held-out split is read", data)
     chosen = train_set if split == "train" else test_set
     feed = evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)
     if check_first is not None:
         check_first(feed)
     check_same_units(bool(getattr(chosen, "float_images", False)), weights.preprocess.scale,
                      data_dir or data, getattr(chosen, "stored_dtype", ""))
-    return feed
+    read = str(getattr(chosen, "name", "")).rsplit(" ", 1)[-1] if data.startswith("hf:") \
+        and split == "test" else split  # a Hugging Face split by its name: "hf:SPEC NAME"
+    return feed, read or split
 
 
 def check_same_units(float_images: bool, scale: float, where: str,

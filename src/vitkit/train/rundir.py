@@ -55,7 +55,8 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
             "It has no last.pt to continue from. To"
         raise ConfigError(
             f"{out} already holds a run ({names}); a new run there would overwrite it. "
-            f"{continue_it} start over (deletes those files): --overwrite; to keep it: "
+            f"{continue_it} start over (deletes those files and the eval reports there): "
+            "--overwrite; to keep it: "
             "another --out folder.")
     for path in [*found, *report_files(out)]:
         if path.is_dir():
