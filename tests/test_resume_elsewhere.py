@@ -58,8 +58,13 @@ def test_resuming_on_other_classes_is_refused_naming_both_and_the_fixes(
     assert f"cannot resume from {run / 'last.pt'}: it was trained on 2 classes (dark, light) " \
         f"but other set holds {len(names)} ({shown}). Resume without --data/--data-dir " \
         "(data=, data_dir=): the run reads the data it was trained on (data=folder " \
-        "data_dir=pets); or fine-tune from it on this data: vitkit finetune " in err
+        "data_dir=pets); or fine-tune from it on " in err
     assert torch.load(run / "last.pt", weights_only=True)["position"] == before  # untouched
+    if len(names) == 1:  # fewer: one class, on which no classifier is fine-tuned
+        assert err.strip().endswith("or fine-tune from it on data of two classes or more (a "
+                                    "classifier needs two; this holds one)")
+        return
+    assert "or fine-tune from it on this data: vitkit finetune " in err
 
     finetune = shlex.split(re.search(r"vitkit (finetune .+)$", err.strip())[1])
     assert finetune[-2:] == ["--data-dir", "other set"]  # quoted for the shell

@@ -85,7 +85,9 @@ def check_same_classes(state: TrainCheckpoint, path: str | Path, cfg: TrainConfi
     given = " ".join([f"--{flag} {shlex.quote(str(value))}" for flag, value in
                       (("data", cfg.data), ("data-dir", cfg.data_dir)) if value]
                      + _hf_keys(cfg))
-    finetune = f"fine-tune from it on this data: vitkit finetune {shlex.quote(str(path))} {given}"
+    finetune = f"fine-tune from it on this data: vitkit finetune {shlex.quote(str(path))} " \
+        f"{given}" if len(classes) > 1 else \
+        "fine-tune from it on data of two classes or more (a classifier needs two; this holds one)"
     found = (f"it was trained on {len(saved)} classes ({first_few(saved)}) but "
              f"{cfg.data_dir or cfg.data} holds {len(classes)} ({first_few(classes)})")
     if _is_recorded_data(cfg, recorded):
