@@ -49,6 +49,9 @@ class UnreadableArrayFile(InputError):
 def is_array_file(path: str | Path) -> bool:
     return Path(path).suffix.lower() in ARRAY_EXTENSIONS
 
+# How values in [0, 1] become the uint8 0-255 that weights of 8-bit pictures take
+TO_UINT8 = "(a * 255).round().clip(0, 255).astype(numpy.uint8)"
+
 
 def image_file_refusal(path: str | Path, scale: float) -> str | None:
     """Why the image file `path` (a PNG, JPEG...: 8-bit values 0-255) cannot go to a model whose
@@ -189,7 +192,7 @@ def read_array_images(path: str | Path, channels: int, scale: float = 1.0,
         raise InputError(
             f"{path} holds {array.dtype} values, but the model was trained on 8-bit pictures "
             f"(its preprocessing divides by {scale:g}): give uint8 arrays of 0-255 (for values "
-            "in [0, 1]: (a * 255).round().clip(0, 255).astype(numpy.uint8)), or use a model "
+            f"in [0, 1]: {TO_UINT8}), or use a model "
             "trained on arrays (data=arrays), which takes values in its data's own units")
     images = _as_nchw(array, channels, batch, path, img_size)
     if len(images) == 0:

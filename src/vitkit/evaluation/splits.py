@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from vitkit.data.arrayfiles import TO_UINT8
 from vitkit.data.feeds import EvaluationFeed, evaluation_feed
 from vitkit.data.sources import SOURCES, open_source
 from vitkit.errors import DataError, MissingSplit
@@ -112,8 +113,8 @@ def check_same_units(float_images: bool, scale: float, where: str,
         raise DataError(f"{where} holds {stored_dtype} arrays, but the weights were trained on "
                         "8-bit pictures (their preprocessing divides by 255), so the arrays' "
                         "values would be misread as 0-255: save them as uint8 arrays of 0-255 "
-                        "(for values in [0, 1]: (a * 255).round().clip(0, 255).astype("
-                        "numpy.uint8)), or evaluate weights trained on these arrays")
+                        f"(for values in [0, 1]: {TO_UINT8}), or evaluate weights trained "
+                        "on these arrays")
     if not float_images and scale != 255:
         raise DataError(f"{where} holds 8-bit pictures, but the weights were trained on arrays "
                         f"in their data's own units (their preprocessing divides by {scale:g}, "

@@ -57,9 +57,9 @@ def _other_engines() -> str:
 def _with_fix(message: str) -> str:
     """An export error's message with the other engines as its fix (the faithfulness check
     names them already)."""
-    fix = f"use another int8 engine: {_other_engines()}"
-    return message if fix in message else f"{message} Use another int8 engine: " \
-        f"{_other_engines()}."
+    engines = _other_engines()
+    return message if f"use another int8 engine: {engines}" in message else \
+        f"{message} Use another int8 engine: {engines}."
 
 
 class OnnxRuntimeInt8(nn.Module):
