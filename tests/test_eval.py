@@ -267,3 +267,31 @@ def test_a_class_name_the_model_gives_twice_is_scored_by_position_with_a_warning
         in caplog.text
     assert match_classes(["goldfish", "tench"], ["tench", "crane", "goldfish", "crane"],
                          "folder").tolist() == [2, 0]
+
+
+# -- a folder of test images only --------------------------------------------------------------
+def test_a_folder_of_test_images_only_is_evaluated_following_the_advice(run, tmp_path, capsys):
+    """A labelled folder without train/ (class sub-folders, or val/ alone) evaluates as the
+    held-out split; before, data=folder was refused for lacking train/, also when the
+    refusal of `--data-dir` alone had advised naming data=folder."""
+    images, labels = _digits_test()
+    images, labels = images[:40], labels[:40]
+    model = load_pretrained(run / "best.pt")
+    with torch.no_grad():
+        expected = (model(model.preprocess.normalize(images)).argmax(1) == labels
+                    ).double().mean().item()
+    whole = _digit_folder(tmp_path / "whole", images, labels, [str(i) for i in range(10)])
+    only_val = tmp_path / "only_val"
+    only_val.mkdir()
+    (whole / "val").rename(only_val / "val")
+    classes_only = tmp_path / "classes_only"
+    (whole / "train").rename(classes_only)
+    assert main(["eval", str(run), "--data-dir", str(classes_only)]) == 2
+    assert "name the data the folder holds (data=folder" in capsys.readouterr().err
+    for folder, flags in ((classes_only, []), (only_val, []), (only_val, ["--split", "val"])):
+        report = _eval(tmp_path, run, "--data", "folder", "--data-dir", str(folder), *flags)
+        assert report["split"] == "test" and report["images"] == 40
+        assert abs(report["top1"] - expected) <= TOL
+    assert main(["eval", str(run), "--data", "folder", "--data-dir", str(classes_only),
+                 "--split", "train"]) == 2
+    assert "classes_only has no train/ folder" in capsys.readouterr().err

@@ -370,8 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
                                "weights)")
     evaluate.add_argument("--data-dir", help="local dataset folder")
     evaluate.add_argument("--split",
-                          help="train, test (the held-out split: a folder's val/ or test/; a "
-                               "Hugging Face dataset's split named test where it has one), or "
+                          help="train, test (the held-out split: a folder's val/ or test/, or "
+                               "its class sub-folders when it has no train/; val names it "
+                               "too; a Hugging Face dataset's split named test where it has "
+                               "one), or "
                                "any split name of a Hugging Face dataset (default: the "
                                "held-out split: the one the run evaluated on, for a Hugging "
                                "Face dataset validation before test)")

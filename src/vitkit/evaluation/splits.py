@@ -10,12 +10,14 @@ from typing import Any
 
 from vitkit.data.arrayfiles import TO_UINT8
 from vitkit.data.feeds import EvaluationFeed, evaluation_feed
-from vitkit.data.sources import SOURCES, open_source
+from vitkit.data.sources import SOURCES, open_held_out_only, open_source
 from vitkit.errors import DataError, MissingSplit
 from vitkit.weights import WeightsRecord
 from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
 log = logging.getLogger("vitkit.evaluation")
+
+HELD_OUT_NAMES = ("val", "validation")  # --split names of the held-out split, beside test
 
 
 def data_for(weights: WeightsRecord, data: str | None, data_dir: str | None, split: str,
@@ -60,10 +62,12 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
     Folders and Hugging Face datasets are streamed (each image resized and cropped as the
     weights expect), except that a vitkit run's own data is read as the run read it (its
     `data_mode`), so its score is reproduced. `split`: "train", "test" (the held-out split:
-    val/ or test/ of a folder, the run's `split` or validation/test of a Hugging Face
-    dataset) or, for a Hugging Face dataset, any split name it has. `named`: the user named
-    the split (`--split test`): a Hugging Face dataset's split called test is then read,
-    where it has one, rather than the held-out split (validation, when it has both).
+    val/ or test/ of a folder, or the class sub-folders of one without train/; the run's
+    `split` or validation/test of a Hugging Face dataset; "val" names it too, except for a
+    Hugging Face dataset) or, for a Hugging Face dataset, any split name it has. `named`:
+    the user named the split (`--split test`): a Hugging Face dataset's split called test is
+    then read, where it has one, rather than the held-out split (validation, when it has
+    both).
     """
     recipe = weights.train_config or {}
     own = data == recipe.get("data")
@@ -73,26 +77,32 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
     eval_split = recipe.get("split") if own else None
     held_out = eval_split
     literal_test = named and split == "test" and data.startswith("hf:")
+    if split in HELD_OUT_NAMES and not data.startswith("hf:"):
+        split = "test"  # a folder's val/, arrays' val.npz: the held-out split
     if split not in ("train", "test") or literal_test:
         if not data.startswith("hf:"):
-            raise DataError(f"--split {split}: {data} has the splits train and test; other "
-                            "split names are for Hugging Face datasets (--data hf:NAME)")
+            raise DataError(f"--split {split}: {data} has the splits train and test (val: "
+                            "the same held-out split); other split names are for Hugging "
+                            "Face datasets (--data hf:NAME)")
         eval_split, split = split, "test"
+    task = weights.task.kind if weights.task else "classification"
 
     def opened(eval_split: str | None) -> tuple[Any, Any]:
         return open_source(data, data_dir, size, channels, limit if split == "train" else None,
                            limit if split == "test" else None, mode, train_split, eval_split,
-                           bool(recipe.get("streaming")) if own else False,
-                           task=weights.task.kind if weights.task else "classification")
+                           bool(recipe.get("streaming")) if own else False, task=task)
 
-    try:
-        train_set, test_set = opened(eval_split)
-    except MissingSplit:
-        if not literal_test:
-            raise
-        train_set, test_set = opened(held_out)  # no split named test: the held-out one
-        log.info("%s has no split named test: its held-out split is read", data)
-    chosen = train_set if split == "train" else test_set
+    chosen = (open_held_out_only(data, data_dir, size, channels, limit, mode, task=task)
+              if split == "test" else None)  # a folder of test images only
+    if chosen is None:
+        try:
+            train_set, test_set = opened(eval_split)
+        except MissingSplit:
+            if not literal_test:
+                raise
+            train_set, test_set = opened(held_out)  # no split named test: the held-out one
+            log.info("%s has no split named test: its held-out split is read", data)
+        chosen = train_set if split == "train" else test_set
     feed = evaluation_feed(chosen, weights.preprocess.replace(img_size=list(size)), channels)
     if check_first is not None:
         check_first(feed)

@@ -8,7 +8,8 @@ Folders and Hugging Face datasets are either decoded into memory (`vitkit.data.m
 streamed as `ImageRecords` / `IterableRecords`, chosen by `mode`: "memory", "stream", or
 "auto" (streamed when the images, decoded at the model's size, would take more than
 `MEMORY_LIMIT_BYTES`; for arrays, their float32 images). `vitkit.data.feeds` turns any of
-them into batches.
+them into batches. `open_held_out_only` reads the one split of a data folder that holds no
+training images, for evaluation.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from vitkit.data.sources.records import ImageRecords, Records
 from vitkit.errors import ConfigError, DataError
 
 __all__ = ["DATA_MODES", "MEMORY_LIMIT_BYTES", "SOURCES", "Records", "is_known_source",
-           "open_source"]
+           "open_held_out_only", "open_source"]
 
 SOURCES = ("digits", "cifar10", "cifar100", "folder", "arrays", "hf:NAME_OR_PATH")
 DATA_MODES = ("auto", "memory", "stream")
@@ -105,6 +106,29 @@ def open_source(name: str, data_dir: str | None = None,
     log.info("streaming %s: %d training and %d held-out images, decoded as they are read",
              name, len(train), len(test))
     return train, test
+
+
+def open_held_out_only(name: str, data_dir: str | None, image_size: tuple[int, int] | None,
+                       channels: int = 3, limit: int | None = None, mode: str = "auto",
+                       workers: int | None = None, task: str | None = None) -> Records | None:
+    """The held-out records of a data folder that has no train/ folder (its val/ or test/
+    folder, or its class sub-folders: `open_held_out_folder`), in memory or streamed as
+    `open_source` would read them, for evaluation; None for any other data, which
+    `open_source` reads whole."""
+    if name != "folder" or data_dir is None:
+        return None
+    from vitkit.data.sources.folder import open_held_out_folder
+
+    records = open_held_out_folder(data_dir, task)
+    if records is None:
+        return None
+    if limit:
+        records = _first(records, limit)
+    if _in_memory(mode, len(records), image_size, channels):
+        from vitkit.data.memory import decode_into_memory
+
+        return decode_into_memory(records, image_size, channels, workers)
+    return records
 
 
 def _first(records: ImageRecords, count: int) -> ImageRecords:

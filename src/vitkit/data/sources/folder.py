@@ -34,7 +34,7 @@ from vitkit.errors import DataError, first_few
 from vitkit.files import cache_root, relative_data_dir_note, write_atomic
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderRecords", "check_same_classes", "folder_splits",
-           "is_image_folder", "load_image_folder", "open_folder"]
+           "is_image_folder", "load_image_folder", "open_folder", "open_held_out_folder"]
 
 logger = logging.getLogger("vitkit.data")
 
@@ -277,6 +277,27 @@ def open_folder(data_dir: str | Path | None, task: str | None = None
     train, test = FolderRecords.scan(train_dir), FolderRecords.scan(held_out_dir)
     check_same_classes(train.classes, test.classes, train_dir, held_out_dir)
     return train, test
+
+
+def open_held_out_folder(data_dir: str | Path, task: str | None = None
+                         ) -> FolderRecords | TableRecords | None:
+    """The held-out records of a data folder that has no train/ folder, for evaluation: its
+    val/, validation/ or test/ folder, or else the folder itself when it holds class
+    sub-folders (`root/<class_name>/<image>`) or a `targets.csv`. None when the folder has a
+    train/ folder (`open_folder` reads both splits, checking they have the same classes)."""
+    root = Path(data_dir).expanduser()
+    _check_root(root, SPLITS_LAYOUT)
+    if (root / "train").is_dir():
+        return None
+    held_out = next((root / sub for sub in ("val", "validation", "test")
+                     if (root / sub).is_dir()), root)
+    if (held_out / TABLE_NAME).is_file():
+        table = TableRecords.scan(held_out)
+        return (as_class_labels(table, table) or table) if task == "classification" else table
+    records = FolderRecords.scan(held_out)
+    logger.info("%s has no train/ folder: evaluating the images of %s (%d classes)", root,
+                held_out, len(records.classes))
+    return records
 
 
 def load_image_folder(root: str | Path, image_size: int | tuple[int, int] | None = None,
