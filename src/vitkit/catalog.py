@@ -14,6 +14,7 @@ names and the command that lists them all.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +38,8 @@ from vitkit.weights.formats.hub import NamedCheckpoint
 from vitkit.weights.formats.run_folder import is_run_folder
 from vitkit.weights.loading import load_state_dict_checked
 from vitkit.weights.record import WeightsRecord
+
+log = logging.getLogger("vitkit.catalog")
 
 Kind = Literal["variant", "config_file", "checkpoint", "hub", "weights", "run_folder",
                "unknown"]
@@ -170,10 +173,17 @@ def create_model(name_or_config: ConfigSource = "B/16", device: str | torch.devi
     >>> model = create_model("B/16", num_classes=10, img_size=384)
 
     A tutorial model built for another task than classification (`TUTORIAL_TASKS`:
-    "t2t-tutorial" is a regression model) carries it as `model.task`.
+    "t2t-tutorial" is a regression model) carries it as `model.task`. A weights file, run
+    folder or Hub repository gives its architecture too, with a warning that its weights were
+    not read (`load_pretrained` reads them).
     """
     from vitkit.tasks import TaskSpec
 
+    if isinstance(name_or_config, (str, Path)) and lookup(name_or_config).kind in (
+            "weights", "run_folder", "hub"):
+        log.warning("create_model(%r) builds the architecture of those weights, initialised at "
+                    "random: load_pretrained(%r) reads the weights", str(name_or_config),
+                    str(name_or_config))
     config = config_of(name_or_config, **overrides)
     with torch.device(device or "cpu"):
         model = VisionTransformer(config)
@@ -184,7 +194,8 @@ def create_model(name_or_config: ConfigSource = "B/16", device: str | torch.devi
 
 def count_parameters(name_or_config: ConfigSource, **overrides: Any) -> int:
     """Exact parameter count, computed on the meta device (nothing allocated)."""
-    model = create_model(name_or_config, device="meta", **overrides)
+    with torch.device("meta"):
+        model = VisionTransformer(config_of(name_or_config, **overrides))
     return sum(p.numel() for p in model.parameters())
 
 

@@ -26,6 +26,7 @@ POOLS = ("class_token", "mean_patches", "mean_all_tokens")
 FINAL_NORMS = ("tokens", "pooled", "none")
 POS_EMBEDS = ("learned", "sincos1d", "sincos2d", "none")
 STEMS = ("patch", "conv", "resnet")
+RESNET_NORMS = ("official", "timm")  # `vitkit.model.resnet.NORM_CONVENTIONS`
 ACTIVATIONS = ("gelu", "gelu_tanh")
 INIT_SCHEMES = ("jax", "trunc_normal")
 
@@ -75,6 +76,7 @@ class ViTConfig:
     stem_pool: bool = False  # conv stem: halve by 2x2 max-pooling after the conv, not a stride
     resnet_layers: tuple[int, ...] = ()  # resnet stem: units per stage, (3, 4, 9) for R50
     resnet_width: int = 64  # resnet stem: root width (x 2 per stage, x 4 in the bottlenecks)
+    resnet_norm: str = "official"  # resnet stem: normalisation constants, "official" or "timm"
     num_classes: int = 1000
     width: int = 768
     depth: int = 12
@@ -124,7 +126,7 @@ class ViTConfig:
     def _validate(self) -> None:
         for key, allowed in (("pool", POOLS), ("final_norm", FINAL_NORMS), ("stem", STEMS),
                              ("pos_embed", POS_EMBEDS), ("act", ACTIVATIONS),
-                             ("init", INIT_SCHEMES)):
+                             ("init", INIT_SCHEMES), ("resnet_norm", RESNET_NORMS)):
             value = getattr(self, key)
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}"

@@ -45,17 +45,29 @@ def plot_learning_curve(history: Sequence[dict[str, float]], path: str | Path,
     return Path(path)
 
 
+LABELLED_CLASSES = 60  # more classes than this: a confusion figure of fixed size, no labels
+
+
 def plot_confusion(confusion: torch.Tensor, classes: Sequence[str], path: str | Path,
                    title: str = "") -> Path:
-    """Row-normalised confusion matrix (rows: true class, columns: prediction)."""
+    """Row-normalised confusion matrix (rows: true class, columns: prediction) of the classes
+    the data holds or the model predicted (an ImageNet model scored on three classes shows
+    those and its other predictions, not 1,000 rows); beyond `LABELLED_CLASSES` of them, a
+    figure of fixed size without class labels."""
     counts = confusion.double()
+    seen = ((counts.sum(1) > 0) | (counts.sum(0) > 0)).nonzero().flatten()
+    if 0 < len(seen) < len(classes):
+        counts = counts[seen][:, seen]
+        classes = [classes[i] for i in seen.tolist()]
     rates = counts / counts.sum(1, keepdim=True).clamp(min=1)
-    size = max(4.0, 0.45 * len(classes) + 2)
+    labelled = len(classes) <= LABELLED_CLASSES
+    size = max(4.0, 0.45 * len(classes) + 2) if labelled else 12.0
     fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
+    ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
     ticks = range(len(classes))
-    ax.set_xticks(ticks, classes, rotation=90)
-    ax.set_yticks(ticks, classes)
+    if labelled:
+        ax.set_xticks(ticks, classes, rotation=90)
+        ax.set_yticks(ticks, classes)
     ax.set(xlabel="predicted", ylabel="true", title=title or "confusion matrix")
     if len(classes) <= 20:
         for i in ticks:

@@ -4,7 +4,9 @@ token projection on its feature map.
 Written to the official JAX code, which decides whether the released R50+ViT weights give
 their outputs: convolutions with weight standardisation (w - mean) / (std + 1e-5) per output
 filter, GroupNorm with 32 groups and epsilon 1e-6, TensorFlow "SAME" padding (asymmetric at
-stride 2; the max-pool pads with -inf), post-activation bottleneck units. Parameter names
+stride 2; the max-pool pads with -inf), post-activation bottleneck units. timm's hybrids
+normalise with other constants (`NORM_CONVENTIONS`), which its files are read with
+(`ViTConfig.resnet_norm`). Parameter names
 follow timm's hybrid so state dicts move between the two.
 
 The SAME padding is computed with integer ops that also work on sizes traced as tensors, so
@@ -24,6 +26,11 @@ from vitkit.model.geometry import ConvShape, ceil_div, conv_shape
 GN_GROUPS = 32
 GN_EPS = 1e-6
 WS_EPS = 1e-5
+# The constants each convention normalises with: (weight standardisation epsilon, whether it
+# is added to the variance inside the square root rather than to the std, GroupNorm epsilon).
+# "official": the JAX code above; "timm": timm's hybrids (StdConv2dSame eps=1e-8, GroupNormAct
+# 1e-5), which its R50+ViT files are computed with.
+NORM_CONVENTIONS = {"official": (WS_EPS, False, GN_EPS), "timm": (1e-8, True, 1e-5)}
 
 
 def same_padding(size: Any, kernel: int, stride: int) -> tuple[Any, Any]:
@@ -46,14 +53,19 @@ def pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> t
 class StdConv2d(nn.Conv2d):
     """Conv2d (no bias, SAME padding) whose kernel is standardised on every call."""
 
+    ws_eps, eps_in_variance = WS_EPS, False  # `ResNetBackbone.use_norm_convention` sets them
+
     def __init__(self, in_chans: int, out_chans: int, kernel_size: int, stride: int = 1) -> None:
         super().__init__(in_chans, out_chans, kernel_size, stride, padding=0, bias=False)
 
     def standardized_weight(self) -> torch.Tensor:
         weight = self.weight
         mean = weight.mean(dim=(1, 2, 3), keepdim=True)
+        if self.eps_in_variance:
+            variance = weight.var(dim=(1, 2, 3), keepdim=True, correction=0)
+            return (weight - mean) / torch.sqrt(variance + self.ws_eps)
         std = weight.std(dim=(1, 2, 3), keepdim=True, correction=0)
-        return (weight - mean) / (std + WS_EPS)
+        return (weight - mean) / (std + self.ws_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = pad_same(x, self.kernel_size[0], self.stride[0])
@@ -136,7 +148,8 @@ class RootBlock(nn.Module):
 class ResNetBackbone(nn.Module):
     """Root block and bottleneck stages; the first stage keeps the stride, the others halve."""
 
-    def __init__(self, in_chans: int, layers: tuple[int, ...], width: int = 64) -> None:
+    def __init__(self, in_chans: int, layers: tuple[int, ...], width: int = 64,
+                 norm_convention: str = "official") -> None:
         super().__init__()
         self.stem = RootBlock(in_chans, width)
         stages, previous = [], width
@@ -146,6 +159,17 @@ class ResNetBackbone(nn.Module):
             previous = 4 * stage_width
         self.stages = nn.Sequential(*stages)
         self.out_chans = previous
+        self.use_norm_convention(norm_convention)
+
+    def use_norm_convention(self, convention: str) -> None:
+        """Normalise with the constants of `convention` (`NORM_CONVENTIONS`): the official
+        code's, or timm's for weights timm computes with."""
+        ws_eps, in_variance, gn_eps = NORM_CONVENTIONS[convention]
+        for module in self.modules():
+            if isinstance(module, StdConv2d):
+                module.ws_eps, module.eps_in_variance = ws_eps, in_variance
+            elif isinstance(module, nn.GroupNorm):
+                module.eps = gn_eps
 
     @staticmethod
     def total_stride(layers: tuple[int, ...]) -> int:

@@ -223,16 +223,16 @@ class ResNetStem(Stem):
     kind = "resnet"
 
     def __init__(self, patch_size: int, in_chans: int, width: int, layers: tuple[int, ...],
-                 resnet_width: int = 64) -> None:
+                 resnet_width: int = 64, norm_convention: str = "official") -> None:
         super().__init__(patch_size)
-        self.backbone = ResNetBackbone(in_chans, layers, resnet_width)
+        self.backbone = ResNetBackbone(in_chans, layers, resnet_width, norm_convention)
         kernel = patch_size // ResNetBackbone.total_stride(layers)
         self.proj = nn.Conv2d(self.backbone.out_chans, width, kernel_size=kernel, stride=kernel)
 
     @classmethod
     def from_config(cls, config: ViTConfig) -> ResNetStem:
         return cls(config.patch_size, config.in_chans, config.width, config.resnet_layers,
-                   config.resnet_width)
+                   config.resnet_width, config.resnet_norm)
 
     def feature_map(self, images: torch.Tensor) -> torch.Tensor:
         return self.proj(self.backbone(images))

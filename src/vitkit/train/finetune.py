@@ -10,6 +10,7 @@ import torch
 from vitkit.catalog import read_weights
 from vitkit.config import ViTConfig
 from vitkit.data.augment import resize_batch
+from vitkit.errors import ConfigError
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.train.checkpoint import TrainCheckpoint
@@ -53,7 +54,13 @@ def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int
     head that already has `num_classes` outputs is kept.
     """
     overrides = cfg.finetune_overrides()
-    num_classes = int(overrides.pop("num_classes", num_classes))
+    asked = int(overrides.pop("num_classes", num_classes))
+    names_its_outputs = cfg.data in ("folder", "arrays") or cfg.data.startswith("hf:")
+    if asked != num_classes and names_its_outputs:
+        raise ConfigError(f"model.num_classes={asked} but the data {cfg.data_dir or cfg.data} "
+                          f"gives {num_classes} outputs (its classes or targets): leave "
+                          "model.num_classes out, and the new head is sized from the data")
+    num_classes = asked  # the digits and CIFAR: a head with spare outputs trains
     overrides.setdefault("img_size", default_img_size(weights.config))
     model = build_model(weights, cfg.pos_interpolation, **overrides)
     if cfg.new_head or num_classes != model.config.num_classes:

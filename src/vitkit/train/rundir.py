@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from vitkit.errors import ConfigError
+from vitkit.weights.formats.sniff import Found
 
 RUN_FILES = ("last.pt", "best.pt", "diverged.pt", "metrics.jsonl", "metrics.csv",
              "learning_curve.png", "skipped_files.txt")
@@ -39,6 +40,7 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder: pass a folder for the run")
+    check_not_a_model_folder(out)
     found = run_files(out)
     resuming_here = resume is not None and _inside(Path(resume), out)
     if overwrite and resuming_here:
@@ -64,6 +66,19 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
         else:
             path.unlink(missing_ok=True)  # another rank (torchrun) may have removed it
     remove_stale_temporary_files(out)
+
+
+def check_not_a_model_folder(out: Path) -> None:
+    """Refuse a folder of saved weights (config.json and model.safetensors or
+    pytorch_model.bin: `save_pretrained`, Hugging Face, timm): the run's checkpoints beside
+    them would not be the folder's model, which every verb reads from config.json."""
+    if not (out / "config.json").is_file():
+        return
+    weights = Found.at(out).weights_file()
+    if weights is not None:
+        raise ConfigError(f"--out {out} holds saved weights ({weights.name} and config.json), "
+                          "which `vitkit predict/eval` of the folder would read instead of "
+                          "this run's: pass another --out folder for the run")
 
 
 def report_files(out_dir: str | Path) -> list[Path]:

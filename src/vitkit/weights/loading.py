@@ -22,8 +22,13 @@ def load_state_dict_checked(model: nn.Module, state_dict: dict[str, torch.Tensor
     lines = ["the checkpoint does not fit the model config:"]
     if mismatched:
         lines.append("  shapes differ: " + "; ".join(mismatched[:6]))
-        if any(k.startswith("head.") for k in mismatched):
-            lines.append("  the classifier size differs: pass num_classes=N to reset the head")
+        if "head.weight" in state_dict and "head.weight" in expected and \
+                state_dict["head.weight"].shape != expected["head.weight"].shape:
+            lines.append(f"  the classifier size differs (checkpoint "
+                         f"{len(state_dict['head.weight'])} outputs, model "
+                         f"{len(expected['head.weight'])}): load_pretrained(path, "
+                         f"num_classes={len(expected['head.weight'])}) reads the rest with a "
+                         "new head")
         if any(k == "pos_embed" for k in mismatched):
             lines.append("  the position grid differs: load with load_pretrained(path, "
                          "img_size=...), which resamples the position embeddings")

@@ -77,7 +77,8 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
                 units[stage] = max(units.get(stage, 0), unit + 1)
         _check_contiguous(units, "patch_embed.backbone.stages")
         layers = tuple(units[i] for i in range(len(units)))
-        hybrid = dict(stem="resnet", resnet_layers=layers, resnet_width=root.shape[0])
+        hybrid = dict(stem="resnet", resnet_layers=layers, resnet_width=root.shape[0],
+                      resnet_norm="timm")  # timm's constants: its outputs are reproduced
         in_chans, patch = root.shape[1], patch * ResNetBackbone.total_stride(layers)
     class_token = "cls_token" in sd
     if img_size is None:
@@ -230,11 +231,18 @@ def _read(found: Found, options: ReadOptions) -> WeightsRecord:
         return _read_folder(found, options)
     config, state_dict = convert_timm(found.tensors(), img_size=options.source_img_size,
                                       target_img_size=options.img_size, **options.timm_hints())
+    hints = options.timm_hints()
+    pool, other = ("avg", "token") if config.pool == "mean_patches" else ("token", "avg")
+    pooling = "" if "global_pool" in hints or not config.class_token else (
+        f"; pooled as timm's global_pool='{pool}' (timm's default "
+        f"{'with' if config.final_norm == 'pooled' else 'without'} fc_norm; a model built "
+        f"with '{other}' needs load_pretrained(path, global_pool='{other}'))")
     log.info("%s: timm weights without a pretrained config; assuming mean=std=0.5 (the "
-             "official and augreg ViTs)%s", found.path, "" if "num_heads" in
-             options.timm_hints() else f" and {config.num_heads} heads, the standard count "
+             "official and augreg ViTs)%s%s", found.path, "" if "num_heads" in hints
+             else f" and {config.num_heads} heads, the standard count "
              f"for width {config.width} (a model with others, such as timm's "
-             "vit_base_patch16_gap_224 with 16, needs load_pretrained(path, num_heads=N))")
+             "vit_base_patch16_gap_224 with 16, needs load_pretrained(path, num_heads=N))",
+             pooling)
     return WeightsRecord(config, state_dict, official_preprocess(config.img_size, config.in_chans),
                          "timm", path=found.path)
 

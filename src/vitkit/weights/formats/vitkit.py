@@ -114,6 +114,9 @@ def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Pr
           ) -> Path:
     """Write the folder; returns it."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{directory} is a file: save_pretrained writes a folder "
+                          f"({WEIGHTS_FILE} and {CONFIG_FILE}); pass a folder path")
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": FORMAT_NAME})
