@@ -70,6 +70,7 @@ def open_data(cfg: TrainConfig, config: ViTConfig, out_dir: Path, info: DistInfo
                                   cfg.train_split, cfg.split, cfg.streaming, cfg.workers,
                                   saved_task.kind if saved_task else cfg.task)
     task = decide_task(cfg, train, saved_task)
+    check_held_out_targets(test, task, test.name or cfg.data)
     if not resumed:
         config = size_head_to_classes(cfg, config, train, test) \
             if task.kind == "classification" else size_head_to_targets(cfg, config, train, task)
@@ -100,6 +101,25 @@ def decide_task(cfg: TrainConfig, train: Source, saved: TaskSpec | None = None) 
         return TaskSpec("classification", names=names, loss=cfg.loss)
     return infer_task(train.labels, cfg.task, names=names,
                       where=f"the training targets of {train.name or cfg.data}", loss=cfg.loss)
+
+
+def check_held_out_targets(test: Source, task: TaskSpec, where: str) -> None:
+    """Refuse held-out targets the run's task cannot score, as the training targets are
+    (`infer_task`): class indices that are negative or not whole, multi-label targets other
+    than 0 and 1 (scikit-learn refuses to score those); else the first evaluation fails or
+    scores them silently."""
+    labels = getattr(test, "labels", None)
+    if labels is None or task.kind == "regression":
+        return
+    labels = np.asarray(labels)
+    if task.kind == "classification" and labels.ndim == 1 and labels.size:
+        bad = np.flatnonzero((labels < 0) | (labels != np.round(labels)))
+        if len(bad):
+            raise DataError(f"the held-out targets of {where} hold {len(bad)} value(s) that are "
+                            f"no class index ({first_few(labels[bad].tolist())}, at index "
+                            f"{first_few(bad.tolist())}): class indices are whole numbers "
+                            "from 0, as in the training split; fix or drop those rows")
+    infer_task(labels, task.kind, where=f"the held-out targets of {where}")
 
 
 def target_count(train: Source) -> int:
@@ -308,12 +328,16 @@ def holds_float_images(train: Source) -> bool:
     return bool(getattr(train, "float_images", False))
 
 
+GEOMETRIC = ("flip", "crop_padding")  # what a regression run takes only when set
+
+
 def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = None,
                    float_images: bool = False) -> AugmentConfig:
     """The batched augmentation; on streamed data the Inception crop replaces the padded
     random crop. Float arrays take flips (only when asked) and Mixup/CutMix: crop padding,
-    TrivialAugment and random erasing are off, and refused by name when set. Label smoothing
-    is for classification only."""
+    TrivialAugment and random erasing are off, and refused by name when set. Regression
+    leaves the flip and crop padding off unless they are set (targets may be positions).
+    Label smoothing is for classification only."""
     augment = AugmentConfig(**cfg.augment)
     if streamed and augment.crop_padding:
         if "crop_padding" in cfg.augment:
@@ -335,6 +359,20 @@ def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = Non
                               "augment.flip=true and augment.mixup_alpha / cutmix_alpha)")
         augment = replace(augment, crop_padding=0, trivial_augment=False, random_erasing=0.0,
                           flip=bool(cfg.augment.get("flip", False)))
+    if task is not None and task.kind == "regression" and not float_images:
+        unset = [key for key in GEOMETRIC if key not in cfg.augment]
+        augment = replace(augment, flip=bool(cfg.augment.get("flip", False)),
+                          crop_padding=int(cfg.augment.get("crop_padding", 0)))
+        if unset:
+            log.info("task=regression: %s off (a mirror image or a shifted crop changes what a "
+                     "target may measure, such as a position); set augment.flip=true or "
+                     "augment.crop_padding=4 where the targets do not change with them",
+                     " and ".join(f"augment.{key}" for key in unset))
+        if streamed and cfg.crop_scale[0] < 1:
+            log.warning("warning: task=regression on streamed data: the Inception crop (crop_"
+                        "scale=%s) zooms and shifts each training image, which changes targets "
+                        "such as a position or a size; crop_scale=[1.0, 1.0] keeps each image "
+                        "whole", list(cfg.crop_scale))
     if cfg.tta == "flip" and not augment.flip:
         log.warning("tta=flip averages each test input with its mirror image, but this run "
                     "does not flip its training inputs (augment.flip=false), so the mirror "

@@ -113,7 +113,7 @@ class RunPlan:
     def describe(self, step: int, total_steps: int, batch_size: int, accum_steps: int,
                  warmup: int, time_budget: float = 0.0) -> str:
         """One line: steps, epochs, image size(s), batch and warmup of the run from `step`."""
-        epochs = total_steps / self.batches_per_epoch
+        epochs = (total_steps - step) / self.batches_per_epoch  # left to train
         sizes = " -> ".join(f"{side} px from {start:.0%}" for start, side in
                             self.resolution_schedule) or _size_text(self.base_size)
         batch = f"batch {batch_size:,}" + (f" ({accum_steps} accumulated micro-batches of "
@@ -121,8 +121,9 @@ class RunPlan:
                                            if accum_steps > 1 else "")
         start = f", from step {step:,}" if step else ""
         budget = f", time budget {_duration(time_budget)}" if time_budget else ""
+        left = " left" if step else ""
         return (f"plan: {total_steps:,} steps{start} ({epochs:.3g} epochs of "
-                f"{self.batches_per_epoch:,} batches), image size {sizes}, {batch}, warmup "
+                f"{self.batches_per_epoch:,} batches{left}), image size {sizes}, {batch}, warmup "
                 f"{warmup:,} steps{budget}; a duration estimate follows the first timed steps")
 
     def estimate(self, step: int, total_steps: int, seconds_per_token: float,

@@ -21,6 +21,7 @@ from vitkit.train.config import TrainConfig, model_config_of
 from vitkit.train.plan import RunPlan
 
 log = logging.getLogger("vitkit.train")
+BATCH_KEYS = ("batch_size", "accum_steps")  # what one optimizer step reads
 
 
 def check_resumable(state: TrainCheckpoint, path: str | Path, cfg: TrainConfig,
@@ -168,21 +169,33 @@ def restore(state: TrainCheckpoint, path: str | Path, model: VisionTransformer,
 
 
 def replan_if_length_changed(cfg: TrainConfig, saved: dict[str, Any], plan: RunPlan,
-                             pos: Position) -> None:
-    """Resuming with another `epochs`, `total_steps` or `time_budget` re-plans the run.
+                             pos: Position, batches_per_epoch: int) -> None:
+    """Resuming with another `epochs`, `total_steps`, `time_budget` or batch (`batch_size`,
+    `accum_steps`) re-plans the run.
 
     The same command resumes exactly; a longer one extends the run (also a finished one),
     as in timm and Hugging Face: the schedule is stretched to the new length from the
-    current step on. A new time budget is fitted after the first steps are timed.
+    current step on. A new time budget is fitted after the first steps are timed. A new
+    batch takes effect at an epoch's end (where `vitkit train` writes last.pt): the epochs
+    left are counted in batches of the new size.
     """
     new = cfg.to_dict()
+    batch = [key for key in BATCH_KEYS if key in saved and saved[key] != new[key]]
+    if batch and pos.batch:
+        kept = " ".join(f"{key}={saved[key]}" for key in batch)
+        raise ConfigError(
+            f"the checkpoint stopped within epoch {pos.epoch + 1} (after its batch {pos.batch}), "
+            f"whose rest is read in the batches it began with ({kept}): resume with {kept}; "
+            "another batch can start at an epoch's end")
     changed = ", ".join(f"{key} {saved[key]} -> {new[key]}"
-                        for key in ("epochs", "total_steps", "time_budget")
+                        for key in ("epochs", "total_steps", "time_budget", *BATCH_KEYS)
                         if key in saved and saved[key] != new[key])
     if not changed:
         return
     before = pos.total_steps
     pos.total_steps = plan.planned_steps
+    if batch and not cfg.total_steps:  # the epochs done were of the old batch
+        pos.total_steps = pos.step + max(0, plan.planned_steps - pos.epoch * batches_per_epoch)
     if cfg.time_budget and pos.elapsed >= cfg.time_budget:
         log.warning("resume: %s, but the checkpoint already used %.0f s of the %.0f s "
                     "budget; raise time_budget to train on", changed, pos.elapsed,

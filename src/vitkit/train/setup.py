@@ -161,7 +161,8 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
         check_resumable(state, resume, cfg, config)
         position = restore(state, resume, model, ema, optimizer, generator)
         scored_weights = state.trained.weights
-        replan_if_length_changed(cfg, state.train_config, plan, position)
+        replan_if_length_changed(cfg, state.train_config, plan, position,
+                                 data.order.batches_per_epoch())
     compile_clock = CompileClock(cfg.compile)
     amp = amp_dtype(cfg.amp, device, model.config.width)
     step = TrainStep(cfg, model, ema, optimizer, augment, generator, preprocess, plan, info,

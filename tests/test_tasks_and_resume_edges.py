@@ -1,0 +1,127 @@
+"""Edges a black-box trial of regression, multi-label and resuming found, each fixed and, where
+a message gives advice, the advice followed: regression from pictures took the default flip
+and crop, which move a position target (a blob's x position trained to R^2 -0.03); resuming
+with another batch_size counted the epochs done in the new batches (asked for 3 epochs, it
+trained to epoch 4); held-out class indices below 0 and multi-label targets other than 0/1
+were only found at the first evaluation (a raw IndexError) or scored silently; `probe --json`
+and `fewshot --json` wrote their report over a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitkit.cli import main
+from vitkit.tasks import TaskSpec
+from vitkit.train.config import load_train_config
+from vitkit.train.data import augment_config
+
+TINY = ['model={"img_size": 8, "patch_size": 4, "in_chans": 1, "width": 16, "depth": 1, '
+        '"num_heads": 2, "mlp_dim": 32}', "progress=false", "warmup_epochs=0"]
+ARRAYS = ['model={"img_size": 16, "patch_size": 4, "width": 16, "depth": 1, "num_heads": 2, '
+          '"mlp_dim": 32}', "total_steps=2", "batch_size=16", "warmup_steps=0", "progress=false"]
+
+
+def _position(run: Path) -> dict:
+    return torch.load(run / "last.pt", weights_only=True)["position"]
+
+
+# -- augmentation by task ----------------------------------------------------------------------
+def test_regression_on_pictures_leaves_flip_and_crop_off_unless_set(caplog):
+    regression, classes = TaskSpec("regression"), TaskSpec("classification")
+    plain = load_train_config(None, ["data=folder"])  # TrainConfig's defaults
+    with caplog.at_level(logging.INFO):
+        augment = augment_config(plain, streamed=False, task=regression)
+    assert not augment.flip and augment.crop_padding == 0
+    assert "task=regression: augment.flip and augment.crop_padding off" in caplog.text
+    asked = load_train_config(None, ["data=folder", "augment.flip=true",
+                                     "augment.crop_padding=4"])
+    augment = augment_config(asked, streamed=False, task=regression)
+    assert augment.flip and augment.crop_padding == 4  # the advice followed
+    augment = augment_config(plain, streamed=False, task=classes)
+    assert augment.flip and augment.crop_padding == 4  # classification keeps its defaults
+
+
+# -- resuming with another batch ---------------------------------------------------------------
+def test_a_resume_with_another_batch_size_trains_the_epochs_asked(tmp_path):
+    """2 epochs of 4 batches of 32, then epochs=3 at batch 16: one epoch of 8 batches more.
+    Before: 3 x 8 = 24 steps planned from step 8, so the run ended at epoch 4."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "epochs=2", "batch_size=32", "train_limit=128",
+                 "test_limit=64", "--out", str(run)]) == 0
+    assert main(["train", "epochs=3", "batch_size=16", "--resume", str(run / "last.pt")]) == 0
+    position = _position(run)
+    assert (position["epoch"], position["step"], position["total_steps"]) == (3, 16, 16)
+
+
+def test_a_resume_within_an_epoch_keeps_its_batch_and_the_advice_works(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "total_steps=6", "batch_size=32", "train_limit=128",
+                 "test_limit=64", "--out", str(run)]) == 0
+    assert (_position(run)["epoch"], _position(run)["batch"]) == (1, 2)
+    resume = ["train", "total_steps=8", "--resume", str(run / "last.pt")]
+    assert main([*resume, "batch_size=16"]) == 2
+    assert "the checkpoint stopped within epoch 2 (after its batch 2), whose rest is read in " \
+        "the batches it began with (batch_size=32): resume with batch_size=32" \
+        in capsys.readouterr().err
+    assert main([*resume, "batch_size=32"]) == 0  # the advice followed
+    assert _position(run)["step"] == 8
+
+
+# -- held-out targets checked before training --------------------------------------------------
+def _arrays(folder: Path, train_targets: np.ndarray, test_targets: np.ndarray) -> Path:
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for split, targets in (("train", train_targets), ("test", test_targets)):
+        np.savez(folder / f"{split}.npz", targets=targets,
+                 images=rng.random((len(targets), 16, 16), dtype=np.float32))
+    return folder
+
+
+def test_a_held_out_class_index_below_0_is_refused_before_training(tmp_path, capsys):
+    held = np.arange(16) % 3
+    held[5] = -1
+    data = _arrays(tmp_path / "a", np.arange(64) % 3, held)
+    argv = ["train", "data=arrays", f"data_dir={data}", *ARRAYS, "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    assert "hold 1 value(s) that are no class index (-1, at index 5): class indices are whole " \
+        "numbers from 0, as in the training split; fix or drop those rows" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "r" / "last.pt").exists()
+    held[5] = 2  # the advice followed
+    _arrays(tmp_path / "b", np.arange(64) % 3, held)
+    assert main([*argv[:2], f"data_dir={tmp_path / 'b'}", *argv[3:]]) == 0
+
+
+def test_held_out_multilabel_targets_other_than_0_and_1_are_refused(tmp_path, capsys):
+    labels = (np.arange(64 * 3).reshape(64, 3) % 2).astype(np.float32)
+    held = labels[:16].copy()
+    held[0, 0] = 2
+    data = _arrays(tmp_path / "a", labels, held)
+    assert main(["train", "data=arrays", f"data_dir={data}", "task=multilabel", *ARRAYS,
+                 "--out", str(tmp_path / "r")]) == 2
+    assert "the held-out targets of" in (err := capsys.readouterr().err)
+    assert "task=multilabel needs (N, K) targets of 0 and 1" in err
+
+
+# -- reports never replace a checkpoint --------------------------------------------------------
+def test_probe_json_onto_a_checkpoint_is_refused_and_a_json_path_works(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "epochs=1", "batch_size=32", "train_limit=128",
+                 "test_limit=64", "--out", str(run)]) == 0
+    before = (run / "best.pt").read_bytes()
+    for verb in ("probe", "fewshot"):
+        with pytest.raises(SystemExit) as refused:  # argparse's usage error
+            main([verb, str(run), "--json", str(run / "best.pt")])
+        assert refused.value.code == 2
+        assert f"{run / 'best.pt'} exists and is not a .json file: writing the report there " \
+            f"would replace it; give a .json path, e.g. {run / 'report.json'}" \
+            in capsys.readouterr().err
+    assert (run / "best.pt").read_bytes() == before
+    assert main(["probe", str(run), "--json", str(run / "report.json")]) == 0
+    assert json.loads((run / "report.json").read_text())
