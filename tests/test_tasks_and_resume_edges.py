@@ -4,19 +4,25 @@ and crop, which move a position target (a blob's x position trained to R^2 -0.03
 with another batch_size counted the epochs done in the new batches (asked for 3 epochs, it
 trained to epoch 4); held-out class indices below 0 and multi-label targets other than 0/1
 were only found at the first evaluation (a raw IndexError) or scored silently; `probe --json`
-and `fewshot --json` wrote their report over a checkpoint."""
+and `fewshot --json` wrote their report over a checkpoint; a resume naming its recipe lost the
+run's data folder; patch sizes a conv stem cannot take were suggested, and 16-bit arrays were
+told to be scaled as values in [0, 1]."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import vitkit
 from vitkit.cli import main
+from vitkit.config import ViTConfig
+from vitkit.errors import ConfigError
 from vitkit.tasks import TaskSpec
 from vitkit.train.config import load_train_config
 from vitkit.train.data import augment_config
@@ -125,3 +131,45 @@ def test_probe_json_onto_a_checkpoint_is_refused_and_a_json_path_works(tmp_path,
     assert (run / "best.pt").read_bytes() == before
     assert main(["probe", str(run), "--json", str(run / "report.json")]) == 0
     assert json.loads((run / "report.json").read_text())
+
+
+# -- a recipe named on resume keeps the run's data folder ------------------------------------------
+def test_a_resume_naming_the_recipe_reads_the_runs_data_folder(tmp_path, cifar10_dir,
+                                                               monkeypatch):
+    """Before: `vitkit train cifar10-tutorial epochs=2 --resume ...` of a run trained with
+    --data-dir looked for CIFAR-10 in the default place and failed."""
+    monkeypatch.delenv("VITKIT_CIFAR10_DIR", raising=False)
+    run = tmp_path / "run"
+    small = ["train_limit=64", "test_limit=50", "batch_size=32", "progress=false"]
+    assert main(["train", "cifar10-tutorial", "epochs=1", *small, "--data-dir",
+                 str(cifar10_dir), "--out", str(run)]) == 0
+    assert main(["train", "cifar10-tutorial", "epochs=2", *small, "--resume",
+                 str(run / "last.pt")]) == 0
+    assert _position(run)["epoch"] == 2
+
+
+# -- advice that works when followed -------------------------------------------------------------
+def test_suggested_patch_sizes_are_ones_the_stem_takes():
+    """Before: a conv stem (the cifar10 recipe's) at 30 px was offered 2, 3, 5, 6, 10, 15 or
+    30, and each but 2 was then refused: a conv stem's patch is a power of 2."""
+    conv = dict(stem="conv", stem_channels=(16, 32, 64), width=64, num_heads=2, mlp_dim=64,
+                depth=1)
+    with pytest.raises(ConfigError, match=r"\(patch_size 2 for 30x30\)") as refused:
+        ViTConfig(img_size=30, patch_size=8, **conv)
+    suggested = re.search(r"patch_size ([\d, or]+) for", str(refused.value)).group(1)
+    for patch in re.findall(r"\d+", suggested):
+        ViTConfig(img_size=30, patch_size=int(patch), **conv)  # each one is taken
+    with pytest.raises(ConfigError, match="none above 1 does for 100x100 with this stem"):
+        ViTConfig(img_size=100, patch_size=16, stem="resnet", resnet_layers=(3, 4, 9))
+
+
+def test_16_bit_arrays_for_a_picture_model_get_the_conversion_that_works(tmp_path, capsys):
+    weights = vitkit.save_pretrained(vitkit.create_model(
+        {"img_size": 16, "patch_size": 8, "in_chans": 1, "width": 16, "depth": 1,
+         "num_heads": 2, "mlp_dim": 32, "num_classes": 3}), tmp_path / "w")
+    a = np.random.default_rng(0).integers(0, 65535, (2, 1, 16, 16), dtype=np.uint16)
+    np.save(tmp_path / "wide.npy", a)
+    assert main(["predict", str(weights), str(tmp_path / "wide.npy")]) != 0
+    assert "for 16-bit values: (a >> 8).astype(numpy.uint8)" in capsys.readouterr().err
+    np.save(tmp_path / "bytes.npy", (a >> 8).astype(np.uint8))  # the advice followed
+    assert main(["predict", str(weights), str(tmp_path / "bytes.npy")]) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,8 @@ class ViTConfig:
             raise ConfigError(
                 f"image size {height}x{width} is not divisible by patch size {patch}: use an "
                 f"image size that is a multiple of {patch} (e.g. {near}) or a patch size that "
-                f"divides both sides ({patch_sizes_in_words(height, width)}).")
+                f"divides both sides "
+                f"({patch_sizes_in_words(height, width, self.stem_takes_patch)}).")
         if self.stem == "conv":
             self._validate_conv_stem()
         elif self.stem_pool:
@@ -196,6 +198,16 @@ class ViTConfig:
                 f"stem_strides={list(strides)} must give each of the {len(self.stem_channels)} "
                 f"stem convs a stride of 1 or 2, with log2(patch_size)={halvings} of them 2 "
                 f"(their product is the patch size {self.patch_size}), e.g. {example}")
+
+    def stem_takes_patch(self, patch: int) -> bool:
+        """Whether this model's stem can make `patch`-sized tokens: a conv stem a power of 2
+        it has stride-2 convs for, a ResNet stem a multiple of its stride."""
+        if self.stem == "conv":
+            halvings = patch.bit_length() - 1
+            return 1 << halvings == patch and len(self.stem_channels) >= halvings
+        if self.stem == "resnet":
+            return patch % (4 * 2 ** max(len(self.resnet_layers) - 1, 0)) == 0
+        return True
 
     def conv_stem_strides(self) -> tuple[int, ...]:
         """The stride of each conv of a conv stem: `stem_strides`, or the last log2(P) 2."""
@@ -412,12 +424,15 @@ def list_model_names() -> list[str]:
     return list(COMMON_VARIANTS) + list(TUTORIAL_MODELS)
 
 
-def patch_sizes_in_words(height: int, width: int) -> str:
-    """The patch sizes that divide both sides (up to 32), in words for a message: the fix
-    when the image size is the data's own."""
-    sizes = [p for p in range(2, min(height, width, 32) + 1) if height % p == 0 == width % p]
+def patch_sizes_in_words(height: int, width: int,
+                         stem_takes: Callable[[int], bool] = lambda patch: True) -> str:
+    """The patch sizes that divide both sides (up to 32) and the model's stem takes
+    (`ViTConfig.stem_takes_patch`), in words for a message: the fix when the image size is
+    the data's own."""
+    sizes = [p for p in range(2, min(height, width, 32) + 1)
+             if height % p == 0 == width % p and stem_takes(p)]
     if not sizes:
-        return f"none above 1 does for {height}x{width}: resize the images"
+        return f"none above 1 does for {height}x{width} with this stem: resize the images"
     shown = [str(p) for p in sizes]
     words = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
     return f"patch_size {words} for {height}x{width}"

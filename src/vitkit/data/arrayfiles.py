@@ -53,6 +53,16 @@ def is_array_file(path: str | Path) -> bool:
 TO_UINT8 = "(a * 255).round().clip(0, 255).astype(numpy.uint8)"
 
 
+def to_uint8_advice(dtype: str) -> str:
+    """How to turn arrays of `dtype` into uint8 pictures of 0-255, for a message: floats in
+    [0, 1] scaled, uint16 by its high byte (as 16-bit image files are decoded)."""
+    if dtype == "uint16":
+        return "for 16-bit values: (a >> 8).astype(numpy.uint8), as 16-bit images are read"
+    if dtype.startswith(("float", "bfloat")):
+        return f"for values in [0, 1]: {TO_UINT8}"
+    return "rescaled to 0-255 first, e.g. for values in [0, 1]: " + TO_UINT8
+
+
 def image_file_refusal(path: str | Path, scale: float) -> str | None:
     """Why the image file `path` (a PNG, JPEG...: 8-bit values 0-255) cannot go to a model whose
     preprocessing has `scale`, or None when it can. A model not trained on 8-bit pictures
@@ -191,8 +201,8 @@ def read_array_images(path: str | Path, channels: int, scale: float = 1.0,
     if scale != 1.0 and array.dtype != np.uint8:
         raise InputError(
             f"{path} holds {array.dtype} values, but the model was trained on 8-bit pictures "
-            f"(its preprocessing divides by {scale:g}): give uint8 arrays of 0-255 (for values "
-            f"in [0, 1]: {TO_UINT8}), or use a model "
+            f"(its preprocessing divides by {scale:g}): give uint8 arrays of 0-255 "
+            f"({to_uint8_advice(str(array.dtype))}), or use a model "
             "trained on arrays (data=arrays), which takes values in its data's own units")
     images = _as_nchw(array, channels, batch, path, img_size)
     if len(images) == 0:

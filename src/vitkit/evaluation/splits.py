@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from vitkit.data.arrayfiles import TO_UINT8
+from vitkit.data.arrayfiles import to_uint8_advice
 from vitkit.data.feeds import EvaluationFeed, evaluation_feed
 from vitkit.data.sources import SOURCES, open_held_out_only, open_source
 from vitkit.errors import DataError, MissingSplit
@@ -123,7 +123,7 @@ def check_same_units(float_images: bool, scale: float, where: str,
         raise DataError(f"{where} holds {stored_dtype} arrays, but the weights were trained on "
                         "8-bit pictures (their preprocessing divides by 255), so the arrays' "
                         "values would be misread as 0-255: save them as uint8 arrays of 0-255 "
-                        f"(for values in [0, 1]: {TO_UINT8}), or evaluate weights trained "
+                        f"({to_uint8_advice(stored_dtype)}), or evaluate weights trained "
                         "on these arrays")
     if not float_images and scale != 255:
         raise DataError(f"{where} holds 8-bit pictures, but the weights were trained on arrays "

@@ -199,9 +199,10 @@ def _patch_size_fix(config: ViTConfig, size: tuple[int, int]) -> str:
     """The patch size to set with `model.img_size=size` when the model's does not divide it."""
     if size[0] % config.patch_size == 0 == size[1] % config.patch_size:
         return ""
-    words = patch_sizes_in_words(*size)
+    words = patch_sizes_in_words(*size, config.stem_takes_patch)
     if words.startswith("none"):
-        return f" (no patch size above 1 divides {size[0]}x{size[1]}: resize the images)"
+        return (f" (no patch size above 1 that the model's stem takes divides "
+                f"{size[0]}x{size[1]}: resize the images)")
     return f" and a patch size that divides it ({words}: {config.patch_size} does not)"
 
 

@@ -67,6 +67,8 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
     if recipe is None and resume:
         base = checkpoint_train_config(resume, find_data_dir=not _names_data_dir(overrides))
         return build_config(None, overrides, base=_without_other_datas_folder(base, overrides))
+    if resume and not _names_data_dir(overrides):
+        overrides += _the_runs_data_folder(recipe or DEFAULT_RECIPE, overrides, resume)
     if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
         fine_tuning = any(item.startswith("init_from=") for item in overrides)
         base = {} if fine_tuning else {"model": TrainConfig.model}  # model.X=... changes it
@@ -173,6 +175,20 @@ def recorded_recipe(weights: str, find_data_dir: bool = True) -> dict[str, Any] 
         return checkpoint_train_config(path, find_data_dir)
     except VitkitError:  # a weights file that is not a vitkit training checkpoint
         return None
+
+
+def _the_runs_data_folder(recipe: str, overrides: list[str], resume: str) -> list[str]:
+    """A resumed run's data folder as an override, when a recipe is given that names the
+    run's data but no folder (`vitkit train cifar10 epochs=80 --resume ...` of a run
+    trained with --data-dir): the recipe alone would look in the default place."""
+    keys = recipe_with_overrides(recipe, overrides)
+    run = checkpoint_train_config(resume)
+    if keys.get("data_dir") or not run.get("data_dir") or \
+            keys.get("data", TrainConfig.data) != run.get("data"):
+        return []
+    log.info("resume: data=%s from the run's folder %s (data_dir=... reads another)",
+             run["data"], run["data_dir"])
+    return [f"data_dir={json.dumps(run['data_dir'])}"]
 
 
 def _without_other_datas_folder(recipe: dict[str, Any], overrides: list[str]
