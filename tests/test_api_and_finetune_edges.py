@@ -27,6 +27,7 @@ from vitkit.analysis.plots import plot_confusion
 from vitkit.catalog import load_weights
 from vitkit.cli import main
 from vitkit.errors import CheckpointError, ConfigError
+from vitkit.weights import save_npz
 
 TOL = 1e-5
 TINY = {"img_size": 16, "patch_size": 8, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32}
@@ -123,6 +124,18 @@ def test_timm_hybrid_files_give_timms_own_logits(tmp_path, timm_name):
         assert torch.equal(vitkit.load_pretrained(folder)(images), model(images))
 
 
+def test_an_official_npz_of_a_timm_hybrid_warns_that_it_reads_back_otherwise(tmp_path, caplog):
+    reference = timm.create_model("vit_tiny_r_s16_p8_224", img_size=64, depth=1,
+                                  num_classes=5).eval()
+    save_file(reference.state_dict(), tmp_path / "hybrid.safetensors")
+    model = vitkit.load_pretrained(tmp_path / "hybrid.safetensors")
+    with caplog.at_level(logging.WARNING):
+        save_npz(model, tmp_path / "hybrid.npz")
+    assert "which an official .npz cannot record: read back, it uses the official ones" \
+        in caplog.text
+    assert vitkit.load_pretrained(tmp_path / "hybrid.npz").config.resnet_norm == "official"
+
+
 def test_load_weights_advice_on_another_head_size_is_followed(tmp_path):
     source = vitkit.create_model({**TINY, "num_classes": 4})
     folder = vitkit.save_pretrained(source, tmp_path / "four")
@@ -174,3 +187,6 @@ def test_finetune_refuses_to_write_its_run_into_a_saved_model_folder(tmp_path, w
     assert not (weights / "last.pt").exists()
     assert main([*argv, "--out", str(tmp_path / "elsewhere")]) == 0  # another --out folder
     assert vitkit.load_pretrained(tmp_path / "elsewhere").config.num_classes == 3
+    run = tmp_path / "elsewhere"  # a run folder holding a saved copy of its weights resumes
+    vitkit.save_pretrained(vitkit.load_pretrained(run / "best.pt"), run)
+    assert main(["train", "total_steps=3", "--resume", str(run / "last.pt")]) == 0

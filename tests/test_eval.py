@@ -286,12 +286,22 @@ def test_a_folder_of_test_images_only_is_evaluated_following_the_advice(run, tmp
     (whole / "val").rename(only_val / "val")
     classes_only = tmp_path / "classes_only"
     (whole / "train").rename(classes_only)
+    table_only = tmp_path / "table_only"  # test/ with targets.csv of class indices
+    (table_only / "test").mkdir(parents=True)
+    rows = ["file,digit"]
+    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+        Image.fromarray(image[0].numpy(), mode="L").save(table_only / "test" / f"{i}.png")
+        rows.append(f"{i}.png,{int(label)}")
+    (table_only / "test" / "targets.csv").write_text("\n".join(rows) + "\n")
     assert main(["eval", str(run), "--data-dir", str(classes_only)]) == 2
     assert "name the data the folder holds (data=folder" in capsys.readouterr().err
-    for folder, flags in ((classes_only, []), (only_val, []), (only_val, ["--split", "val"])):
+    for folder, flags in ((classes_only, []), (only_val, []), (only_val, ["--split", "val"]),
+                          (table_only, [])):
         report = _eval(tmp_path, run, "--data", "folder", "--data-dir", str(folder), *flags)
         assert report["split"] == "test" and report["images"] == 40
         assert abs(report["top1"] - expected) <= TOL
     assert main(["eval", str(run), "--data", "folder", "--data-dir", str(classes_only),
                  "--split", "train"]) == 2
     assert "classes_only has no train/ folder" in capsys.readouterr().err
+    assert main(["explain", str(run), "--data", "folder", "--data-dir", str(classes_only),
+                 "--num-images", "2", "--out", str(tmp_path / "explained")]) == 0

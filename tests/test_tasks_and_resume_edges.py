@@ -10,6 +10,7 @@ told to be scaled as values in [0, 1]."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import re
@@ -20,7 +21,8 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.cli import main
+from vitkit.arguments import output_file
+from vitkit.cli import FIGURE_SUFFIXES, main
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
 from vitkit.tasks import TaskSpec
@@ -51,6 +53,10 @@ def test_regression_on_pictures_leaves_flip_and_crop_off_unless_set(caplog):
     assert augment.flip and augment.crop_padding == 4  # the advice followed
     augment = augment_config(plain, streamed=False, task=classes)
     assert augment.flip and augment.crop_padding == 4  # classification keeps its defaults
+    tuning = load_train_config("finetune", ["data=folder", "init_from=weights"])
+    augment_config(tuning, streamed=False, task=regression)  # the recipe flips and crops
+    assert "task=regression with augment.flip=true, resize_crop=1.33 (set by the recipe or " \
+        "by you)" in caplog.text
 
 
 # -- resuming with another batch ---------------------------------------------------------------
@@ -75,7 +81,8 @@ def test_a_resume_within_an_epoch_keeps_its_batch_and_the_advice_works(tmp_path,
     assert "the checkpoint stopped within epoch 2 (after its batch 2), whose rest is read in " \
         "the batches it began with (batch_size=32): resume with batch_size=32" \
         in capsys.readouterr().err
-    assert main([*resume, "batch_size=32"]) == 0  # the advice followed
+    # the advice followed; accum_steps splits the same batches, so it may change mid-epoch
+    assert main([*resume, "batch_size=32", "accum_steps=2"]) == 0
     assert _position(run)["step"] == 8
 
 
@@ -116,6 +123,16 @@ def test_held_out_multilabel_targets_other_than_0_and_1_are_refused(tmp_path, ca
 
 
 # -- reports never replace a checkpoint --------------------------------------------------------
+def test_a_figure_may_replace_an_earlier_figure_of_any_format(tmp_path):
+    earlier = tmp_path / "sweep.pdf"
+    earlier.write_bytes(b"%PDF")
+    assert output_file("sweep.png", FIGURE_SUFFIXES)(str(earlier)) == str(earlier)
+    checkpoint = tmp_path / "best.pt"
+    checkpoint.write_bytes(b"weights")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"exists and is not a \.png file"):
+        output_file("sweep.png", FIGURE_SUFFIXES)(str(checkpoint))
+
+
 def test_probe_json_onto_a_checkpoint_is_refused_and_a_json_path_works(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *TINY, "epochs=1", "batch_size=32", "train_limit=128",

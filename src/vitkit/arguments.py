@@ -81,13 +81,15 @@ def output_folder(text: str) -> str:
     return text
 
 
-def output_file(example: str) -> Callable[[str], str]:
+def output_file(example: str, suffixes: tuple[str, ...] = ()) -> Callable[[str], str]:
     """The argparse type of a file to write (`example`: a file name to suggest): refused at once
     when it is a folder, when it names one (ends in a path separator, or in "." or "..": `DIR/`
     means a folder even before DIR exists, and `Path` would drop the slash and write a file
     DIR), or when a folder above it is a file; an existing file is refused unless it ends as
-    `example` does (a report may replace an earlier report, never a checkpoint or data)."""
+    `example` does or in one of `suffixes` (a report may replace an earlier report, never a
+    checkpoint or data)."""
     suffix = Path(example).suffix
+    allowed = {suffix, *suffixes}
 
     def checked(text: str) -> str:
         path = Path(text).expanduser()
@@ -95,7 +97,7 @@ def output_file(example: str) -> Callable[[str], str]:
             verb = "is" if path.is_dir() else "names"
             raise argparse.ArgumentTypeError(f"{text} {verb} a folder: give the file to write, "
                                              f"e.g. {path / example}")
-        if path.exists() and path.suffix.lower() != suffix:
+        if path.exists() and path.suffix.lower() not in allowed:
             raise argparse.ArgumentTypeError(
                 f"{text} exists and is not a {suffix} file: writing the report there would "
                 f"replace it; give a {suffix} path, e.g. {path.with_name(example)}")

@@ -45,6 +45,10 @@ EXIT_PARTIAL = 1  # some inputs failed, the others were done
 EXIT_BUG = 1  # an unexpected exception (as Python's own exit status for one)
 EXIT_ERROR = 2  # a usage error or a VitkitError
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as the shell reports it
+# What a figure --out may replace: matplotlib's formats, and a name without a suffix (which
+# gets .png added, so it is not written over).
+FIGURE_SUFFIXES = ("", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".ps", ".tif",
+                   ".tiff", ".webp", ".pgf", ".raw", ".rgba")
 # Libraries whose loggers print through a handler of their own: the root handler must not print
 # their messages a second time.
 OWN_HANDLER_LOGGERS = ("huggingface_hub", "datasets")
@@ -482,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sweep resolutions, comma-separated (default 224,384)")
     bench.add_argument("--memory-gb", type=float,
                        help="sweep memory cap (default: 0.8 x the available memory)")
-    bench.add_argument("--out", default="benchmark_sweep.png", type=output_file("sweep.png"),
+    bench.add_argument("--out", default="benchmark_sweep.png",
+                       type=output_file("sweep.png", FIGURE_SUFFIXES),
                        help="sweep figure (PNG, or another format by its suffix: pdf, svg, "
                             "...; .png is added to a name without one; default "
                             "benchmark_sweep.png)")

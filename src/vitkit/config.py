@@ -204,6 +204,8 @@ class ViTConfig:
         it has stride-2 convs for, a ResNet stem a multiple of its stride."""
         if self.stem == "conv":
             halvings = patch.bit_length() - 1
+            if self.stem_strides:  # given stride by stride: their product is the patch
+                return 1 << self.stem_strides.count(2) == patch
             return 1 << halvings == patch and len(self.stem_channels) >= halvings
         if self.stem == "resnet":
             return patch % (4 * 2 ** max(len(self.resnet_layers) - 1, 0)) == 0

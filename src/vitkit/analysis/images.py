@@ -114,7 +114,7 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
     `preprocess` as `vitkit predict` and `vitkit eval` read it (`EvalResize`: the shorter
     side and a centre crop, or a squash, as the weights say); the small embedded sets (digits,
     CIFAR) and arrays as they are held, resized when their size differs."""
-    from vitkit.data.sources import IN_MEMORY_ONLY, open_source
+    from vitkit.data.sources import IN_MEMORY_ONLY, open_held_out_only, open_source
 
     trained = train_config or {}
     data = data or trained.get("data")
@@ -127,10 +127,14 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
                          "a data source (--data cifar10 --data-dir DIR)")
     if count < 1:
         raise InputError(f"--num-images must be at least 1, got {count}")
-    _, test = open_source(data, data_dir, preprocess.img_size, preprocess.channels,
-                          train_limit=1, mode="memory" if data in IN_MEMORY_ONLY else "stream",
-                          eval_split=trained.get("split") if own else None,
-                          task=task.kind if task is not None else "classification")
+    mode = "memory" if data in IN_MEMORY_ONLY else "stream"
+    kind = task.kind if task is not None else "classification"
+    test = open_held_out_only(data, data_dir, preprocess.img_size, preprocess.channels,
+                              mode=mode, task=kind)  # a folder of test images only
+    if test is None:
+        _, test = open_source(data, data_dir, preprocess.img_size, preprocess.channels,
+                              train_limit=1, mode=mode,
+                              eval_split=trained.get("split") if own else None, task=kind)
     labels = torch.as_tensor(np.asarray(test.labels))
     classes = labels.dim() == 1 and not labels.is_floating_point()
     if classes:

@@ -369,6 +369,16 @@ def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = Non
                      "target may measure, such as a position); set augment.flip=true or "
                      "augment.crop_padding=4 where the targets do not change with them",
                      " and ".join(f"augment.{key}" for key in unset))
+        moving = [name for name, on in (("augment.flip=true", augment.flip),
+                                        (f"augment.crop_padding={augment.crop_padding}",
+                                         augment.crop_padding),
+                                        (f"resize_crop={cfg.resize_crop:.3g}",
+                                         cfg.resize_crop > 1)) if on]
+        if moving:
+            log.warning("warning: task=regression with %s (set by the recipe or by you): a "
+                        "mirror image or a shifted crop changes targets such as a position "
+                        "while the target stays; where they do, set augment.flip=false, "
+                        "augment.crop_padding=0 and resize_crop=1", ", ".join(moving))
         if streamed and cfg.crop_scale[0] < 1:
             log.warning("warning: task=regression on streamed data: the Inception crop (crop_"
                         "scale=%s) zooms and shifts each training image, which changes targets "

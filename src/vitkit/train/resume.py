@@ -21,7 +21,7 @@ from vitkit.train.config import TrainConfig, model_config_of
 from vitkit.train.plan import RunPlan
 
 log = logging.getLogger("vitkit.train")
-BATCH_KEYS = ("batch_size", "accum_steps")  # what one optimizer step reads
+BATCH_KEYS = ("batch_size",)  # what the batch order (`BatchOrder`) is drawn in
 
 
 def check_resumable(state: TrainCheckpoint, path: str | Path, cfg: TrainConfig,
@@ -170,8 +170,8 @@ def restore(state: TrainCheckpoint, path: str | Path, model: VisionTransformer,
 
 def replan_if_length_changed(cfg: TrainConfig, saved: dict[str, Any], plan: RunPlan,
                              pos: Position, batches_per_epoch: int) -> None:
-    """Resuming with another `epochs`, `total_steps`, `time_budget` or batch (`batch_size`,
-    `accum_steps`) re-plans the run.
+    """Resuming with another `epochs`, `total_steps`, `time_budget` or `batch_size` re-plans
+    the run (`accum_steps` splits the same batches: it changes nothing here).
 
     The same command resumes exactly; a longer one extends the run (also a finished one),
     as in timm and Hugging Face: the schedule is stretched to the new length from the

@@ -40,9 +40,10 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder: pass a folder for the run")
-    check_not_a_model_folder(out)
     found = run_files(out)
     resuming_here = resume is not None and _inside(Path(resume), out)
+    if not found and not resuming_here:  # a run's folder may keep a save_pretrained copy
+        check_not_a_model_folder(out)
     if overwrite and resuming_here:
         raise ConfigError(f"--overwrite would delete {out}'s run, which --resume {resume} "
                           "continues: use --resume to continue it, or --overwrite (without "

@@ -29,6 +29,7 @@ from vitkit.data.sources.table import (
     TableRecords,
     as_class_labels,
     check_same_columns,
+    held_out_class_labels,
 )
 from vitkit.errors import DataError, first_few
 from vitkit.files import cache_root, relative_data_dir_note, write_atomic
@@ -293,7 +294,7 @@ def open_held_out_folder(data_dir: str | Path, task: str | None = None
                      if (root / sub).is_dir()), root)
     if (held_out / TABLE_NAME).is_file():
         table = TableRecords.scan(held_out)
-        return (as_class_labels(table, table) or table) if task == "classification" else table
+        return held_out_class_labels(table) if task == "classification" else table
     records = FolderRecords.scan(held_out)
     logger.info("%s has no train/ folder: evaluating the images of %s (%d classes)", root,
                 held_out, len(records.classes))

@@ -144,6 +144,18 @@ def as_class_labels(train: TableRecords, held_out: TableRecords
     return relabelled(train), relabelled(held_out)
 
 
+def held_out_class_labels(table: TableRecords) -> TableRecords:
+    """A held-out table alone (a folder of test images only) read as class labels, for
+    task=classification: its one column of whole numbers from 0 as int64 class indices,
+    classes "0".."K-1" (K: its largest index + 1; the model's head may have more, which
+    evaluation matches by name). A table of other targets is returned as it is, for the task
+    check to refuse."""
+    if not _class_indices(table.labels):
+        return table
+    classes = [str(index) for index in range(int(table.labels.max()) + 1)]
+    return TableRecords(table.root, table.paths, classes, table.labels[:, 0].astype(np.int64))
+
+
 def _class_indices(targets: np.ndarray) -> bool:
     """Whether float32 (N, K) table targets are one column of whole numbers from 0."""
     column = targets[:, 0]

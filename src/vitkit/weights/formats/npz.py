@@ -18,6 +18,7 @@ epsilon 1e-6).
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from vitkit.preprocess import official_preprocess
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WeightsRecord
+
+log = logging.getLogger("vitkit.weights")
 
 LAYOUTS = ("original", "opt_target", "big_vision", "scan")
 _PREFIXES = {"original": "", "opt_target": "opt/target/", "big_vision": "params/",
@@ -418,8 +421,15 @@ def to_official_arrays(model: torch.nn.Module, layout: str = "original") -> dict
 
 
 def save_npz(model: torch.nn.Module, path: str | Path, layout: str = "original") -> Path:
-    """Write the model as an official `.npz` checkpoint (loadable by the JAX code and timm)."""
+    """Write the model as an official `.npz` checkpoint (loadable by the JAX code and timm).
+    A hybrid read from timm's files (`resnet_norm="timm"`) is warned of: the format holds no
+    such setting, so the file is read back with the official constants."""
     path = Path(path)
+    if getattr(getattr(model, "config", None), "resnet_norm", "official") == "timm":
+        log.warning("warning: %s: this hybrid normalises with timm's constants (it was read "
+                    "from timm's files), which an official .npz cannot record: read back, it "
+                    "uses the official ones and its outputs move (by about 1e-3); "
+                    "save_pretrained keeps the setting", path)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **to_official_arrays(model, layout))
     return path
