@@ -219,3 +219,20 @@ def test_class_indices_most_of_which_never_occur_are_refused_and_one_based_ones_
     assert train.classes == ["0", "1", "2", "3"]
     assert "class index(es) 0 never occur in it, so their outputs are never trained; are the " \
         "indices counted from 1? number the classes from 0" in caplog.text
+
+
+def test_images_beside_the_table_without_a_row_are_warned_of(tmp_path: Path, caplog) -> None:
+    """Before: an image the table had no row for was left out without a word."""
+    _table_folder(tmp_path)
+    Image.new("RGB", (16, 16)).save(tmp_path / "train" / "extra.png")
+    with caplog.at_level(logging.WARNING):
+        train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
+    assert len(train) == 6
+    assert f"{tmp_path / 'train'}: 1 image(s) beside targets.csv have no row in it and are " \
+        "not read (extra.png): add a row for each, or move them out of the folder" in caplog.text
+    table = tmp_path / "train" / "targets.csv"
+    table.write_text(table.read_text() + "extra.png,0.5,0.5\n")  # the advice followed
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
+    assert len(train) == 7 and "have no row" not in caplog.text

@@ -252,6 +252,21 @@ def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
                     "images in each)")
 
 
+def warn_of_unlisted_images(table: TableRecords) -> None:
+    """Warn of images beside a `targets.csv` that it has no row for: only the table's rows are
+    read, so they would be left out without a word (the folder's top level is looked at, not
+    its sub-folders, which a large data set may hold millions of files in)."""
+    listed = {os.path.normpath(path) for path in table.paths}
+    with os.scandir(table.root) as entries:
+        unlisted = sorted(entry.name for entry in entries if entry.is_file()
+                          and os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS
+                          and entry.name not in listed)
+    if unlisted:
+        logger.warning("warning: %s: %d image(s) beside %s have no row in it and are not read "
+                       "(%s): add a row for each, or move them out of the folder", table.root,
+                       len(unlisted), TABLE_NAME, first_few(unlisted))
+
+
 def open_folder(data_dir: str | Path | None, task: str | None = None
                 ) -> tuple[FolderRecords, FolderRecords] | tuple[TableRecords, TableRecords]:
     """The training and held-out records of a data folder (`folder_splits`), same classes;
@@ -271,6 +286,8 @@ def open_folder(data_dir: str | Path | None, task: str | None = None
             raise DataError(f"{has / TABLE_NAME} gives targets but {lacks} has no "
                             f"{TABLE_NAME}: write one for {lacks.name}/ too (same columns)")
         train_table, held_table = TableRecords.scan(train_dir), TableRecords.scan(held_out_dir)
+        for table in (train_table, held_table):
+            warn_of_unlisted_images(table)
         check_same_columns(train_table, held_table)
         if task == "classification":
             return as_class_labels(train_table, held_table) or (train_table, held_table)
@@ -294,6 +311,7 @@ def open_held_out_folder(data_dir: str | Path, task: str | None = None
                      if (root / sub).is_dir()), root)
     if (held_out / TABLE_NAME).is_file():
         table = TableRecords.scan(held_out)
+        warn_of_unlisted_images(table)
         return held_out_class_labels(table) if task == "classification" else table
     records = FolderRecords.scan(held_out)
     logger.info("%s has no train/ folder: evaluating the images of %s (%d classes)", root,
