@@ -156,6 +156,20 @@ def test_save_pretrained_onto_a_file_is_refused(tmp_path):
     assert target.read_bytes() == b"not a folder"
 
 
+def test_class_names_that_do_not_name_every_output_are_refused(tmp_path):
+    model = vitkit.create_model({**TINY, "num_classes": 3})
+    with pytest.raises(ConfigError, match="2 class names for a head of 3 outputs: give one "
+                                          "name per output"):
+        vitkit.save_pretrained(model, tmp_path / "m", class_names=["cat", "dog"])
+    assert not (tmp_path / "m").exists()
+    folder = vitkit.save_pretrained(model, tmp_path / "m", class_names=["cat", "dog", "eel"])
+    assert vitkit.load_pretrained(folder).class_names == ["cat", "dog", "eel"]  # advice followed
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "class_names": ["cat"]}))
+    with pytest.raises(CheckpointError, match="1 class names for a head of 3 outputs"):
+        vitkit.load_pretrained(folder)
+
+
 # -- fine-tuning -------------------------------------------------------------------------------
 @pytest.fixture()
 def weights(tmp_path) -> Path:

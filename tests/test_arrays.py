@@ -179,6 +179,7 @@ def test_compressed_npz_is_read_into_memory_or_refused_above_the_limit(tmp_path:
     with caplog.at_level("INFO", logger="vitkit.data"):
         train, _ = open_source("arrays", str(tmp_path / "z"), mode="stream")
     assert isinstance(train, ImageDataset) and "stored compressed" in caplog.text
+    assert "batch by batch (" not in caplog.text  # not also said to be read batch by batch
     monkeypatch.setattr(sources, "MEMORY_LIMIT_BYTES", 1000)
     with pytest.raises(DataError, match=r"numpy.savez \(not savez_compressed\).*"
                                         "data_mode=memory"):

@@ -276,7 +276,8 @@ def open_arrays(data_dir: str | None, train_limit: int | None = None,
     _check_held_out(train, test)
     total = train.float_bytes + test.float_bytes
     mapped = mode == "stream" or (mode == "auto" and total > memory_limit)
-    if mapped:
-        log.info("data=arrays: images read from %s batch by batch (%.0f MB as float32)",
-                 folder, total / 1024**2)
+    streamed = [opened.split.where for opened in (train, test) if opened.reader is not None]
+    if mapped and streamed:  # compressed members say on their own that they are read whole
+        log.info("data=arrays: images of %s read batch by batch (%.0f MB as float32 in all)",
+                 " and ".join(streamed), total / 1024**2)
     return _read(train, mapped, memory_limit), _read(test, mapped, memory_limit)

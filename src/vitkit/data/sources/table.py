@@ -136,12 +136,7 @@ def as_class_labels(train: TableRecords, held_out: TableRecords
                     "never trained%s", train.root / TABLE_NAME, shown,
                     "; are the indices counted from 1? number the classes from 0"
                     if missing[0] == 0 else "")
-    classes = [str(index) for index in range(count)]
-
-    def relabelled(table: TableRecords) -> TableRecords:
-        return TableRecords(table.root, table.paths, classes, table.labels[:, 0].astype(np.int64))
-
-    return relabelled(train), relabelled(held_out)
+    return _relabelled(train, count), _relabelled(held_out, count)
 
 
 def held_out_class_labels(table: TableRecords) -> TableRecords:
@@ -152,7 +147,12 @@ def held_out_class_labels(table: TableRecords) -> TableRecords:
     check to refuse."""
     if not _class_indices(table.labels):
         return table
-    classes = [str(index) for index in range(int(table.labels.max()) + 1)]
+    return _relabelled(table, int(table.labels.max()) + 1)
+
+
+def _relabelled(table: TableRecords, count: int) -> TableRecords:
+    """`table`'s one column as int64 class indices of the classes "0".."count-1"."""
+    classes = [str(index) for index in range(count)]
     return TableRecords(table.root, table.paths, classes, table.labels[:, 0].astype(np.int64))
 
 

@@ -92,6 +92,7 @@ def _settings(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
             raise ConfigError(f"{key!r} is {_short(value)}, expected {expected}")
     config = ViTConfig.from_dict(meta["model"])
     check_config_fits(config, tensors, path)
+    check_class_names(meta.get("class_names"), config)
     saved = meta.get("preprocess")
     if saved:
         check_known_keys(Preprocess, saved, "preprocess")
@@ -101,6 +102,16 @@ def _settings(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
     else:
         preprocess = official_preprocess(config.img_size, config.in_chans)
     return config, preprocess, meta.get("class_names")
+
+
+def check_class_names(class_names: list[str] | None, config: ViTConfig) -> None:
+    """Refuse class names that do not name the head's outputs one to one."""
+    if class_names is None or config.num_classes <= 0 \
+            or len(class_names) == config.num_classes:
+        return
+    raise ConfigError(f"{len(class_names)} class names for a head of {config.num_classes} "
+                      f"outputs: give one name per output (in output order), or class_names="
+                      f"None to leave them unnamed")
 
 
 def _short(value: object) -> str:
@@ -114,6 +125,7 @@ def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Pr
           ) -> Path:
     """Write the folder; returns it."""
     directory = Path(directory)
+    check_class_names(class_names, config)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{directory} is a file: save_pretrained writes a folder "
                           f"({WEIGHTS_FILE} and {CONFIG_FILE}); pass a folder path")
