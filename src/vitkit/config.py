@@ -24,6 +24,9 @@ from vitkit.fieldtypes import (
 )
 
 POOLS = ("class_token", "mean_patches", "mean_all_tokens")
+# timm's `global_pool` names and the pool each is (timm's "avg" leaves the prefix tokens
+# out); timm's "", "max", "avgmax", "map" and "prr" have no counterpart here.
+TIMM_POOLS = {"token": "class_token", "avg": "mean_patches"}
 FINAL_NORMS = ("tokens", "pooled", "none")
 POS_EMBEDS = ("learned", "sincos1d", "sincos2d", "none")
 STEMS = ("patch", "conv", "resnet")

@@ -17,6 +17,7 @@ switches it back to the plain classes, so the plain code path runs again.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -216,9 +217,9 @@ class MergingVisionTransformer(VisionTransformer):
             return super().forward(images, return_attention)
         x, size = self.embed(images), None
         for block in self.blocks[:-1]:
-            x, size, _ = block.forward_merging(x, size)
+            x, size, _ = self.call_block(block.forward_merging, x, size)
         self.token_sizes = None if size is None else size[:, :1]  # out of the last block
-        first = self.blocks[-1].forward_first(x, attn_bias=size_bias(size, x.dtype))
+        first = self.call_block(self.blocks[-1].forward_first, x, 1, size_bias(size, x.dtype))
         return self.forward_head(self.norm(first))
 
     def pools_class_token_only(self) -> bool:
@@ -232,12 +233,17 @@ class MergingVisionTransformer(VisionTransformer):
         x, size = self.embed(images), None
         attentions = []
         for block in self.blocks:
-            x, size, weights = block.forward_merging(x, size, return_attention)
+            x, size, weights = self.call_block(block.forward_merging, x, size, return_attention)
             if return_attention:
                 attentions.append(weights)
         self.token_sizes = size
         x = self.norm(x)
         return (x, attentions) if return_attention else x
+
+    def forward_intermediates(self, images: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Refused: merged tokens form no grid, and sizes would restart in each block."""
+        raise ConfigError("forward_intermediates needs every patch token, which token merging "
+                          "merges away: call apply_token_merging(model, 0) first")
 
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
         """The class token, or a size-weighted mean over the (merged) tokens."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vitkit.config import HEADS_BY_WIDTH, ViTConfig, is_variant_name, variant_config
+from vitkit.config import HEADS_BY_WIDTH, TIMM_POOLS, ViTConfig, is_variant_name, variant_config
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_value
 from vitkit.model.resnet import ResNetBackbone
@@ -100,7 +100,7 @@ def convert_timm(state_dict: dict[str, torch.Tensor], num_heads: int | None = No
     pooled_norm = "fc_norm.weight" in sd
     if global_pool is None:
         global_pool = "avg" if pooled_norm or not class_token else "token"
-    pool = {"token": "class_token", "avg": "mean_patches"}.get(global_pool)
+    pool = TIMM_POOLS.get(global_pool)
     if pool is None:
         raise ConfigError(f"global_pool={global_pool!r} is not supported; use 'token' or 'avg'")
     blocks = {int(_BLOCK_KEY.match(k).group(1)): 1 for k in sd if _BLOCK_KEY.match(k)}
