@@ -276,6 +276,22 @@ def test_cli_export_refuses_an_unfaithful_graph_and_leaves_no_file(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "weights"]  # no staging
 
 
+def test_cli_export_refuses_a_new_name_not_ending_in_onnx(tmp_path, capsys):
+    """A graph written as model.safetensors beside a timm folder's weights made the folder
+    read as a broken vitkit folder; any name not ending in .onnx is refused, naming one that
+    does, which is then written (--format in any case)."""
+    model = random_model()
+    folder = vitkit.save_pretrained(model, tmp_path / "weights")
+    target = tmp_path / "out" / "model.safetensors"
+    assert main(["export", str(folder), "--out", str(target)]) != 0
+    err = capsys.readouterr().err
+    suggested = tmp_path / "out" / "model.onnx"
+    assert f"--out {target} does not end in .onnx" in err and f"e.g. --out {suggested}" in err
+    assert not target.exists() and "Traceback" not in err
+    assert main(["export", str(folder), "--format", "ONNX", "--out", str(suggested)]) == 0
+    assert check_onnx(model, suggested) <= TOL
+
+
 def test_cli_export_over_a_previous_export_replaces_it_and_leaves_no_staging(tmp_path):
     model = random_model()
     folder = vitkit.save_pretrained(model, tmp_path / "weights")

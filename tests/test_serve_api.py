@@ -5,7 +5,10 @@ the server still answers."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import math
+import zipfile
 
 import numpy as np
 import pytest
@@ -184,6 +187,27 @@ def test_bad_image_uploads_get_their_4xx_and_the_server_keeps_serving(client, fi
     _still_serves(client)
 
 
+def _npz_bytes(images: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, images=images)
+    return buffer.getvalue()
+
+
+def _npy_promising(shape: tuple[int, ...]) -> bytes:
+    """An .npy whose header promises `shape` float32 values, followed by 64 bytes."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": shape})
+    return buffer.getvalue() + bytes(64)
+
+
+def _npz_holding(npy: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("images.npy", npy)
+    return buffer.getvalue()
+
+
 BAD_ARRAYS = [
     ("image to an array model", [("x.png", png_bytes(1))], 415, "trained on arrays"),
     ("wrong channels", [("x.npy", npy_bytes(np.zeros((2, 3, 16, 16), np.float32)))], 422,
@@ -194,6 +218,13 @@ BAD_ARRAYS = [
     ("nan", [("x.npy", npy_bytes(np.full((16, 16), np.nan, np.float32)))], 422, "NaN"),
     ("pickle", [("x.npy", _pickled())], 400, "no pickled objects"),
     ("damaged", [("x.npy", npy_bytes(fields(2))[:100])], 400, "cannot read"),
+    # a header promising 95 GiB: numpy would allocate it all before reading (was a 500)
+    ("header promises more", [("x.npy", _npy_promising((10**8, 16, 16)))], 400, "is damaged"),
+    ("npz header promises more", [("x.npz", _npz_holding(_npy_promising((10**8, 16, 16))))],
+     400, "is damaged"),
+    # 0.03 MB compressed, 31 MB of images: over the 20 MB body limit once expanded
+    ("npz expanding", [("x.npz", _npz_bytes(np.zeros((30000, 16, 16), np.float32)))], 413,
+     "--max-upload-mb"),
 ]
 
 
@@ -205,6 +236,67 @@ def test_bad_array_uploads_get_their_4xx_and_the_server_keeps_serving(array_clie
     assert response.status_code == status, response.text
     assert words in response.json()["error"]
     _still_serves(array_client, "arrays")
+
+
+def test_array_files_share_the_body_limit_and_the_advice_works(regressor):
+    with TestClient(create_app(ModelService.load(regressor), max_upload_mb=1.0)) as client:
+        ramp = np.linspace(0.0, 1.0, 16 * 16, dtype=np.float32).reshape(16, 16)
+        big = _npz_bytes(np.stack([ramp + k / 300 for k in range(300)]))  # 0.3 MB of images
+        assert len(big) < 0.1 * 2**20  # compressed: four are well within the body's limit
+        refused = _post(client, "/api/predict", [("a.npz", big), ("b.npz", big),
+                                                 ("c.npz", big), ("d.npz", big)])
+        assert refused.status_code == 413, refused.text
+        assert "send fewer images per file" in refused.json()["error"]
+        followed = _post(client, "/api/predict", [("a.npz", big), ("b.npz", big)])
+        assert followed.status_code == 200 and len(followed.json()["predictions"]) == 600
+
+
+def test_a_multipart_type_without_boundary_is_a_400_naming_it(client):
+    response = client.post("/api/predict", content=b"--x\r\n",
+                           headers={"Content-Type": "multipart/form-data"})
+    assert response.status_code == 400 and "no boundary" in response.json()["error"]
+
+
+def test_a_client_gone_mid_body_is_a_400_not_a_bug():
+    from starlette.requests import ClientDisconnect
+
+    from vitkit.serve.uploads import UploadError, read_form
+
+    class Gone:
+        def __init__(self) -> None:
+            self.headers = {"content-type": "multipart/form-data; boundary=x"}
+
+        async def stream(self):
+            yield b"--x\r\n"
+            raise ClientDisconnect()
+
+    with pytest.raises(UploadError, match="disconnected") as refused:
+        asyncio.run(read_form(Gone(), 2**20))
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_limits_must_be_finite(classifier, value):
+    from vitkit.errors import ConfigError
+    from vitkit.serve.batching import DynamicBatcher
+
+    with pytest.raises(ConfigError, match="finite"):
+        create_app(ModelService.load(classifier), max_upload_mb=value)
+    with pytest.raises(ConfigError, match="finite"):
+        DynamicBatcher(lambda inputs: inputs, max_wait_ms=value)
+
+
+@pytest.mark.parametrize("flag", ["--max-wait-ms", "--max-upload-mb"])
+def test_serve_refuses_infinite_limits_at_once(classifier, flag, capsys):
+    from vitkit.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", str(classifier), flag, "inf"])
+    assert exited.value.code == 2 and "must be a finite number" in capsys.readouterr().err
+
+
+def test_healthz_answers_head_too(client):
+    assert client.head("/healthz").status_code == 200
 
 
 def test_bad_requests_are_json_errors(client):

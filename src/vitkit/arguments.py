@@ -5,6 +5,7 @@ serve/command.py build their parsers from here)."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,18 +60,25 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """An argparse type: a number > 0."""
-    value = float(text)
+    """An argparse type: a finite number > 0."""
+    value = _finite_float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    """An argparse type: a number >= 0."""
-    value = float(text)
+    """An argparse type: a finite number >= 0."""
+    value = _finite_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
 
 

@@ -23,9 +23,12 @@ whose units its values are not.
 from __future__ import annotations
 
 import io
+import math
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -33,7 +36,8 @@ import torch
 from vitkit.data.sources.mapped import first_unfit
 from vitkit.errors import InputError
 
-__all__ = ["ARRAY_EXTENSIONS", "PICTURE_REFUSED", "ArrayImages", "UnreadableArrayFile",
+__all__ = ["ARRAY_EXTENSIONS", "PICTURE_REFUSED", "ArrayImages", "ArraysTooLarge",
+           "UnreadableArrayFile",
            "image_file_refusal", "is_array_file", "read_array_images"]
 
 ARRAY_EXTENSIONS = (".npy", ".npz")
@@ -44,6 +48,11 @@ IMAGES_KEY = "images"
 class UnreadableArrayFile(InputError):
     """The file is not a numpy .npy/.npz file (or is damaged), as opposed to one whose arrays
     have the wrong shape or dtype for the model."""
+
+
+class ArraysTooLarge(InputError):
+    """The file's images would take more memory than the reader allows (`max_bytes`): a
+    compressed .npz that expands beyond it."""
 
 
 def is_array_file(path: str | Path) -> bool:
@@ -109,11 +118,14 @@ class ArrayImages:
             yield [self.name(i) for i in range(start, stop)], self.tensor(start, stop)
 
 
-def _load(path: Path, data: bytes | None = None) -> tuple[np.ndarray, bool]:
+def _load(path: Path, data: bytes | None = None, max_bytes: int | None = None
+          ) -> tuple[np.ndarray, bool]:
     """(the array, whether it is a batch by definition: an .npz's `images`), from the file at
-    `path` or from its contents `data` (an upload; `path` names it)."""
+    `path` or from its contents `data` (an upload; `path` names it); an .npz's images over
+    `max_bytes` uncompressed are refused before they are read."""
     source = path if data is None else io.BytesIO(data)
     try:
+        _check_declared_sizes(path, data, max_bytes)
         if path.suffix.lower() == ".npy":
             return np.load(source, mmap_mode="r" if data is None else None,
                            allow_pickle=False), False
@@ -125,9 +137,46 @@ def _load(path: Path, data: bytes | None = None) -> tuple[np.ndarray, bool]:
             return archive[IMAGES_KEY], True
     except InputError:
         raise
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise UnreadableArrayFile(f"cannot read {path} as a numpy array file ({exc}); save it with "
                          "numpy.save or numpy.savez (no pickled objects)") from exc
+
+
+def _check_declared_sizes(path: Path, data: bytes | None, max_bytes: int | None) -> None:
+    """Refuse, before anything is allocated, an array whose header promises more bytes than
+    its file holds (damaged: numpy would allocate them all first) and an .npz whose images
+    expand beyond `max_bytes`. Memory-mapped .npy files need no check."""
+    if path.suffix.lower() == ".npy":
+        if data is not None:
+            stream = io.BytesIO(data)
+            _check_npy_header(stream, len(data), path)
+        return
+    with zipfile.ZipFile(io.BytesIO(data) if data is not None else path) as archive:
+        try:
+            member = archive.getinfo(f"{IMAGES_KEY}.npy")
+        except KeyError:
+            return  # np.load names what the file holds
+        if max_bytes is not None and member.file_size > max_bytes:
+            raise ArraysTooLarge(f"{path}: its '{IMAGES_KEY}' array expands to "
+                                 f"{member.file_size / 2**20:.1f} MB, over the limit of "
+                                 f"{max_bytes / 2**20:g} MB: send fewer images per file")
+        with archive.open(member) as stream:
+            _check_npy_header(stream, member.file_size, path)
+
+
+def _check_npy_header(stream: BinaryIO, size: int, path: Path) -> None:
+    """Refuse an .npy (of `size` bytes in all) whose header's shape needs more bytes than follow
+    it."""
+    version = np.lib.format.read_magic(stream)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(stream)
+    needed = math.prod(shape) * dtype.itemsize
+    held = size - stream.tell()
+    if needed > held:
+        raise UnreadableArrayFile(f"{path} is damaged: its header says {shape} {dtype} values "
+                                  f"({needed / 2**20:.1f} MB), but only {held / 2**20:.1f} MB "
+                                  "follow; save the array again with numpy.save or numpy.savez")
 
 
 def _refuse_one_image_of_other_channels(array: np.ndarray, img_size: Sequence[int] | None,
@@ -185,16 +234,18 @@ def _as_nchw(array: np.ndarray, channels: int, batch: bool, path: Path,
 
 def read_array_images(path: str | Path, channels: int, scale: float = 1.0,
                       data: bytes | None = None,
-                      img_size: Sequence[int] | None = None) -> ArrayImages:
+                      img_size: Sequence[int] | None = None,
+                      max_bytes: int | None = None) -> ArrayImages:
     """The images of an .npy or .npz file for a model of `channels` input channels whose
     preprocessing has `scale` (255: trained on 8-bit pictures, which takes uint8 only); `data`:
     the file's contents, read from memory (`path` then only names the file and its kind);
     `img_size`: the model's (H, W), to tell N one-channel images from one image of several
     channels (without it only channels-last shapes are told apart).
-    Raises `UnreadableArrayFile` for a file numpy cannot read, `InputError` for arrays that
-    do not fit the model."""
+    `max_bytes`: the most an .npz's images may expand to (`ArraysTooLarge` beyond it).
+    Raises `UnreadableArrayFile` for a file numpy cannot read (or damaged), `InputError` for
+    arrays that do not fit the model."""
     path = Path(path)
-    array, batch = _load(path, data)
+    array, batch = _load(path, data, max_bytes)
     if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
             or array.dtype == np.bool_):
         raise InputError(f"{path}: images must be numbers, got dtype {array.dtype}")

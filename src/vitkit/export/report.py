@@ -63,6 +63,7 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     its image size only, checked against it."""
     from vitkit.catalog import load_pretrained
 
+    format = format.lower()
     if format not in FORMATS:
         raise ExportError(f"unknown format {format!r}: use --format " + " or ".join(FORMATS))
     model = load_pretrained(weights, weights_dir=weights_dir)
@@ -78,9 +79,11 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
         verb = "is" if out.is_dir() else "names"
         raise ExportError(f"--out {given} {verb} a folder: give the file to write, e.g. --out "
                           f"{out / ('model' + _suffix(int8, merge_tokens))}")
-    if out.is_file() and out.suffix.lower() != ".onnx":  # weights (best.pt), the input...
-        raise ExportError(f"--out {given} is an existing file that is not an .onnx graph, and "
-                          "exporting would replace it: give a path ending in .onnx, e.g. --out "
+    if out.suffix.lower() != ".onnx":  # best.pt, model.safetensors: read as what they say
+        why = ("is an existing file that is not an .onnx graph, and exporting would replace "
+               "it" if out.is_file() else "does not end in .onnx, so the graph would be read "
+               "as the kind of file its name says")
+        raise ExportError(f"--out {given} {why}: give a path ending in .onnx, e.g. --out "
                           f"{out.with_suffix(_suffix(int8, merge_tokens))}")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

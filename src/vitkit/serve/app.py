@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,7 +32,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from vitkit.errors import VitkitError
+from vitkit.errors import ConfigError, VitkitError
 from vitkit.serve.batching import DynamicBatcher
 from vitkit.serve.figures import FIGURES, figure_png
 from vitkit.serve.service import ModelService
@@ -77,6 +78,8 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
     """The app serving `service`: requests batched up to `max_batch` inputs or `max_wait_ms`
     (max_batch 1: no batching), bodies refused over `max_upload_mb`, `/api/` behind `token`
     when one is given."""
+    if not (math.isfinite(max_upload_mb) and max_upload_mb > 0):
+        raise ConfigError(f"max_upload_mb must be a finite number > 0, got {max_upload_mb}")
     batcher: DynamicBatcher = DynamicBatcher(service.forward, max_batch, max_wait_ms)
     max_bytes = int(max_upload_mb * 2**20)
 
@@ -101,7 +104,7 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
                                    "(--token)", {"WWW-Authenticate": "Bearer"})
             return await call_next(request)
 
-    @app.get("/healthz")
+    @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 

@@ -16,6 +16,7 @@ is retried request by request, so a failure reaches only the requests that cause
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,8 +62,8 @@ class DynamicBatcher(Generic[In, Out]):
                  max_wait_ms: float = 5.0) -> None:
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
-        if max_wait_ms < 0:
-            raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if not (math.isfinite(max_wait_ms) and max_wait_ms >= 0):
+            raise ConfigError(f"max_wait_ms must be a finite number >= 0, got {max_wait_ms}")
         self.work, self.max_batch, self.max_wait = work, max_batch, max_wait_ms / 1000
         self.stats = BatchStats()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitkit-model")

@@ -22,10 +22,12 @@ from typing import Any
 import torch
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
 
 from vitkit.data import images as decoding
 from vitkit.data.arrayfiles import (
     ARRAY_EXTENSIONS,
+    ArraysTooLarge,
     UnreadableArrayFile,
     is_array_file,
     read_array_images,
@@ -71,6 +73,7 @@ class Form:
 
     files: list[Upload] = field(default_factory=list)
     fields: dict[str, str] = field(default_factory=dict)
+    max_bytes: int | None = None  # the body's limit, also the most its arrays may expand to
 
 
 class _Collector:
@@ -135,13 +138,19 @@ async def read_form(request: Any, max_bytes: int) -> Form:
     """The multipart body of `request` (a Starlette request), read in memory; over
     `max_bytes` it is refused with 413 while reading, before anything is decoded."""
     kind, options = parse_options_header(request.headers.get("content-type", ""))
-    if kind != b"multipart/form-data" or b"boundary" not in options:
+    if kind != b"multipart/form-data":
         raise UploadError(415, "send the files as multipart/form-data, one "
                                f"'{FILE_FIELD}' field per file (curl -F {FILE_FIELD}=@PATH)")
+    if b"boundary" not in options:
+        raise UploadError(400, "the multipart/form-data content type names no boundary: let "
+                               f"the client build the body and its header (curl -F "
+                               f"{FILE_FIELD}=@PATH, or requests' files=...) rather than "
+                               "setting Content-Type by hand")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_big(max_bytes)
     collector = _Collector()
+    collector.form.max_bytes = max_bytes
     parser = MultipartParser(options[b"boundary"], collector.callbacks())
     received = 0
     try:
@@ -154,6 +163,8 @@ async def read_form(request: Any, max_bytes: int) -> Form:
     except FormParserError as exc:
         raise UploadError(400, f"the multipart body cannot be parsed ({exc}); send it as "
                                f"curl -F {FILE_FIELD}=@PATH does") from exc
+    except ClientDisconnect:
+        raise UploadError(400, "the client disconnected before the body ended") from None
     return collector.form
 
 
@@ -170,11 +181,17 @@ def _decode_image(upload: Upload, preprocess: Preprocess) -> torch.Tensor:
     return preprocess.to_uint8(decoded.image)
 
 
-def _decode_arrays(upload: Upload, preprocess: Preprocess) -> list[tuple[str, torch.Tensor]]:
+def _decode_arrays(upload: Upload, preprocess: Preprocess, max_bytes: int | None = None
+                   ) -> list[tuple[str, torch.Tensor]]:
+    """The images of an array upload; an .npz expanding beyond `max_bytes` is refused (413)."""
     path = Path(upload.name) if is_array_file(upload.name) else Path(f"{upload.name}.npy")
     try:
         arrays = read_array_images(path, preprocess.channels, preprocess.scale,
-                                   data=upload.data, img_size=preprocess.img_size)
+                                   data=upload.data, img_size=preprocess.img_size,
+                                   max_bytes=max_bytes)
+    except ArraysTooLarge as exc:
+        raise UploadError(413, f"{exc}, or start the server with a larger --max-upload-mb "
+                               "(arrays may expand to the body's limit)") from exc
     except UnreadableArrayFile as exc:
         raise UploadError(400, str(exc)) from exc
     except InputError as exc:
@@ -187,11 +204,12 @@ def _decode_arrays(upload: Upload, preprocess: Preprocess) -> list[tuple[str, to
     return items
 
 
-def decode_upload(upload: Upload, preprocess: Preprocess, inputs: str
-                  ) -> list[tuple[str, torch.Tensor]]:
+def decode_upload(upload: Upload, preprocess: Preprocess, inputs: str,
+                  max_bytes: int | None = None) -> list[tuple[str, torch.Tensor]]:
     """(name, (C, H, W) input at the model's size) for each image of one upload: one for an
     image, one per array image for an array file. `inputs` is what the model takes:
-    "images" or "arrays" (`ModelService.inputs`)."""
+    "images" or "arrays" (`ModelService.inputs`); `max_bytes`: the most an array file's
+    images may take in memory."""
     is_array = _looks_like_array(upload)
     if inputs == "images" and is_array:
         raise UploadError(415, f"{upload.name} is a numpy array file, but this model was "
@@ -206,7 +224,7 @@ def decode_upload(upload: Upload, preprocess: Preprocess, inputs: str
                                "data's values: save the input with numpy.save(PATH, array) "
                                "and send that file")
     if is_array:
-        return _decode_arrays(upload, preprocess)
+        return _decode_arrays(upload, preprocess, max_bytes)
     return [(upload.name, _decode_image(upload, preprocess))]
 
 
@@ -224,8 +242,12 @@ def decode_files(form: Form, preprocess: Preprocess, inputs: str,
                                f"fields (curl -F {FILE_FIELD}=@PATH)")
     if most is not None and len(form.files) > most:
         raise UploadError(400, f"{len(form.files)} files sent, this route takes {most}")
-    items = []
+    items: list[tuple[str, torch.Tensor]] = []
+    room = form.max_bytes  # what the request's array files may still expand to
     for index, upload in enumerate(form.files):
         upload.name = upload.name or f"upload {index}"
-        items += decode_upload(upload, preprocess, inputs)
+        decoded = decode_upload(upload, preprocess, inputs, room)
+        if room is not None and _looks_like_array(upload):
+            room = max(room - sum(image.nbytes for _, image in decoded), 0)
+        items += decoded
     return items
