@@ -86,6 +86,48 @@ def test_a_resume_within_an_epoch_keeps_its_batch_and_the_advice_works(tmp_path,
     assert _position(run)["step"] == 8
 
 
+def test_a_resume_with_another_train_limit_trains_the_epochs_asked(tmp_path):
+    """1 epoch of 2 batches (train_limit=64), then epochs=2 over 128 images: one epoch of 4
+    batches more. Before: 2 x 4 = 8 steps planned from step 2, so the run ended at 2.5."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "epochs=1", "batch_size=32", "train_limit=64",
+                 "test_limit=64", "--out", str(run)]) == 0
+    assert main(["train", "epochs=2", "train_limit=128", "--resume", str(run / "last.pt")]) == 0
+    position = _position(run)
+    assert (position["epoch"], position["step"], position["total_steps"]) == (2, 6, 6)
+
+
+def test_a_resume_over_data_that_gained_images_counts_the_epochs_left_in_its_batches(
+        tmp_path, caplog):
+    rng = np.random.default_rng(1)
+    data = _arrays(tmp_path / "data", rng.integers(0, 3, 32), np.arange(16) % 3)
+    config = [ARRAYS[0], "batch_size=16", "warmup_steps=0", "progress=false",
+              "data=arrays", f"data_dir={data}"]
+    run = tmp_path / "run"
+    assert main(["train", *config, "epochs=1", "--out", str(run)]) == 0
+    assert _position(run)["step"] == 2
+    np.savez(data / "train.npz", targets=rng.integers(0, 3, 64),  # the data gains 32 images
+             images=rng.random((64, 16, 16), dtype=np.float32))
+    with caplog.at_level(logging.WARNING):
+        assert main(["train", "epochs=2", "--resume", str(run / "last.pt")]) == 0
+    assert "batches per epoch 2 -> 4" in caplog.text
+    position = _position(run)
+    assert (position["epoch"], position["step"], position["total_steps"]) == (2, 6, 6)
+
+
+def test_a_resume_within_an_epoch_keeps_its_train_limit_and_the_advice_works(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "total_steps=3", "batch_size=32", "train_limit=128",
+                 "test_limit=64", "--out", str(run)]) == 0
+    resume = ["train", "total_steps=5", "--resume", str(run / "last.pt")]
+    assert main([*resume, "train_limit=64"]) == 2
+    assert "the checkpoint stopped within epoch 1 (after its batch 3), whose rest is read in " \
+        "the batches it began with (train_limit=128): resume with train_limit=128" \
+        in capsys.readouterr().err
+    assert main([*resume, "train_limit=128"]) == 0  # the advice followed
+    assert _position(run)["step"] == 5
+
+
 # -- held-out targets checked before training --------------------------------------------------
 def _arrays(folder: Path, train_targets: np.ndarray, test_targets: np.ndarray) -> Path:
     rng = np.random.default_rng(0)

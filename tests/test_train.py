@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from vitkit.catalog import read_weights
 from vitkit.cli import main
@@ -156,6 +158,57 @@ def test_two_processes_under_torchrun_equal_one_process(tmp_path):
                .read_text().splitlines()] for run in ("ddp", "single")]
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
     assert load_checkpoint(tmp_path / "ddp" / "last.pt")["position"]["step"] == 22
+
+
+def _noisy_folder(root: Path) -> Path:
+    """Three classes of 12 varied-size noisy PNGs (a class tint in the middle) in train/val."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for k in range(3):
+            (root / split / f"c{k}").mkdir(parents=True)
+            for i in range(12):
+                h, w = (int(v) for v in rng.integers(16, 40, 2))
+                pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+                pixels[h // 4:3 * h // 4, w // 4:3 * w // 4, k] = 255
+                Image.fromarray(pixels).save(root / split / f"c{k}" / f"{i}.png")
+    return root
+
+
+def test_two_processes_on_streamed_data_equal_one_process(tmp_path):
+    # Each rank streams its share of a global batch; the ranks augment the gathered global
+    # batch (one flip mask, one mixup pairing), so they train as one process does.
+    data = _noisy_folder(tmp_path / "data")
+    overrides = ["data=folder", f"data_dir={data}", "data_mode=stream", "workers=1",
+                 'model={"variant": "Ti/4", "img_size": 16, "depth": 2, "width": 32, '
+                 '"num_heads": 2, "mlp_dim": 64}', "epochs=1", "batch_size=12",
+                 "warmup_epochs=0", "threads=1", "progress=false", "augment.flip=true",
+                 "augment.crop_padding=2", "augment.mixup_alpha=0.8"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", "-m", "vitkit.cli", "train", *overrides,
+                          "--out", str(tmp_path / "ddp")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, f"torchrun exited {ran.returncode}:\n{ran.stderr[-4000:]}"
+    assert main(["train", *overrides, "--out", str(tmp_path / "single")]) == 0
+    ddp, single = _weights(tmp_path / "ddp" / "last.pt"), _weights(tmp_path / "single" / "last.pt")
+    assert max((ddp[k] - single[k]).abs().max().item() for k in single) <= 1e-4
+
+
+def test_a_time_budget_under_torchrun_fits_one_schedule_for_every_rank(tmp_path):
+    # Each rank times its own clock; were each to re-fit its own run length, they would stop
+    # at different steps and the gloo collectives would mismatch (a crash).
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", "-m", "vitkit.cli", "train", "digits",
+                          "epochs=20", "progress=false", "threads=1", "--time-budget", "6",
+                          "--out", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, f"torchrun exited {ran.returncode}:\n{ran.stderr[-4000:]}"
+    assert "done:" in ran.stdout
+    state = load_checkpoint(tmp_path / "last.pt")
+    position = state["position"]
+    assert position["total_steps"] < 20 * 22  # fitted to the budget
+    assert position["step"] == state["history"][-1]["step"] <= position["total_steps"]
 
 
 def test_time_budget_sizes_the_schedule_and_stops_cleanly(tmp_path):

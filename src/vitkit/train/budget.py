@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 from vitkit.train.checkpoint import Position
 from vitkit.train.compiling import CompileClock
+from vitkit.train.distributed import DistInfo, min_over_ranks
 from vitkit.train.plan import RunPlan
 
 log = logging.getLogger("vitkit.train")
@@ -36,11 +37,12 @@ class BudgetClock:
     """This process's training time, and the schedule re-fitted to the budget it leaves."""
 
     def __init__(self, budget: float, eval_every: int, plan: RunPlan,
-                 compile_clock: CompileClock) -> None:
+                 compile_clock: CompileClock, info: DistInfo | None = None) -> None:
         self.budget = budget  # seconds; 0: no budget
         self.eval_every = eval_every
         self.plan = plan
         self.compile_clock = compile_clock
+        self.info = info or DistInfo()  # under torchrun: the ranks share one fitted schedule
         self._epoch_rates: deque[float] = deque(maxlen=RATE_EPOCHS)  # seconds per token
         self._eval_times: deque[float] = deque(maxlen=RATE_EPOCHS)  # seconds
         self._started: float | None = None
@@ -121,12 +123,15 @@ class BudgetClock:
 
     def fit(self, pos: Position, seconds_per_token: float) -> None:
         """Re-plan the run's length so the rest ends within the budget at `seconds_per_token`
-        (a step's seconds per token per image)."""
+        (a step's seconds per token per image). Under torchrun every rank takes the smallest
+        fit of any rank (each times its own clock), so all follow one schedule and stop at
+        the same step."""
         plan = self.plan
         remaining = self.budget - self.used(pos) - self.eval_seconds
         before = pos.total_steps
-        pos.total_steps = plan.fit_to_budget(pos.step, seconds_per_token, remaining,
-                                             self.eval_seconds, self.eval_every)
+        fitted = plan.fit_to_budget(pos.step, seconds_per_token, remaining,
+                                    self.eval_seconds, self.eval_every)
+        pos.total_steps = min_over_ranks(fitted, self.info)
         if pos.total_steps < plan.planned_steps <= before:
             log.warning("the %.0f s time budget fits %d of the %d planned steps (%.2f epochs); "
                         "the schedule and its %d warmup steps are scaled to fit (warmup %d)",

@@ -44,6 +44,9 @@ class Position:
     # the images, so a run resumed mid-epoch reports the whole epoch's train_loss
     epoch_loss: float = 0.0
     epoch_images: int = 0
+    # batches per epoch of the data the run drew from (0: unknown, a file before it was kept),
+    # so a resume over data of another length counts the epochs left in its batches
+    batches_per_epoch: int = 0
 
 
 @dataclass
@@ -66,7 +69,8 @@ class TrainCheckpoint:
             "position": {"epoch": pos.epoch, "batch": pos.batch, "step": pos.step,
                          "total_steps": pos.total_steps, "best_score": pos.best_score,
                          "elapsed": pos.elapsed, "epoch_loss": pos.epoch_loss,
-                         "epoch_images": pos.epoch_images},
+                         "epoch_images": pos.epoch_images,
+                         "batches_per_epoch": pos.batches_per_epoch},
             "history": pos.history,
             "rng": {"torch": self.torch_rng, "augment": self.augment_rng},
             "train_config": self.train_config,
@@ -83,7 +87,8 @@ class TrainCheckpoint:
                        Position(pos["epoch"], pos["batch"], pos["step"], pos["total_steps"],
                                 _best_score(pos), pos["elapsed"], list(state["history"]),
                                 float(pos.get("epoch_loss", 0.0)),
-                                int(pos.get("epoch_images", 0))),
+                                int(pos.get("epoch_images", 0)),
+                                int(pos.get("batches_per_epoch", 0))),
                        state["rng"]["torch"], state["rng"]["augment"],
                        state.get("train_config") or {}, _text(state.get("trained_in")))
 

@@ -21,7 +21,8 @@ from vitkit.train.config import TrainConfig, model_config_of
 from vitkit.train.plan import RunPlan
 
 log = logging.getLogger("vitkit.train")
-BATCH_KEYS = ("batch_size",)  # what the batch order (`BatchOrder`) is drawn in
+# what the batch order (`BatchOrder`) is drawn in: another value regroups the epochs
+REGROUPING_KEYS = ("batch_size", "train_limit")
 
 
 def check_resumable(state: TrainCheckpoint, path: str | Path, cfg: TrainConfig,
@@ -170,31 +171,40 @@ def restore(state: TrainCheckpoint, path: str | Path, model: VisionTransformer,
 
 def replan_if_length_changed(cfg: TrainConfig, saved: dict[str, Any], plan: RunPlan,
                              pos: Position, batches_per_epoch: int) -> None:
-    """Resuming with another `epochs`, `total_steps`, `time_budget` or `batch_size` re-plans
-    the run (`accum_steps` splits the same batches: it changes nothing here).
+    """Resuming with another `epochs`, `total_steps`, `time_budget`, `batch_size` or
+    `train_limit`, or over data that makes another number of batches per epoch (a folder
+    that gained images), re-plans the run (`accum_steps` splits the same batches: it changes
+    nothing here).
 
     The same command resumes exactly; a longer one extends the run (also a finished one),
     as in timm and Hugging Face: the schedule is stretched to the new length from the
-    current step on. A new time budget is fitted after the first steps are timed. A new
-    batch takes effect at an epoch's end (where `vitkit train` writes last.pt): the epochs
-    left are counted in batches of the new size.
+    current step on. A new time budget is fitted after the first steps are timed. New
+    batches take effect at an epoch's end (where `vitkit train` writes last.pt): the epochs
+    left are counted in the new batches.
     """
     new = cfg.to_dict()
-    batch = [key for key in BATCH_KEYS if key in saved and saved[key] != new[key]]
-    if batch and pos.batch:
-        kept = " ".join(f"{key}={saved[key]}" for key in batch)
+    regrouping = [key for key in REGROUPING_KEYS if key in saved and saved[key] != new[key]]
+    epoch_changed = pos.batches_per_epoch not in (0, batches_per_epoch)
+    if (regrouping or epoch_changed) and pos.batch:
+        kept = " ".join(f"{key}={saved[key]}" for key in regrouping)
+        why = (f"({kept}): resume with {kept}" if regrouping else
+               f"({pos.batches_per_epoch} per epoch; the data now makes {batches_per_epoch}): "
+               "resume over the data it began with")
         raise ConfigError(
             f"the checkpoint stopped within epoch {pos.epoch + 1} (after its batch {pos.batch}), "
-            f"whose rest is read in the batches it began with ({kept}): resume with {kept}; "
-            "another batch can start at an epoch's end")
-    changed = ", ".join(f"{key} {saved[key]} -> {new[key]}"
-                        for key in ("epochs", "total_steps", "time_budget", *BATCH_KEYS)
-                        if key in saved and saved[key] != new[key])
-    if not changed:
+            f"whose rest is read in the batches it began with {why}; other batches can start "
+            "at an epoch's end")
+    changes = [f"{key} {saved[key]} -> {new[key]}"
+               for key in ("epochs", "total_steps", "time_budget", *REGROUPING_KEYS)
+               if key in saved and saved[key] != new[key]]
+    if epoch_changed and not regrouping:
+        changes.append(f"batches per epoch {pos.batches_per_epoch} -> {batches_per_epoch}")
+    if not changes:
         return
+    changed = ", ".join(changes)
     before = pos.total_steps
     pos.total_steps = plan.planned_steps
-    if batch and not cfg.total_steps:  # the epochs done were of the old batch
+    if (regrouping or epoch_changed) and not cfg.total_steps:  # epochs done: old batches
         pos.total_steps = pos.step + max(0, plan.planned_steps - pos.epoch * batches_per_epoch)
     if cfg.time_budget and pos.elapsed >= cfg.time_budget:
         log.warning("resume: %s, but the checkpoint already used %.0f s of the %.0f s "

@@ -163,13 +163,14 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
         scored_weights = state.trained.weights
         replan_if_length_changed(cfg, state.train_config, plan, position,
                                  data.order.batches_per_epoch())
+    position.batches_per_epoch = data.order.batches_per_epoch()
     compile_clock = CompileClock(cfg.compile)
     amp = amp_dtype(cfg.amp, device, model.config.width)
     step = TrainStep(cfg, model, ema, optimizer, augment, generator, preprocess, plan, info,
                      device, amp, compile_clock, global_batches=data.feed.global_batches,
                      trained_size=tuple(model.config.img_size) if position.step else None,
                      task=task)
-    clock = BudgetClock(cfg.time_budget, cfg.eval_every, plan, compile_clock)
+    clock = BudgetClock(cfg.time_budget, cfg.eval_every, plan, compile_clock, info)
     return Run(cfg, info, device, model, ema, optimizer, generator, preprocess, data, plan,
                position, step, amp, compile_clock, clock, scored_weights=scored_weights,
                task=task)

@@ -28,7 +28,7 @@ from vitkit.tasks import Task, make_task
 from vitkit.train.checkpoint import Position
 from vitkit.train.compiling import CompileClock, compile_for_training
 from vitkit.train.config import TrainConfig
-from vitkit.train.distributed import DistInfo, broadcast_flag
+from vitkit.train.distributed import DistInfo, broadcast_flag, gather_batch
 from vitkit.train.finetune import resize_random_crop
 from vitkit.train.nonfinite import StepOutcome
 from vitkit.train.plan import RunPlan
@@ -46,8 +46,9 @@ def training_model(model: nn.Module, info: DistInfo, device: torch.device,
 class TrainStep:
     """`step(images, labels, lr, position)`: one optimizer update (none when the loss or the
     gradients are not finite); returns the batch's mean loss and gradient norm. In-memory
-    batches are global (sharded here, after augmenting); streamed ones are already this
-    rank's share (`global_batches` False)."""
+    batches are global; streamed ones are this rank's share (`global_batches` False), which
+    the ranks gather into the global batch. Either way the global batch is augmented (one
+    draw of flips, crops, mixup pairs for all of it, as one process would) and then sharded."""
 
     cfg: TrainConfig
     model: VisionTransformer
@@ -73,6 +74,8 @@ class TrainStep:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, lr: float,
                  position: Position) -> StepOutcome:
         cfg = self.cfg
+        if not self.global_batches:
+            images, labels = gather_batch(images, labels, self.info)
         if len(labels) == 0:  # every record of a streamed batch was unreadable
             return StepOutcome(0.0, 0.0, updated=False)
         images, targets = self.augment(images, labels, self.generator, self.preprocess.mean,
@@ -87,7 +90,7 @@ class TrainStep:
             images = resize_random_crop(images, size, cfg.resize_crop, self.generator)
         else:
             images = resize_batch(images, size)
-        if self.global_batches:
+        if self.info.enabled:
             images = shard(images, self.info.rank, self.info.world_size)
             targets = shard(targets, self.info.rank, self.info.world_size)
         images = images.to(self.device, non_blocking=True)
