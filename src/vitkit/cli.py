@@ -25,10 +25,12 @@ from vitkit.arguments import (
     add_weights_argument,
     image_count,
     int8_engine,
+    non_negative_float,
     non_negative_int,
     output_file,
     output_folder,
     parse_img_size,
+    positive_float,
     positive_int,
 )
 from vitkit.config import SIZES, ViTConfig
@@ -303,7 +305,7 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
                          help="images per class, comma-separated (default 1,5,10,25)")
     fewshot.add_argument("--seeds", type=positive_int, default=3,
                          help="draws of the training images per shot count (default 3)")
-    fewshot.add_argument("--l2", type=float, default=1024.0,
+    fewshot.add_argument("--l2", type=non_negative_float, default=1024.0,
                          help="ridge regularisation (default 1024 = 2^10, big_vision's)")
     fewshot.add_argument("compare", nargs="*", metavar="MORE_WEIGHTS",
                          help="more weights to compare on the same data, shots and seeds "
@@ -315,7 +317,7 @@ def add_frozen_feature_verbs(verbs: Any) -> None:
                                        "repository)")
     fewshot.set_defaults(run=cmd_fewshot)
     probe.add_argument("--k", type=positive_int, default=20, help="kNN neighbours (default 20)")
-    probe.add_argument("--temperature", type=float, default=0.07,
+    probe.add_argument("--temperature", type=positive_float, default=0.07,
                        help="kNN vote temperature (default 0.07, DINO's)")
     probe.set_defaults(run=cmd_probe)
 

@@ -10,17 +10,25 @@ so one decomposition serves any number of l2 values. Everything is computed in f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from vitkit.errors import InputError
+from vitkit.errors import ConfigError, InputError
 from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix
 
 BIAS_FEATURE = 100.0
 STD_EPSILON = 1e-5
 PAPER_SHOTS = (1, 5, 10, 25)
 PAPER_L2 = 2.0**10  # big_vision configs/common_fewshot.py: l2_reg = 2.0 ** 10
+
+
+def check_l2(l2_reg: float) -> None:
+    """Refuse a ridge regularisation that is not a finite number >= 0."""
+    if not (math.isfinite(l2_reg) and l2_reg >= 0):
+        raise ConfigError(f"few-shot ridge regularisation (--l2) must be a finite number >= 0, "
+                          f"got {l2_reg}; big_vision's is {PAPER_L2:g}")
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class RidgeSolver:
 
     def weights(self, l2_reg: float) -> np.ndarray:
         """(D + 1, C) regression weights, the last row for the bias feature."""
+        check_l2(l2_reg)
         return (self.lhs / (self.eigs + l2_reg)[None, :]) @ self.rhs
 
     def design(self, x: np.ndarray) -> np.ndarray:
@@ -139,6 +148,7 @@ def fewshot_curve(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike,
                   = PAPER_SHOTS, seeds: int = 3, l2_reg: float = PAPER_L2,
                   class_names: list[str] | None = None) -> FewShotResult:
     """Few-shot accuracy for each shot count and seed 0..seeds-1, on the whole test split."""
+    check_l2(l2_reg)
     x_train, x_test = as_matrix(x_train), as_matrix(x_test)
     y_train, y_test = as_labels(y_train), as_labels(y_test)
     shots = sorted(set(shots))

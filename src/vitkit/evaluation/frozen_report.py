@@ -10,8 +10,14 @@ from typing import Any
 
 from vitkit.errors import InputError
 from vitkit.evaluation.features import FrozenFeatures, frozen_features
-from vitkit.evaluation.fewshot import PAPER_L2, PAPER_SHOTS, FewShotResult, fewshot_curve
-from vitkit.evaluation.knn import KNN_K, KNN_TEMPERATURE, knn_accuracy
+from vitkit.evaluation.fewshot import (
+    PAPER_L2,
+    PAPER_SHOTS,
+    FewShotResult,
+    check_l2,
+    fewshot_curve,
+)
+from vitkit.evaluation.knn import KNN_K, KNN_TEMPERATURE, check_temperature, knn_accuracy
 from vitkit.evaluation.probe import linear_probe, multilabel_probe, ridge_probe
 from vitkit.evaluation.report import default_out_dir
 from vitkit.report import Report
@@ -80,6 +86,7 @@ def fewshot_report(weights: str | Path | Sequence[str | Path], data: str | None 
 
     if seeds < 1 or not shots or min(shots) < 1:
         raise InputError("--shots needs counts >= 1 (e.g. 1,5,10,25) and --seeds at least 1")
+    check_l2(l2_reg)
     sources = [weights] if isinstance(weights, (str, Path)) else list(weights)
     if not sources:
         raise InputError("fewshot needs at least one weights source")
@@ -123,6 +130,7 @@ def probe_report(weights: str | Path, data: str | None = None, data_dir: str | N
     """Linear-probe and weighted-kNN accuracy on the frozen features; for a regression model
     ridge regression (R^2, MAE, RMSE), for a multi-label model a one-vs-rest logistic
     probe (mAP, F1): `_target_probe`."""
+    check_temperature(temperature)
     features = frozen_features(weights, data, data_dir, weights_dir)
     if features.kind != "classification":
         return _target_probe(weights, features, json_path)

@@ -255,6 +255,24 @@ def open_arrays(data_dir: str | None, train_limit: int | None = None,
     """The training and held-out arrays of `data_dir`, cut to their first `*_limit` records:
     in memory (`mode` "memory", or "auto" while their float32 images fit `memory_limit`) or
     read from the files batch by batch ("stream", or "auto" above the limit)."""
+    train, test = _open_splits(data_dir, train_limit, test_limit)
+    mapped = _mapped(train, test, mode, memory_limit)
+    return _read(train, mapped, memory_limit), _read(test, mapped, memory_limit)
+
+
+def open_arrays_held_out(data_dir: str | None, limit: int | None = None, mode: str = "memory",
+                         memory_limit: int = 2 * 1024**3) -> ImageDataset | MappedArrays:
+    """The held-out arrays alone, read as `open_arrays` reads them: the training split is
+    located and checked against it (shape, targets, names) but its images are not read, so
+    evaluation is not refused over them (a NaN image there, say)."""
+    train, test = _open_splits(data_dir, None, limit)
+    return _read(test, _mapped(train, test, mode, memory_limit, held_out_only=True),
+                 memory_limit)
+
+
+def _open_splits(data_dir: str | None, train_limit: int | None, test_limit: int | None
+                 ) -> tuple[_Opened, _Opened]:
+    """The training and held-out splits of `data_dir`, located and checked, not yet read."""
     if not data_dir:
         raise DataError("data=arrays needs data_dir=DIR holding train.npz and test.npz (or "
                         "train/ and test/ folders of images.npy and targets.npy)")
@@ -274,10 +292,18 @@ def open_arrays(data_dir: str | None, train_limit: int | None = None,
     split = _locate(folder, HELD_OUT)
     test = _Opened(split, f"arrays:{Path(split.where.rstrip('/')).stem}", test_limit)
     _check_held_out(train, test)
+    return train, test
+
+
+def _mapped(train: _Opened, test: _Opened, mode: str, memory_limit: int,
+            held_out_only: bool = False) -> bool:
+    """Whether the splits are read batch by batch (`mode` "stream", or "auto" above
+    `memory_limit` for both splits' float32 images together, as training reads them)."""
     total = train.float_bytes + test.float_bytes
     mapped = mode == "stream" or (mode == "auto" and total > memory_limit)
-    streamed = [opened.split.where for opened in (train, test) if opened.reader is not None]
+    reading = (test,) if held_out_only else (train, test)
+    streamed = [opened.split.where for opened in reading if opened.reader is not None]
     if mapped and streamed:  # compressed members say on their own that they are read whole
         log.info("data=arrays: images of %s read batch by batch (%.0f MB as float32 in all)",
                  " and ".join(streamed), total / 1024**2)
-    return _read(train, mapped, memory_limit), _read(test, mapped, memory_limit)
+    return mapped
