@@ -164,6 +164,11 @@ def test_class_names_that_do_not_name_every_output_are_refused(tmp_path):
     assert not (tmp_path / "m").exists()
     folder = vitkit.save_pretrained(model, tmp_path / "m", class_names=["cat", "dog", "eel"])
     assert vitkit.load_pretrained(folder).class_names == ["cat", "dog", "eel"]  # advice followed
+    loaded = vitkit.load_pretrained(folder)
+    loaded.reset_classifier(2)  # a new head: the old names no longer describe it
+    assert loaded.class_names is None
+    assert vitkit.load_pretrained(vitkit.save_pretrained(loaded, tmp_path / "two")
+                                  ).config.num_classes == 2
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "class_names": ["cat"]}))
     with pytest.raises(CheckpointError, match="1 class names for a head of 3 outputs"):

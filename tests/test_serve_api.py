@@ -201,10 +201,10 @@ def _npy_promising(shape: tuple[int, ...]) -> bytes:
     return buffer.getvalue() + bytes(64)
 
 
-def _npz_holding(npy: bytes) -> bytes:
+def _npz_holding(npy: bytes, member: str = "images.npy") -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("images.npy", npy)
+        archive.writestr(member, npy)
     return buffer.getvalue()
 
 
@@ -222,6 +222,9 @@ BAD_ARRAYS = [
     ("header promises more", [("x.npy", _npy_promising((10**8, 16, 16)))], 400, "is damaged"),
     ("npz header promises more", [("x.npz", _npz_holding(_npy_promising((10**8, 16, 16))))],
      400, "is damaged"),
+    # numpy's NpzFile reads a member named "images" before "images.npy"
+    ("npz member 'images' promises more",
+     [("x.npz", _npz_holding(_npy_promising((10**8, 16, 16)), "images"))], 400, "is damaged"),
     # 0.03 MB compressed, 31 MB of images: over the 20 MB body limit once expanded
     ("npz expanding", [("x.npz", _npz_bytes(np.zeros((30000, 16, 16), np.float32)))], 413,
      "--max-upload-mb"),

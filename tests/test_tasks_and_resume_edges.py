@@ -95,6 +95,10 @@ def test_a_resume_with_another_train_limit_trains_the_epochs_asked(tmp_path):
     assert main(["train", "epochs=2", "train_limit=128", "--resume", str(run / "last.pt")]) == 0
     position = _position(run)
     assert (position["epoch"], position["step"], position["total_steps"]) == (2, 6, 6)
+    # a later resume that only extends the run counts from the position, not from step 0
+    assert main(["train", "epochs=3", "--resume", str(run / "last.pt")]) == 0
+    position = _position(run)
+    assert (position["epoch"], position["step"], position["total_steps"]) == (3, 10, 10)
 
 
 def test_a_resume_over_data_that_gained_images_counts_the_epochs_left_in_its_batches(

@@ -152,10 +152,11 @@ def _check_declared_sizes(path: Path, data: bytes | None, max_bytes: int | None)
             _check_npy_header(stream, len(data), path)
         return
     with zipfile.ZipFile(io.BytesIO(data) if data is not None else path) as archive:
-        try:
-            member = archive.getinfo(f"{IMAGES_KEY}.npy")
-        except KeyError:
+        names = archive.namelist()  # numpy's NpzFile takes "images", else "images.npy"
+        name = next((n for n in (IMAGES_KEY, f"{IMAGES_KEY}.npy") if n in names), None)
+        if name is None:
             return  # np.load names what the file holds
+        member = archive.getinfo(name)
         if max_bytes is not None and member.file_size > max_bytes:
             raise ArraysTooLarge(f"{path}: its '{IMAGES_KEY}' array expands to "
                                  f"{member.file_size / 2**20:.1f} MB, over the limit of "

@@ -221,6 +221,10 @@ class VisionTransformer(nn.Module):
         """
         if global_pool is not None:
             self.config = self.config.replace(pool=pool_from_timm(global_pool))
+        if num_classes != self.config.num_classes:  # what described the old head's outputs
+            self.class_names, self.eval_tta = None, "none"
+            if hasattr(self, "task"):
+                self.task = None
         if drop_pre_logits and self.config.pre_logits_dim:
             self.pre_logits = nn.Identity()
             self.config = self.config.replace(pre_logits_dim=0)

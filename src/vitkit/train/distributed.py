@@ -42,7 +42,7 @@ def broadcast_flag(flag: bool, info: DistInfo) -> bool:
     """True on every rank when any rank says True (used to stop together)."""
     if not info.enabled:
         return flag
-    value = torch.tensor([1.0 if flag else 0.0])
+    value = torch.tensor([1.0 if flag else 0.0], device=_comm_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
 
@@ -51,7 +51,7 @@ def min_over_ranks(value: int, info: DistInfo) -> int:
     """The smallest of every rank's `value` (so every rank follows one fitted schedule)."""
     if not info.enabled:
         return value
-    least = torch.tensor([value], dtype=torch.int64)
+    least = torch.tensor([value], dtype=torch.int64, device=_comm_device())
     dist.all_reduce(least, op=dist.ReduceOp.MIN)
     return int(least.item())
 
@@ -60,7 +60,7 @@ def sum_over_ranks(loss_sum: float, images: int, info: DistInfo) -> tuple[float,
     """A rank's training loss sum and image count, summed over every rank."""
     if not info.enabled:
         return loss_sum, images
-    totals = torch.tensor([loss_sum, float(images)], dtype=torch.float64)
+    totals = torch.tensor([loss_sum, float(images)], dtype=torch.float64, device=_comm_device())
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     return float(totals[0]), int(totals[1])
 

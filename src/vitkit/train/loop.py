@@ -158,6 +158,8 @@ def run_loop(run: Run) -> TrainResult:
                     break
             if bar is not None:
                 bar.close()
+            if broadcast_flag(bool(stop.reason), info):  # a signal may land after the check
+                stop.reason = stop.reason or "stopped by another rank"  # in the loop
             train_seconds = clock.end_epoch()
             loss_here, images_here = sum_over_ranks(epoch_loss, epoch_images, info)
             loss_sum, images = carried[0] + loss_here, carried[1] + images_here

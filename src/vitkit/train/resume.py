@@ -204,8 +204,9 @@ def replan_if_length_changed(cfg: TrainConfig, saved: dict[str, Any], plan: RunP
     changed = ", ".join(changes)
     before = pos.total_steps
     pos.total_steps = plan.planned_steps
-    if (regrouping or epoch_changed) and not cfg.total_steps:  # epochs done: old batches
-        pos.total_steps = pos.step + max(0, plan.planned_steps - pos.epoch * batches_per_epoch)
+    if not cfg.total_steps:  # epochs left, in today's batches (the steps done may be of others)
+        done = pos.epoch * batches_per_epoch + pos.batch
+        pos.total_steps = pos.step + max(0, plan.planned_steps - done)
     if cfg.time_budget and pos.elapsed >= cfg.time_budget:
         log.warning("resume: %s, but the checkpoint already used %.0f s of the %.0f s "
                     "budget; raise time_budget to train on", changed, pos.elapsed,

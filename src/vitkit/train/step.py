@@ -76,8 +76,8 @@ class TrainStep:
         cfg = self.cfg
         if not self.global_batches:
             images, labels = gather_batch(images, labels, self.info)
-        if len(labels) == 0:  # every record of a streamed batch was unreadable
-            return StepOutcome(0.0, 0.0, updated=False)
+        if len(labels) < self.info.world_size:  # every rank needs an image (unreadable
+            return StepOutcome(0.0, 0.0, updated=False)  # records); all ranks skip together
         images, targets = self.augment(images, labels, self.generator, self.preprocess.mean,
                                        self.preprocess.std, self.preprocess.scale)
         size = self.plan.resolution_at(position.step, position.total_steps)
