@@ -158,10 +158,12 @@ def test_save_pretrained_onto_a_file_is_refused(tmp_path):
 
 def test_class_names_that_do_not_name_every_output_are_refused(tmp_path):
     model = vitkit.create_model({**TINY, "num_classes": 3})
-    with pytest.raises(ConfigError, match="2 class names for a head of 3 outputs: give one "
+    with pytest.raises(ConfigError, match="4 class names for a head of 3 outputs: give one "
                                           "name per output"):
-        vitkit.save_pretrained(model, tmp_path / "m", class_names=["cat", "dog"])
+        vitkit.save_pretrained(model, tmp_path / "m", class_names=["cat", "dog", "eel", "fox"])
     assert not (tmp_path / "m").exists()
+    spare = vitkit.save_pretrained(model, tmp_path / "spare", class_names=["cat", "dog"])
+    assert vitkit.load_pretrained(spare).class_names == ["cat", "dog"]  # a spare output: unnamed
     folder = vitkit.save_pretrained(model, tmp_path / "m", class_names=["cat", "dog", "eel"])
     assert vitkit.load_pretrained(folder).class_names == ["cat", "dog", "eel"]  # advice followed
     loaded = vitkit.load_pretrained(folder)
@@ -170,8 +172,8 @@ def test_class_names_that_do_not_name_every_output_are_refused(tmp_path):
     assert vitkit.load_pretrained(vitkit.save_pretrained(loaded, tmp_path / "two")
                                   ).config.num_classes == 2
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "class_names": ["cat"]}))
-    with pytest.raises(CheckpointError, match="1 class names for a head of 3 outputs"):
+    (folder / "config.json").write_text(json.dumps({**config, "class_names": list("abcd")}))
+    with pytest.raises(CheckpointError, match="4 class names for a head of 3 outputs"):
         vitkit.load_pretrained(folder)
 
 

@@ -17,7 +17,7 @@ from timm.models._hub import save_for_hf
 from torch import nn
 
 import vitkit
-import vitkit.model.vit as vit_module
+import vitkit.model.timm_api as timm_api_module
 from reference_models import randomise
 from vitkit import VisionTransformer
 from vitkit.config import ViTConfig
@@ -180,7 +180,7 @@ def test_grad_checkpointing_runs_each_block_through_checkpoint(monkeypatch):
         calls.append(kwargs.get("use_reentrant"))
         return torch.utils.checkpoint.checkpoint(function, *args, **kwargs)
 
-    monkeypatch.setattr(vit_module, "checkpoint", counting)
+    monkeypatch.setattr(timm_api_module, "checkpoint", counting)
     model = _small().train()
     assert model.pools_class_token_only()  # the shortcut: 2 blocks, then the last for one token
     model.set_grad_checkpointing()

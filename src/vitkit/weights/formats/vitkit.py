@@ -105,9 +105,10 @@ def _settings(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
 
 
 def check_class_names(class_names: list[str] | None, config: ViTConfig) -> None:
-    """Refuse class names that do not name the head's outputs one to one."""
+    """Refuse more class names than the head has outputs (fewer are allowed: a head with
+    spare outputs, `model.num_classes` above the data's classes, leaves the rest unnamed)."""
     if class_names is None or config.num_classes <= 0 \
-            or len(class_names) == config.num_classes:
+            or len(class_names) <= config.num_classes:
         return
     raise ConfigError(f"{len(class_names)} class names for a head of {config.num_classes} "
                       f"outputs: give one name per output (in output order), or class_names="
