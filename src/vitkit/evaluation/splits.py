@@ -11,9 +11,7 @@ from typing import Any
 from vitkit.data.arrayfiles import to_uint8_advice
 from vitkit.data.feeds import EvaluationFeed, evaluation_feed
 from vitkit.data.sources import (
-    MEMORY_LIMIT_BYTES,
     SOURCES,
-    Records,
     open_held_out_only,
     open_source,
 )
@@ -98,8 +96,8 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
                            limit if split == "test" else None, mode, train_split, eval_split,
                            bool(recipe.get("streaming")) if own else False, task=task)
 
-    chosen = (held_out_alone(data, data_dir, size, channels, limit, mode, task)
-              if split == "test" else None)
+    chosen = (open_held_out_only(data, data_dir, size, channels, limit, mode, task=task)
+              if split == "test" else None)  # a folder of test images only, or arrays
     if chosen is None:
         try:
             train_set, test_set = opened(eval_split)
@@ -117,18 +115,6 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
     read = str(getattr(chosen, "name", "")).rsplit(" ", 1)[-1] if data.startswith("hf:") \
         and split == "test" else split  # a Hugging Face split by its name: "hf:SPEC NAME"
     return feed, read or split
-
-
-def held_out_alone(data: str, data_dir: str | None, size: tuple[int, int], channels: int,
-                   limit: int | None, mode: str, task: str) -> Records | None:
-    """The held-out split read without the training split's images, where that can be: a
-    folder of test images only, or arrays (whose training images are then not checked, so
-    a NaN there does not refuse an evaluation that never reads them); None otherwise."""
-    if data == "arrays":
-        from vitkit.data.sources.arrays import open_arrays_held_out
-
-        return open_arrays_held_out(data_dir, limit, mode, MEMORY_LIMIT_BYTES)
-    return open_held_out_only(data, data_dir, size, channels, limit, mode, task=task)
 
 
 def check_same_units(float_images: bool, scale: float, where: str,

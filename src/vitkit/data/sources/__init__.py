@@ -112,9 +112,14 @@ def open_held_out_only(name: str, data_dir: str | None, image_size: tuple[int, i
                        channels: int = 3, limit: int | None = None, mode: str = "auto",
                        workers: int | None = None, task: str | None = None) -> Records | None:
     """The held-out records of a data folder that has no train/ folder (its val/ or test/
-    folder, or its class sub-folders: `open_held_out_folder`), in memory or streamed as
-    `open_source` would read them, for evaluation; None for any other data, which
-    `open_source` reads whole."""
+    folder, or its class sub-folders: `open_held_out_folder`), or of arrays (the training
+    split checked against them, its images not read: `open_arrays_held_out`), in memory or
+    streamed as `open_source` would read them, for evaluation; None for any other data,
+    which `open_source` reads whole."""
+    if name == "arrays":
+        from vitkit.data.sources.arrays import open_arrays_held_out
+
+        return open_arrays_held_out(data_dir, limit, mode, MEMORY_LIMIT_BYTES)
     if name != "folder" or data_dir is None:
         return None
     from vitkit.data.sources.folder import open_held_out_folder
