@@ -230,7 +230,9 @@ def test_bf16_on_the_cpu_is_a_bf16_copy_that_answers_in_float32_as_autocast_does
     apply_token_merging(model, 0)
 
 
-def test_bf16_asked_on_a_cpu_without_bf16_hardware_runs_and_says_it_may_be_slower() -> None:
+def test_bf16_asked_on_a_cpu_without_bf16_hardware_runs_and_says_it_may_be_slower(
+        monkeypatch) -> None:
+    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
     slow = choose_precision("bf16", CPU, flags=frozenset({"avx2", "fma"}))
     assert slow.name == "bf16"
     assert "no bf16 matmuls in hardware" in slow.reason and "--precision auto" in slow.reason
@@ -367,7 +369,9 @@ def test_benchmark_auto_says_what_it_chose_and_on_which_cpu(capsys, monkeypatch)
     ("cpu", AVX512_BF16, 48, "fp32"),
     ("cuda", NO_AMX, 48, "bf16"),
 ])
-def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, expected, caplog):
+def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, expected, caplog,
+                                                       monkeypatch):
+    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
     with caplog.at_level(logging.INFO, logger="vitkit"):
         dtype = amp_dtype("auto", torch.device(device), width, flags)
     assert (dtype == torch.bfloat16) == (expected == "bf16")
@@ -376,7 +380,8 @@ def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, exp
     assert amp_dtype("bf16", torch.device(device), width, flags) == torch.bfloat16
 
 
-def test_amp_bf16_on_a_cpu_without_bf16_hardware_trains_in_bf16_and_warns(caplog):
+def test_amp_bf16_on_a_cpu_without_bf16_hardware_trains_in_bf16_and_warns(caplog, monkeypatch):
+    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
     with caplog.at_level(logging.INFO, logger="vitkit"):
         assert amp_dtype("bf16", CPU, 192, NO_AMX) == torch.bfloat16
     assert "precision bf16 (amp=bf16; this CPU has no bf16 matmuls in hardware" in caplog.text
@@ -388,13 +393,11 @@ def test_amp_bf16_on_a_cpu_without_bf16_hardware_trains_in_bf16_and_warns(caplog
     assert caplog.text == ""
 
 
-def test_amp_auto_is_a_rule_so_every_rank_and_every_resume_decide_alike(monkeypatch):
-    """No timing behind amp=auto: a measurement could differ between the ranks of a run, or
-    between a run and its resume (another process on the cores), and break exact resuming."""
+def test_amp_auto_on_amx_is_a_rule_and_times_nothing(monkeypatch):
     monkeypatch.setattr(precision_module, "_bf16_matmul_speedup",
                         lambda width: pytest.fail("amp=auto timed a matmul"))
-    assert amp_dtype("auto", CPU, 192, AVX512_BF16) == torch.bfloat16
     assert amp_dtype("auto", CPU, 192, AMX) == torch.bfloat16
+    assert amp_dtype("auto", CPU, 64, AVX512_BF16) is None  # narrow: fp32 by the width rule
 
 
 def test_autocast_context_runs_a_model_in_bf16_and_none_leaves_it_as_it_is():
@@ -544,6 +547,7 @@ def test_a_choice_measured_now_that_cannot_run_is_refused_once(
     apply = precision_module.apply_precision
     monkeypatch.setattr(precision_module, "apply_precision",
                         lambda *args, **kwargs: applied.append(args[1]) or apply(*args, **kwargs))
+    monkeypatch.setattr(precision_module, "fast_bf16_cpu", lambda flags=None: None)  # int8 only
     calls: list = []
     monkeypatch.setattr(precision_module, "_timings", _fake_timings({}, calls))
     model, batch = _random_head(tiny(), 0.2), torch.randn(2, 3, 16, 16)

@@ -30,7 +30,10 @@ it. Each choice carries a one-line reason that the verbs print.
 
 `--int8` (and `--int8-engine E`) means `--precision int8` (with that engine); with another
 `--precision` it is refused (`requested_precision`). Training's `amp=auto` decides by the
-machine and the model's width (`training_precision`).
+machine and the model's width, on AVX512-BF16 without AMX by a matmul measured once per
+machine (`training_precision`). Asked for bf16 where such a matmul measures slower than fp32
+(an Emerald Rapids Xeon that shows no AMX: 0.5x), `--precision bf16` and `amp=bf16` run it and
+say so.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ from vitkit.runtime import cpu_model_and_flags
 
 __all__ = ["PRECISIONS", "PRECISION_HELP", "NoInt8Engine", "Precision", "apply_precision",
            "autocast_context", "bf16_autocast", "bf16_copy", "choose_int8_engine",
-           "choose_precision", "fast_bf16_cpu", "measurement_batch", "requested_precision",
+           "choose_precision", "fast_bf16_cpu", "measured_bf16_speedup", "measurement_batch",
+           "requested_precision",
            "run_in_precision", "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
@@ -73,6 +77,7 @@ ROUNDS = 3
 MAX_ROUNDS = 7  # auto's rounds while the two fastest paths are within CLOSE of each other
 CLOSE = 1.25
 PATHS_VERSION = 2  # in remembered keys; raised when measurements change (2: packed bf16)
+MATMUL_FLOPS = 2**30  # about the work of `_bf16_matmul_speedup`'s matmul
 MEASURE_BATCH = 8  # at most this many images in auto's measurement (eval, benchmark)
 AMP_MIN_WIDTH = 128  # bf16 training on a bf16 CPU pays from this width on (training_precision)
 EMULATED_BF16 = ("this CPU has no bf16 matmuls in hardware (AMX or AVX512-BF16), so bf16 is "
@@ -124,10 +129,34 @@ def _best_time(run: Callable[[], object]) -> float:
 
 
 def _bf16_matmul_speedup(width: int) -> float:
-    a, b = torch.randn(1024, width), torch.randn(width, 4 * width)
+    """How many times faster a (rows x width) @ (width x 4 width) matmul runs in bf16 than in
+    fp32 on this CPU, rows chosen for about a GFLOP (at least 1,024), so a narrow model's
+    measurement is not a fraction of a millisecond that a busy moment decides."""
+    rows = max(1024, MATMUL_FLOPS // (8 * width * width))
+    a, b = torch.randn(rows, width), torch.randn(width, 4 * width)
     fp32 = _best_time(lambda: a @ b)
     a16, b16 = a.bfloat16(), b.bfloat16()
     return fp32 / _best_time(lambda: a16 @ b16)
+
+
+def measured_bf16_speedup(width: int) -> float:
+    """`_bf16_matmul_speedup(width)`, remembered per CPU, torch build, thread count and width
+    (`<cache root>/precision.json`), so the runs on one machine, and every resume of them,
+    decide alike."""
+    key = "|".join([f"v{PATHS_VERSION}:bf16-matmul", cpu_model_and_flags()[0],
+                    torch.__version__, str(torch.get_num_threads()), str(width)])
+    remembered = _remembered().get(key)
+    if isinstance(remembered, dict) and isinstance(remembered.get("speedup"), float):
+        return remembered["speedup"]
+    speedup = _bf16_matmul_speedup(width)
+    _remember(key, {"speedup": speedup})
+    return speedup
+
+
+def bf16_matmul_note(width: int, speedup: float) -> str:
+    """What a bf16 matmul measured (`speedup`) on this AVX512-BF16 CPU without AMX."""
+    return (f"a bf16 matmul at width {width} measured {speedup:.2f}x fp32 on this CPU "
+            "(AVX512-BF16 without AMX)")
 
 
 @torch.no_grad()
@@ -280,6 +309,12 @@ def choose_precision(requested: str | None, device: torch.device,
     if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) is None:
         return Precision("bf16", f"asked; {EMULATED_BF16}: --precision auto chooses by "
                                  "measuring")
+    if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) == "avx512_bf16":
+        width = getattr(getattr(model, "config", None), "width", 768)
+        speedup = _bf16_matmul_speedup(width)
+        if speedup < 1:
+            return Precision("bf16", f"asked; {bf16_matmul_note(width, speedup)}, so bf16 is "
+                                     "likely slower: --precision auto chooses by measuring")
     if requested != "auto":
         return Precision(requested, "asked")
     if device.type == "cuda":
@@ -287,15 +322,18 @@ def choose_precision(requested: str | None, device: torch.device,
     kind = fast_bf16_cpu(flags)
     width = getattr(getattr(model, "config", None), "width", 768)
     bf16_why = "the CPU has AMX" if kind == "amx" else None
+    why = "no fast bf16 on this CPU"
     if kind == "avx512_bf16":
         speedup = _bf16_matmul_speedup(width)
         if speedup >= BF16_MARGIN:
             bf16_why = f"AVX512-BF16 (a bf16 matmul at width {width} measured {speedup:.1f}x)"
+        else:
+            why = f"no fast bf16 on this CPU: {bf16_matmul_note(width, speedup)}"
     if model is None or batch is None:
         if bf16_why:
             return Precision("bf16", f"{bf16_why}: bf16 matmuls in hardware")
-        return Precision("fp32", "no fast bf16 on this CPU")
-    why = bf16_why or "no fast bf16 on this CPU"
+        return Precision("fp32", why)
+    why = bf16_why or why
     try:
         measured = _int8_measurement(
             model, batch, int8_engine, with_bf16=bf16_why is not None, remeasure=remeasure,
@@ -391,18 +429,26 @@ def measurement_batch(in_chans: int, img_size: tuple[int, int] | list[int],
 
 
 def training_precision(amp: str, device: torch.device, width: int,
-                       flags: frozenset[str] | None = None) -> Precision:
-    """What `amp=auto|bf16|off` trains in: bf16 with amp=bf16; with amp=auto, bf16 on CUDA
-    and on a CPU with bf16 matmuls in hardware (AMX or AVX512-BF16) for a model at least
-    `AMP_MIN_WIDTH` wide, else fp32. A rule, not a timing, so every rank of a run and every
-    resume of it decide alike. Measured: on a Xeon with AMX, bf16 autocast made the width-48
-    tutorial step 2.4x slower (casts dominate small matmuls) and the width-192 CIFAR step 1.18x
-    faster; on a Zen 4 EPYC (AVX512-BF16, no AMX) the CIFAR step 1.51x (16 px) and 1.63x
-    (24 px) faster; without either, CPU bf16 is emulated and slower."""
+                       flags: frozenset[str] | None = None,
+                       bf16_speedup: Callable[[int], float] = measured_bf16_speedup) -> Precision:
+    """What `amp=auto|bf16|off` trains in: bf16 with amp=bf16; with amp=auto, bf16 on CUDA,
+    on a CPU with AMX for a model at least `AMP_MIN_WIDTH` wide, and on one with AVX512-BF16
+    but no AMX where also a bf16 matmul at the model's width measures at least `BF16_MARGIN`
+    faster (`bf16_speedup`: remembered per machine, so a run and its resumes on one machine
+    decide alike; the training set-up also makes the ranks agree and a resume keep its run's
+    choice); else fp32. Measured: on a Xeon with AMX, bf16 autocast made the width-48 tutorial
+    step 2.4x slower (casts dominate small matmuls) and the width-192 CIFAR step 1.18x faster;
+    on a Zen 4 EPYC (AVX512-BF16, no AMX) the CIFAR step 1.51x (16 px) and 1.63x (24 px)
+    faster; on an Emerald Rapids Xeon that shows AVX512-BF16 but no AMX, a bf16 matmul ran at
+    0.5x fp32 and the width-192 step at 0.55x; without either, CPU bf16 is emulated and slower."""
+    kind = fast_bf16_cpu(flags) if device.type == "cpu" else None
     if amp == "bf16":
-        if device.type == "cpu" and fast_bf16_cpu(flags) is None:
+        if device.type == "cpu" and kind is None:
             return Precision("bf16", f"amp=bf16; {EMULATED_BF16}: amp=auto decides by the "
                                      "machine")
+        if kind == "avx512_bf16" and (speedup := bf16_speedup(width)) < 1:
+            return Precision("bf16", f"amp=bf16; {bf16_matmul_note(width, speedup)}, so bf16 is "
+                                     "likely slower: amp=auto decides by the machine")
         return Precision("bf16", "amp=bf16")
     if amp != "auto":
         return Precision("fp32", f"amp={amp}")
@@ -410,7 +456,6 @@ def training_precision(amp: str, device: torch.device, width: int,
         return Precision("bf16", "amp=auto on CUDA: bf16 autocast")
     if device.type != "cpu":
         return Precision("fp32", f"amp=auto on {device.type}: fp32")
-    kind = fast_bf16_cpu(flags)
     if kind is None:
         return Precision("fp32", "amp=auto: this CPU has no bf16 matmuls in hardware (AMX or "
                                  "AVX512-BF16), so bf16 would be slower")
@@ -418,8 +463,16 @@ def training_precision(amp: str, device: torch.device, width: int,
     if width < AMP_MIN_WIDTH:
         return Precision("fp32", f"amp=auto: width {width} < {AMP_MIN_WIDTH}, where bf16 casts "
                                  f"cost more than {hardware} saves")
-    return Precision("bf16", f"amp=auto: the CPU has {hardware} and the model is {width} wide "
-                             f"(>= {AMP_MIN_WIDTH})")
+    if kind == "amx":
+        return Precision("bf16", f"amp=auto: the CPU has AMX and the model is {width} wide "
+                                 f"(>= {AMP_MIN_WIDTH})")
+    speedup = bf16_speedup(width)
+    if speedup < BF16_MARGIN:
+        return Precision("fp32", f"amp=auto: {bf16_matmul_note(width, speedup)}, under the "
+                                 f"{BF16_MARGIN}x bf16 must gain to pay for its casts")
+    return Precision("bf16", f"amp=auto: the CPU has AVX512-BF16, a bf16 matmul at width "
+                             f"{width} measured {speedup:.1f}x fp32 (>= {BF16_MARGIN}x) and the "
+                             f"model is {width} wide (>= {AMP_MIN_WIDTH})")
 
 
 def bf16_autocast(device: torch.device) -> bool:

@@ -13,6 +13,8 @@ preprocess, classes, weights, model, ema, checksum), and what resuming needs:
     train_config  the run's recipe (`TrainConfig.to_dict()`)
     trained_in    the absolute working folder the run trained in, from which a relative
                   data_dir was read (older files: absent)
+    trained_as    {"precision": "bf16" or "fp32", "device": "cpu" or "cuda"}: what amp chose,
+                  so a resume with amp=auto on that device keeps it (older files: absent)
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class TrainCheckpoint:
     augment_rng: torch.Tensor
     train_config: dict[str, Any]
     trained_in: str | None = None
+    trained_as: dict[str, str] | None = None
 
     def to_state(self) -> dict[str, Any]:
         pos = self.position
@@ -75,6 +78,7 @@ class TrainCheckpoint:
             "rng": {"torch": self.torch_rng, "augment": self.augment_rng},
             "train_config": self.train_config,
             "trained_in": self.trained_in,
+            "trained_as": self.trained_as,
             "checksum": self.trained.checksum(),
         }
 
@@ -90,12 +94,21 @@ class TrainCheckpoint:
                                 int(pos.get("epoch_images", 0)),
                                 int(pos.get("batches_per_epoch", 0))),
                        state["rng"]["torch"], state["rng"]["augment"],
-                       state.get("train_config") or {}, _text(state.get("trained_in")))
+                       state.get("train_config") or {}, _text(state.get("trained_in")),
+                       _trained_as(state.get("trained_as")))
 
 
 def _text(value: Any) -> str | None:
     """A text entry of the file, or None (absent, or not text in a damaged file)."""
     return value if isinstance(value, str) else None
+
+
+def _trained_as(value: Any) -> dict[str, str] | None:
+    """The precision and device a checkpoint trained in, or None (absent, or not as written)."""
+    if (isinstance(value, dict) and value.get("precision") in ("bf16", "fp32")
+            and isinstance(value.get("device"), str)):
+        return {"precision": value["precision"], "device": value["device"]}
+    return None
 
 
 def _best_score(position: dict[str, Any]) -> float | None:

@@ -21,7 +21,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from vitkit.config import ViTConfig
 from vitkit.data.augment import BatchAugment
 from vitkit.files import working_folder
-from vitkit.inference.precision import training_precision
+from vitkit.inference.precision import Precision, training_precision
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.runtime import avoid_cudnn_attention, check_device, configure_cpu
@@ -40,7 +40,7 @@ from vitkit.train.data import (
     open_data,
     output_count,
 )
-from vitkit.train.distributed import DistInfo, init_distributed
+from vitkit.train.distributed import DistInfo, init_distributed, min_over_ranks
 from vitkit.train.finetune import config_from_run, pretrained_model, read_init, target_config
 from vitkit.train.memory import check_fits_in_memory
 from vitkit.train.optim import build_optimizer
@@ -107,7 +107,9 @@ class Run:
             trained, optimizer=self.optimizer.state_dict(),
             position=replace(pos, elapsed=self.clock.used(pos)),
             torch_rng=torch.get_rng_state(), augment_rng=self.generator.get_state(),
-            train_config=self.cfg.to_dict(), trained_in=working_folder())
+            train_config=self.cfg.to_dict(), trained_in=working_folder(),
+            trained_as={"precision": "fp32" if self.amp_dtype is None else "bf16",
+                        "device": self.device.type})
 
     def save(self, name: str) -> Path | None:
         """Write `name`.pt atomically (main rank only)."""
@@ -165,7 +167,8 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
                                  data.order.batches_per_epoch())
     position.batches_per_epoch = data.order.batches_per_epoch()
     compile_clock = CompileClock(cfg.compile)
-    amp = amp_dtype(cfg.amp, device, model.config.width)
+    amp = amp_dtype(cfg.amp, device, model.config.width, info=info,
+                    resumed=state.trained_as if state is not None else None)
     step = TrainStep(cfg, model, ema, optimizer, augment, generator, preprocess, plan, info,
                      device, amp, compile_clock, global_batches=data.feed.global_batches,
                      trained_size=tuple(model.config.img_size) if position.step else None,
@@ -226,13 +229,26 @@ def make_ema(model: VisionTransformer, decay: float) -> AveragedModel | None:
 
 
 def amp_dtype(amp: str, device: torch.device, width: int,
-              flags: frozenset[str] | None = None) -> torch.dtype | None:
+              flags: frozenset[str] | None = None, info: DistInfo | None = None,
+              resumed: dict[str, str] | None = None) -> torch.dtype | None:
     """bf16 autocast or None (fp32) for amp=bf16|off|auto; auto decides by the device, the
-    CPU's instruction sets (`flags`: this CPU's when None) and the model's width
-    (`vitkit.inference.precision.training_precision`), and logs what it chose and why."""
-    chosen = training_precision(amp, device, width, flags)
+    CPU's instruction sets (`flags`: this CPU's when None) and the model's width, on some CPUs
+    by a measurement (`vitkit.inference.precision.training_precision`); logs what it chose and
+    why. With amp=auto a resume keeps what its run trained in on this kind of device
+    (`resumed`, the checkpoint's `trained_as`), so it continues exactly, and the ranks of a run
+    (`info`) train in bf16 only when every rank chose it."""
+    if amp == "auto" and resumed is not None and resumed["device"] == device.type:
+        chosen = Precision(resumed["precision"], f"amp=auto: {resumed['precision']}, as the "
+                                                 "run chose before this resume")
+    else:
+        chosen = training_precision(amp, device, width, flags)
+    if amp == "auto" and info is not None:
+        everywhere = min_over_ranks(int(chosen.name == "bf16"), info)
+        if chosen.name == "bf16" and not everywhere:
+            chosen = Precision("fp32", f"amp=auto: fp32, as another rank chose (here: "
+                                       f"{chosen.reason})")
     if amp == "auto":
         log.info("%s", chosen.describe())
-    elif chosen.reason != f"amp={amp}":  # asked for bf16 where it is emulated
+    elif chosen.reason != f"amp={amp}":  # asked for bf16 where it is emulated or slower
         log.warning("%s", chosen.describe())
     return torch.bfloat16 if chosen.name == "bf16" else None
