@@ -75,3 +75,24 @@ def test_hf_pooler_becomes_pre_logits_and_gelu_tanh_is_mapped():
         assert (model(images) - out.pooler_output).abs().max().item() <= TOL
         tokens = model.forward_features(images)
         assert (tokens - out.last_hidden_state).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("size", [48, 16])
+def test_hf_folder_at_another_size_gives_hf_interpolated_logits(tmp_path, size):
+    """Hugging Face resizes the positions in `ViTEmbeddings.interpolate_pos_encoding`
+    (bicubic, half-pixel, no antialiasing) when a model reads another size; a Hugging Face
+    folder loaded at that size by default gives the same logits (timm's antialiased resampling,
+    this origin's default before, was 4e-4 and 1.8e-3 away)."""
+    from vitkit import load_pretrained
+
+    reference = randomise(transformers.ViTForImageClassification(_hf_config()), std=0.2).eval()
+    reference.save_pretrained(tmp_path)
+    model = load_pretrained(tmp_path, img_size=size).eval()
+    images = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        expected = reference(pixel_values=images, interpolate_pos_encoding=True).logits
+        diff = (model(images) - expected).abs().max().item()
+        as_timm = load_pretrained(tmp_path, img_size=size, pos_interpolation="timm").eval()
+        timm_diff = (as_timm(images) - expected).abs().max().item()
+    assert diff <= TOL
+    assert timm_diff > 10 * TOL  # the test tells the two conventions apart

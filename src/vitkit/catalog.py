@@ -223,7 +223,8 @@ def load_pretrained(source: str | Path, *, weights_dir: str | Path | None = None
     `model.class_names` (when the checkpoint names its classes). At another `img_size` the
     position embeddings are resampled with `pos_interpolation` (one of POS_INTERPOLATIONS;
     default: as the format's own code does, e.g. vit_jax's corner-aligned bilinear for
-    official .npz, timm's antialiased bicubic for timm and Hugging Face files).
+    official .npz, timm's antialiased bicubic for timm files, Hugging Face's bicubic for
+    Hugging Face files).
     `source_img_size` is the training resolution of a file with a non-square position grid;
     `num_heads` and `global_pool` complete timm state dicts of non-standard widths.
     """

@@ -9,12 +9,15 @@ Each convention reproduces the numbers of one reference code (checked in their s
   row is kept as is. Default for official .npz files.
 - "timm": bicubic, half-pixel centres (align_corners=False), antialiased. The defaults of
   timm's `resample_abs_pos_embed`, which its `checkpoint_filter_fn` uses for timm files.
-  Default for timm and Hugging Face files.
+  Default for timm files.
 - "bilinear": bilinear, half-pixel centres, no antialiasing: what timm's own reader of the
   official .npz files (`_load_weights`) does. Default for vitkit's folders and training
   checkpoints (their resampling before this option existed).
 - "bicubic": bicubic, half-pixel centres, no antialiasing: Hugging Face ViT's
-  `interpolate_pos_encoding`.
+  `interpolate_pos_encoding` (`ViTEmbeddings`: `interpolate(..., size=(h, w),
+  mode="bicubic", align_corners=False)`), which HF runs when a model reads another size.
+  Default for Hugging Face files (before 2026-11-29 they took "timm": 4e-4 and 1.8e-3 from
+  HF's logits at 48 and 16 px in tests/test_parity_hf.py, where "bicubic" is 2e-7).
 
 "auto" (or None) picks the default for the record's origin.
 """
@@ -53,7 +56,7 @@ CONVENTIONS: dict[str, PosResampling] = {
     "bicubic": PosResampling("bicubic", "bicubic", align_corners=False, antialias=False),
 }
 POS_INTERPOLATIONS = ("auto", *CONVENTIONS)
-DEFAULT_BY_ORIGIN = {"npz": "official", "timm": "timm", "huggingface": "timm",
+DEFAULT_BY_ORIGIN = {"npz": "official", "timm": "timm", "huggingface": "bicubic",
                      "vitkit": "bilinear", "vitkit-train": "bilinear"}
 
 
