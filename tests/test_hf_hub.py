@@ -165,6 +165,24 @@ def test_offline_with_nothing_cached_says_where_and_how(hf_cache):
     assert load_pretrained(f"hf-hub:{HF_REPO}").config.width == 64
 
 
+def test_offline_advice_for_a_revision_downloads_that_revision(hf_cache):
+    """`hf download ORG/NAME` caches main: for `@v1.0` the advice names `--revision v1.0`
+    (main alone was cached, and following the old advice changed nothing)."""
+    write_hf_repo(hf_cache, hf_model())  # main is cached
+    with pytest.raises(WeightsNotFoundError) as info:
+        load_pretrained(f"hf-hub:{HF_REPO}@v1.0")
+    message = str(info.value)
+    assert f"`hf download {HF_REPO} --revision v1.0`" in message
+    # what that command leaves: refs/v1.0 naming the tagged commit's snapshot
+    tagged = "c" * 40
+    write_hf_repo(hf_cache, hf_model(), commit=tagged)
+    storage = hf_cache / f"models--{HF_REPO.replace('/', '--')}"
+    (storage / "refs" / "main").write_text(COMMIT)
+    (storage / "refs" / "v1.0").write_text(tagged)
+    record = read_weights(f"hf-hub:{HF_REPO}@v1.0")
+    assert record.path.parent.name == tagged
+
+
 def test_offline_without_the_weights_file_names_both(hf_cache):
     folder = write_hf_repo(hf_cache, hf_model())
     weights = folder / "model.safetensors"

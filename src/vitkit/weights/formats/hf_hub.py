@@ -191,15 +191,17 @@ class _Fetcher:
             f"{WHAT_VITKIT_READS}.")
 
     def _not_cached(self, filename: str) -> WeightsNotFoundError:
+        # the revision asked for: `hf download` alone caches main
+        what = self.repo + (f" --revision {self.revision}" if self.revision else "")
         if self.local_only:
             why = "downloads are off (HF_HUB_OFFLINE or VITKIT_OFFLINE is set)"
             fix = ("unset HF_HUB_OFFLINE (and VITKIT_OFFLINE) to download it, or fetch it on a "
-                   f"connected machine with `hf download {self.repo}` (or `huggingface-cli "
-                   f"download {self.repo}`) into this cache")
+                   f"connected machine with `hf download {what}` (or `huggingface-cli "
+                   f"download {what}`) into this cache")
         else:
             why = "the Hub could not be reached" + (
                 f" ({self.unreachable})" if self.unreachable else "")
-            fix = (f"check the connection, or fetch it elsewhere with `hf download {self.repo}` "
+            fix = (f"check the connection, or fetch it elsewhere with `hf download {what}` "
                    "and copy the cache folder here")
         return WeightsNotFoundError(
             f"{self.label}: {filename} is not in the Hugging Face cache at {self.cache} and "
