@@ -95,3 +95,37 @@ def test_targets_beyond_classes_are_refused_when_streamed_or_broken(tmp_path: Pa
                      [[0], [1, -1], *[[1]] * 7])
     with pytest.raises(DataError, match=r"record 1 of column 'labels' holds labels \[1, -1\]"):
         load_hf_splits(str(negative))
+
+
+@pytest.mark.parametrize("kind", ["lists", "integers"])
+def test_counted_classes_are_the_largest_over_both_splits(tmp_path: Path, kind) -> None:
+    """Integer labels (label lists or a plain integer column) name their classes by counting:
+    a test split that lacks the highest label was refused as "another labelling" with advice
+    (choose other splits) that could not help. Every split now counts to the largest label of
+    both, as data=arrays does."""
+    if kind == "lists":
+        values = [[k % 5] for k in range(6)] + [[k % 3] for k in range(4)]
+        root = _save(tmp_path / "l", "labels", Sequence(Value("int64")), values)
+    else:
+        values = [k % 5 for k in range(6)] + [k % 3 for k in range(4)]
+        root = _save(tmp_path / "i", "label", Value("int64"), values)
+    train, test = load_hf_splits(str(root))
+    assert train.classes == test.classes == ["0", "1", "2", "3", "4"]
+    if kind == "lists":
+        assert train.labels.shape == (6, 5) and test.labels.shape == (4, 5)
+        assert test.labels[:, 3:].sum() == 0 and test.labels[:, :3].sum() == 4
+    else:
+        assert test.labels.tolist() == [0, 1, 2, 0]
+
+
+def test_class_label_names_that_differ_are_still_refused_with_both_named(tmp_path: Path):
+    features = {"train": ClassLabel(names=["cat", "dog"]), "test": ClassLabel(names=["x", "y"])}
+    parts = {}
+    for split, feature in features.items():
+        parts[split] = Dataset.from_dict({"image": [_png(0), _png(1)], "label": [0, 1]},
+                                         features=Features({"image": HFImage(),
+                                                            "label": feature}))
+    DatasetDict(parts).save_to_disk(str(tmp_path / "c"))
+    with pytest.raises(DataError, match=r"has classes \['cat', 'dog'\] but 'test' has "
+                                        r"\['x', 'y'\]: pass splits of one labelling"):
+        load_hf_splits(str(tmp_path / "c"))

@@ -228,11 +228,32 @@ def test_images_beside_the_table_without_a_row_are_warned_of(tmp_path: Path, cap
     with caplog.at_level(logging.WARNING):
         train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
     assert len(train) == 6
-    assert f"{tmp_path / 'train'}: 1 image(s) beside targets.csv have no row in it and are " \
-        "not read (extra.png): add a row for each, or move them out of the folder" in caplog.text
+    assert f"{tmp_path / 'train'}: 1 image(s) beside targets.csv or in the folders its rows " \
+        "name have no row in it and are not read (extra.png): add a row for each, or move " \
+        "them out of the folder" in caplog.text
     table = tmp_path / "train" / "targets.csv"
     table.write_text(table.read_text() + "extra.png,0.5,0.5\n")  # the advice followed
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
     assert len(train) == 7 and "have no row" not in caplog.text
+
+
+def test_images_in_the_tables_sub_folders_without_a_row_are_warned_of(tmp_path: Path,
+                                                                      caplog) -> None:
+    """The layout the docs show keeps the images in a sub-folder (train/fields/*.png): an
+    image there without a row was left out without a word (only the top level was looked at)."""
+    _table_folder(tmp_path)
+    table = tmp_path / "train" / "targets.csv"
+    rows = table.read_text().splitlines()
+    table.write_text("\n".join(rows[:-1]) + "\n")  # fields/5.png loses its row
+    with caplog.at_level(logging.WARNING):
+        train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
+    assert len(train) == 5
+    assert "1 image(s) beside targets.csv or in the folders its rows name have no row in it " \
+        "and are not read (fields/5.png)" in caplog.text
+    table.write_text("\n".join(rows) + "\n")  # the advice followed: its row added back
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
+    assert len(train) == 6 and "have no row" not in caplog.text

@@ -59,6 +59,32 @@ def test_regression_on_pictures_leaves_flip_and_crop_off_unless_set(caplog):
         "by you)" in caplog.text
 
 
+def test_regression_on_float_arrays_warns_of_the_recipes_flip_and_zoomed_crop(caplog):
+    """Fine-tuning a regression on arrays took the finetune recipe's flip and resize_crop
+    without a word (a blob's x position: R^2 0.004, 0.64 without the flip, 0.88 without
+    both); pictures warned. Now arrays warn alike, naming only what applies to them."""
+    regression = TaskSpec("regression")
+    tuning = load_train_config("finetune", ["data=arrays", "init_from=weights"])
+    with caplog.at_level(logging.INFO):
+        augment = augment_config(tuning, streamed=False, task=regression, float_images=True)
+    assert augment.flip and augment.crop_padding == 0
+    assert "task=regression with augment.flip=true, resize_crop=1.33 (set by the recipe or " \
+        "by you)" in caplog.text
+    advice = re.search(r"where they do, set (.*)$", caplog.text, re.MULTILINE).group(1)
+    assert advice == "augment.flip=false and resize_crop=1"  # no crop padding for arrays
+    caplog.clear()
+    followed = load_train_config("finetune", ["data=arrays", "init_from=weights",
+                                              *advice.split(" and ")])
+    with caplog.at_level(logging.INFO):
+        augment = augment_config(followed, streamed=False, task=regression, float_images=True)
+    assert not augment.flip and "warning" not in caplog.text
+    plain = load_train_config(None, ["data=arrays"])
+    with caplog.at_level(logging.INFO):
+        augment_config(plain, streamed=False, task=regression, float_images=True)
+    assert "task=regression: augment.flip off" in caplog.text
+    assert "set augment.flip=true where" in caplog.text
+
+
 # -- resuming with another batch ---------------------------------------------------------------
 def test_a_resume_with_another_batch_size_trains_the_epochs_asked(tmp_path):
     """2 epochs of 4 batches of 32, then epochs=3 at batch 16: one epoch of 8 batches more.

@@ -337,8 +337,9 @@ def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = Non
     """The batched augmentation; on streamed data the Inception crop replaces the padded
     random crop. Float arrays take flips (only when asked) and Mixup/CutMix: crop padding,
     TrivialAugment and random erasing are off, and refused by name when set. Regression
-    leaves the flip and crop padding off unless they are set (targets may be positions).
-    Label smoothing is for classification only."""
+    leaves the flip and crop padding off unless they are set (targets may be positions) and
+    warns, on pictures and arrays alike, where a recipe or the user turns a flip, crop padding
+    or a zoomed crop (resize_crop) on. Label smoothing is for classification only."""
     augment = AugmentConfig(**cfg.augment)
     if streamed and augment.crop_padding:
         if "crop_padding" in cfg.augment:
@@ -360,25 +361,31 @@ def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = Non
                               "augment.flip=true and augment.mixup_alpha / cutmix_alpha)")
         augment = replace(augment, crop_padding=0, trivial_augment=False, random_erasing=0.0,
                           flip=bool(cfg.augment.get("flip", False)))
-    if task is not None and task.kind == "regression" and not float_images:
-        unset = [key for key in GEOMETRIC if key not in cfg.augment]
+    if task is not None and task.kind == "regression":
+        # float arrays take no crop padding (refused above), so only the flip is theirs to set
+        geometric = ("flip",) if float_images else GEOMETRIC
+        unset = [key for key in geometric if key not in cfg.augment]
         augment = replace(augment, flip=bool(cfg.augment.get("flip", False)),
                           crop_padding=int(cfg.augment.get("crop_padding", 0)))
         if unset:
             log.info("task=regression: %s off (a mirror image or a shifted crop changes what a "
-                     "target may measure, such as a position); set augment.flip=true or "
-                     "augment.crop_padding=4 where the targets do not change with them",
-                     " and ".join(f"augment.{key}" for key in unset))
-        moving = [name for name, on in (("augment.flip=true", augment.flip),
-                                        (f"augment.crop_padding={augment.crop_padding}",
-                                         augment.crop_padding),
-                                        (f"resize_crop={cfg.resize_crop:.3g}",
-                                         cfg.resize_crop > 1)) if on]
+                     "target may measure, such as a position); set %s where the targets do "
+                     "not change with them", " and ".join(f"augment.{key}" for key in unset),
+                     "augment.flip=true" if float_images else
+                     "augment.flip=true or augment.crop_padding=4")
+        moving = [(name, fix) for name, fix, on in (
+            ("augment.flip=true", "augment.flip=false", augment.flip),
+            (f"augment.crop_padding={augment.crop_padding}", "augment.crop_padding=0",
+             augment.crop_padding),
+            (f"resize_crop={cfg.resize_crop:.3g}", "resize_crop=1", cfg.resize_crop > 1)) if on]
         if moving:
+            fixes = [fix for _, fix in moving]
             log.warning("warning: task=regression with %s (set by the recipe or by you): a "
                         "mirror image or a shifted crop changes targets such as a position "
-                        "while the target stays; where they do, set augment.flip=false, "
-                        "augment.crop_padding=0 and resize_crop=1", ", ".join(moving))
+                        "while the target stays; where they do, set %s",
+                        ", ".join(name for name, _ in moving),
+                        " and ".join([", ".join(fixes[:-1]), fixes[-1]] if len(fixes) > 1
+                                     else fixes))
         if streamed and cfg.crop_scale[0] < 1:
             log.warning("warning: task=regression on streamed data: the Inception crop (crop_"
                         "scale=%s) zooms and shifts each training image, which changes targets "

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
@@ -253,18 +254,24 @@ def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
 
 
 def warn_of_unlisted_images(table: TableRecords) -> None:
-    """Warn of images beside a `targets.csv` that it has no row for: only the table's rows are
-    read, so they would be left out without a word (the folder's top level is looked at, not
-    its sub-folders, which a large data set may hold millions of files in)."""
+    """Warn of images beside a `targets.csv`, or in the sub-folders its rows name, that it has
+    no row for: only the table's rows are read, so they would be left out without a word.
+    Other sub-folders are not looked into (a large data set may hold millions of files)."""
     listed = {os.path.normpath(path) for path in table.paths}
-    with os.scandir(table.root) as entries:
-        unlisted = sorted(entry.name for entry in entries if entry.is_file()
-                          and os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS
-                          and entry.name not in listed)
+    folders = sorted({os.path.dirname(path) for path in listed} | {""})
+    unlisted: list[str] = []
+    for folder in folders:
+        with suppress(OSError), os.scandir(os.path.join(table.root, folder)) as entries:
+            unlisted += sorted(name for name in (os.path.join(folder, entry.name)
+                                                 for entry in entries if entry.is_file()
+                                                 and os.path.splitext(entry.name)[1].lower()
+                                                 in IMAGE_EXTENSIONS)
+                               if name not in listed)
     if unlisted:
-        logger.warning("warning: %s: %d image(s) beside %s have no row in it and are not read "
-                       "(%s): add a row for each, or move them out of the folder", table.root,
-                       len(unlisted), TABLE_NAME, first_few(unlisted))
+        where = "" if folders == [""] else " or in the folders its rows name"
+        logger.warning("warning: %s: %d image(s) beside %s%s have no row in it and are not "
+                       "read (%s): add a row for each, or move them out of the folder",
+                       table.root, len(unlisted), TABLE_NAME, where, first_few(unlisted))
 
 
 def open_folder(data_dir: str | Path | None, task: str | None = None

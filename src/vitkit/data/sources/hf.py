@@ -185,6 +185,14 @@ class HFImageRecords:
     def __len__(self) -> int:
         return len(self._labels)
 
+    def widen_classes(self, count: int) -> None:
+        """Counted class names "0".."count-1" (see `_agree_on_counted_classes`); multi-hot
+        targets gain zero columns."""
+        extra = count - len(self.classes)
+        self.classes = [str(k) for k in range(count)]
+        if self._labels.ndim == 2 and extra > 0:
+            self._labels = np.pad(self._labels, ((0, 0), (0, extra)))
+
     @property
     def labels(self) -> np.ndarray:
         """int64 (N,) class indices, or float32 (N, K) targets."""
@@ -212,6 +220,10 @@ class HFStreamRecords:
         stream = stream.select_columns([image_column, label_column])
         self._stream = stream.cast_column(image_column, Image(decode=False))
         self._image_column, self._label_column = image_column, label_column
+
+    def widen_classes(self, count: int) -> None:
+        """Counted class names "0".."count-1" (see `_agree_on_counted_classes`)."""
+        self.classes = [str(k) for k in range(count)]
 
     def _share(self, epoch: int, seed: int, rank: int, world_size: int) -> IterableDataset:
         stream = self._stream
@@ -323,11 +335,29 @@ def load_hf_splits(spec: str, train_split: str | None = None, eval_split: str | 
     names = list(splits)
     train = _records(spec, train_name, splits[train_name], names, streaming)
     held_out = _records(spec, eval_name, splits[eval_name], names, streaming)
+    _agree_on_counted_classes(train, held_out)
     if train.classes != held_out.classes:
-        raise DataError(f"hf:{spec}: split {train_name!r} has classes {train.classes[:5]}... but "
-                        f"{eval_name!r} has {held_out.classes[:5]}...: pass splits of one "
+        raise DataError(f"hf:{spec}: split {train_name!r} has classes {_few(train.classes)} but "
+                        f"{eval_name!r} has {_few(held_out.classes)}: pass splits of one "
                         f"labelling with train_split= / split=")
     return train, held_out
+
+
+def _few(classes: list[str]) -> str:
+    return str(classes[:5])[:-1] + (", ...]" if len(classes) > 5 else "]")
+
+
+def _agree_on_counted_classes(*parts: HFImageRecords | HFStreamRecords) -> None:
+    """Integer labels (a class column or label lists that are not ClassLabel) name their
+    classes "0".."K-1", K counted from the largest label of each split: every split takes the
+    largest K of them all, as data=arrays does (a held-out split that happens to lack the
+    highest label is not another labelling)."""
+    if not all(part.classes == [str(k) for k in range(len(part.classes))] for part in parts):
+        return
+    count = max(len(part.classes) for part in parts)
+    for part in parts:
+        if len(part.classes) < count:
+            part.widen_classes(count)
 
 
 def load_hf_split(spec: str, split: str | None = None, streaming: bool = False,
