@@ -1,6 +1,7 @@
 """bf16 autocast against fp32 for the training step, by model width: the evidence behind
-`amp=auto` (`vitkit.inference.precision.training_precision`: bf16 on a CPU with AMX or
-AVX512-BF16 for models at least 128 wide).
+`amp=auto` (`vitkit.inference.precision.training_precision`: bf16 on a CPU with AMX, or
+with AVX512-BF16 where a bf16 matmul also measures >= 1.3x fp32, for models at least 128
+wide).
 
 One process, the same model and tensors for both, rounds alternated (fp32, bf16, fp32, ...),
 medians; batch 128 at 32 px, AdamW. Prints the CPU line first: the ratio depends on whether the

@@ -26,13 +26,14 @@ from vitkit.train.setup import amp_dtype, build_run
 
 CPU = torch.device("cpu")
 AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})
-SLOW, FAST = 0.55, 4.3  # the bf16 matmul on the Emerald Rapids Xeon without AMX, on a Zen 4
+SLOW, FAST = 0.55, 4.3  # a bf16 matmul on the Emerald Rapids Xeon without AMX, on a Zen 4
 
 
 def _matmul_measures(monkeypatch, speedup: float) -> list[int]:
     """This CPU shows AVX512-BF16 without AMX and its bf16 matmul measures `speedup`; the
     widths measured are listed in the list returned."""
     measured: list[int] = []
+    (cache_root() / "precision.json").unlink(missing_ok=True)  # nothing remembered
     monkeypatch.setattr(precision_module, "fast_bf16_cpu", lambda flags=None: "avx512_bf16")
     monkeypatch.setattr(precision_module, "_bf16_matmul_speedup",
                         lambda width: measured.append(width) or speedup)
@@ -55,12 +56,20 @@ def test_amp_auto_trains_in_bf16_only_where_the_matmul_measures_faster(monkeypat
     assert "bf16-matmul" in (cache_root() / "precision.json").read_text()
 
 
-def test_the_matmul_is_real_and_sized_for_a_narrow_model():
-    """The measurement runs on this CPU; at width 128 it is sized to about a GFLOP (at 1,024
-    rows it was 0.13 GFLOP and measured 0.51-0.98x between three calls on one machine)."""
-    speedup = precision_module._bf16_matmul_speedup(128)
-    assert 0 < speedup < 100
-    assert precision_module.MATMUL_FLOPS // (8 * 128 * 128) > 1024
+@pytest.mark.parametrize(("width", "rows"), [(768, 1024), (128, 8192), (16, 65536)])
+def test_the_matmul_is_sized_to_about_a_gflop(monkeypatch, width, rows):
+    """At 1,024 rows a width-128 matmul is 0.13 GFLOP and measured 0.51-0.98x between three
+    calls on one machine; it is sized to about a GFLOP, capped for very narrow models."""
+    shapes: list[tuple[int, ...]] = []
+    randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *size, **kwargs: shapes.append(size)
+                        or randn(*size, **kwargs))
+    state = torch.get_rng_state()
+    speedup = precision_module._bf16_matmul_speedup(width)
+    assert shapes == [(rows, width), (width, 4 * width)]
+    assert 0 < speedup < 100  # measured on this CPU
+    # its own generator: a resume that measures leaves the restored random state as it is
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_amp_bf16_where_it_measures_slower_trains_in_bf16_and_says_so(monkeypatch, caplog):
@@ -99,6 +108,9 @@ def test_the_ranks_train_in_bf16_only_when_every_rank_chose_it(monkeypatch):
                         lambda value, info: asked.append(value) or 0)  # rank 0 chose fp32
     assert amp_dtype("auto", CPU, 192, info=info) is None
     assert asked == [1]
+    _matmul_measures(monkeypatch, SLOW)  # a rank that chose fp32 takes part in the vote too
+    assert amp_dtype("auto", CPU, 192, info=info) is None
+    assert asked == [1, 0]
 
 
 WIDE = ["epochs=1", "warmup_epochs=0", "train_limit=64", "test_limit=32", "model.width=128",
@@ -122,16 +134,20 @@ def test_a_resume_keeps_the_precision_its_run_chose(monkeypatch, tmp_path, caplo
     run_loop(first)
     assert read_checkpoint(tmp_path).trained_as == {"precision": "bf16", "device": "cpu"}
 
-    (cache_root() / "precision.json").unlink()
-    measured = _matmul_measures(monkeypatch, SLOW)
+    measured = _matmul_measures(monkeypatch, SLOW)  # the cache gone, the matmul slower
     cfg = load_train_config("digits", [*WIDE, "epochs=2", f"out_dir={tmp_path}"])
     with caplog.at_level(logging.INFO, logger="vitkit"):
         resumed = build_run(cfg, resume=tmp_path)
-    assert "precision bf16 (amp=auto: bf16, as the run chose before this resume)" in caplog.text
-    assert measured == []
+    assert "precision bf16 (amp=auto: bf16, as the run trained before this resume)" in caplog.text
+    assert "warning: this run trained in bf16, which continues so the resume is exact, but a " \
+        "bf16 matmul at width 128 measured 0.55x fp32 on this CPU (AVX512-BF16 without AMX), " \
+        "so bf16 is likely slower; amp=off trains on in fp32" in caplog.text
     seen = _autocast_seen(resumed)
     run_loop(resumed)
     assert seen == {True}
     # a new run on the same settings measures, and trains in fp32
     fresh = build_run(load_train_config("digits", [*WIDE, f"out_dir={tmp_path / 'new'}"]))
-    assert fresh.amp_dtype is None and measured == [128]
+    assert fresh.amp_dtype is None and measured == [128]  # measured once, then remembered
+    # the warning's advice: amp=off trains on in fp32
+    cfg = load_train_config("digits", [*WIDE, "epochs=3", "amp=off", f"out_dir={tmp_path}"])
+    assert build_run(cfg, resume=tmp_path).amp_dtype is None

@@ -42,6 +42,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -61,8 +62,7 @@ from vitkit.runtime import cpu_model_and_flags
 __all__ = ["PRECISIONS", "PRECISION_HELP", "NoInt8Engine", "Precision", "apply_precision",
            "autocast_context", "bf16_autocast", "bf16_copy", "choose_int8_engine",
            "choose_precision", "fast_bf16_cpu", "measured_bf16_speedup", "measurement_batch",
-           "requested_precision",
-           "run_in_precision", "training_precision"]
+           "requested_precision", "run_in_precision", "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
@@ -78,6 +78,8 @@ MAX_ROUNDS = 7  # auto's rounds while the two fastest paths are within CLOSE of 
 CLOSE = 1.25
 PATHS_VERSION = 2  # in remembered keys; raised when measurements change (2: packed bf16)
 MATMUL_FLOPS = 2**30  # about the work of `_bf16_matmul_speedup`'s matmul
+MAX_MATMUL_ROWS = 65536  # its rows at most (a width-16 model would take 524k)
+MATMUL_ROUNDS = 5  # its alternating rounds (fp32, bf16), best of each
 MEASURE_BATCH = 8  # at most this many images in auto's measurement (eval, benchmark)
 AMP_MIN_WIDTH = 128  # bf16 training on a bf16 CPU pays from this width on (training_precision)
 EMULATED_BF16 = ("this CPU has no bf16 matmuls in hardware (AMX or AVX512-BF16), so bf16 is "
@@ -118,39 +120,47 @@ def fast_bf16_cpu(flags: frozenset[str] | None = None) -> str | None:
     return None
 
 
-def _best_time(run: Callable[[], object]) -> float:
-    run()  # warm-up: kernels chosen, memory allocated
-    times = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def _bf16_matmul_speedup(width: int) -> float:
     """How many times faster a (rows x width) @ (width x 4 width) matmul runs in bf16 than in
-    fp32 on this CPU, rows chosen for about a GFLOP (at least 1,024), so a narrow model's
-    measurement is not a fraction of a millisecond that a busy moment decides."""
-    rows = max(1024, MATMUL_FLOPS // (8 * width * width))
-    a, b = torch.randn(rows, width), torch.randn(width, 4 * width)
-    fp32 = _best_time(lambda: a @ b)
+    fp32 on this CPU, rows chosen for about a GFLOP (1,024 to `MAX_MATMUL_ROWS`), so a narrow
+    model's measurement is not a fraction of a millisecond that a busy moment decides."""
+    rows = min(MAX_MATMUL_ROWS, max(1024, MATMUL_FLOPS // (8 * width * width)))
+    generator = torch.Generator().manual_seed(0)  # not the global one: a resumed run's
+    a = torch.randn(rows, width, generator=generator)  # random state stays as restored
+    b = torch.randn(width, 4 * width, generator=generator)
     a16, b16 = a.bfloat16(), b.bfloat16()
-    return fp32 / _best_time(lambda: a16 @ b16)
+    runs = {"fp32": lambda: a @ b, "bf16": lambda: a16 @ b16}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():
+        run()  # warm-up: kernels chosen, memory allocated
+    for _ in range(MATMUL_ROUNDS):  # in turns, so a busy moment hits both
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return min(times["fp32"]) / min(times["bf16"])
 
 
 def measured_bf16_speedup(width: int) -> float:
     """`_bf16_matmul_speedup(width)`, remembered per CPU, torch build, thread count and width
     (`<cache root>/precision.json`), so the runs on one machine, and every resume of them,
     decide alike."""
-    key = "|".join([f"v{PATHS_VERSION}:bf16-matmul", cpu_model_and_flags()[0],
-                    torch.__version__, str(torch.get_num_threads()), str(width)])
+    key = "|".join([f"v{PATHS_VERSION}:bf16-matmul", _cpu_key(), torch.__version__,
+                    str(torch.get_num_threads()), str(width)])
     remembered = _remembered().get(key)
     if isinstance(remembered, dict) and isinstance(remembered.get("speedup"), float):
         return remembered["speedup"]
     speedup = _bf16_matmul_speedup(width)
     _remember(key, {"speedup": speedup})
     return speedup
+
+
+def _cpu_key() -> str:
+    """The CPU's model name and a digest of its flags: virtual machines of different
+    generations may share a masked name ("Intel(R) Xeon(R) Processor")."""
+    name, flags = cpu_model_and_flags()
+    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12]
+    return f"{name} (flags {digest})"
 
 
 def bf16_matmul_note(width: int, speedup: float) -> str:
@@ -311,7 +321,7 @@ def choose_precision(requested: str | None, device: torch.device,
                                  "measuring")
     if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) == "avx512_bf16":
         width = getattr(getattr(model, "config", None), "width", 768)
-        speedup = _bf16_matmul_speedup(width)
+        speedup = measured_bf16_speedup(width)
         if speedup < 1:
             return Precision("bf16", f"asked; {bf16_matmul_note(width, speedup)}, so bf16 is "
                                      "likely slower: --precision auto chooses by measuring")
@@ -324,7 +334,7 @@ def choose_precision(requested: str | None, device: torch.device,
     bf16_why = "the CPU has AMX" if kind == "amx" else None
     why = "no fast bf16 on this CPU"
     if kind == "avx512_bf16":
-        speedup = _bf16_matmul_speedup(width)
+        speedup = measured_bf16_speedup(width)
         if speedup >= BF16_MARGIN:
             bf16_why = f"AVX512-BF16 (a bf16 matmul at width {width} measured {speedup:.1f}x)"
         else:
@@ -383,7 +393,7 @@ def _measurement_key(model: nn.Module, batch: torch.Tensor) -> str:
              if config is not None else type(model).__name__)
     merged = getattr(model, "merge_r", 0)  # `apply_token_merging`'s r
     shape += f"/merge{merged}" if merged else ""  # ToMe: fewer tokens
-    return "|".join([cpu_model_and_flags()[0], torch.__version__, str(torch.get_num_threads()),
+    return "|".join([_cpu_key(), torch.__version__, str(torch.get_num_threads()),
                      shape, "x".join(str(d) for d in batch.shape)])
 
 
@@ -429,24 +439,23 @@ def measurement_batch(in_chans: int, img_size: tuple[int, int] | list[int],
 
 
 def training_precision(amp: str, device: torch.device, width: int,
-                       flags: frozenset[str] | None = None,
-                       bf16_speedup: Callable[[int], float] = measured_bf16_speedup) -> Precision:
+                       flags: frozenset[str] | None = None) -> Precision:
     """What `amp=auto|bf16|off` trains in: bf16 with amp=bf16; with amp=auto, bf16 on CUDA,
     on a CPU with AMX for a model at least `AMP_MIN_WIDTH` wide, and on one with AVX512-BF16
     but no AMX where also a bf16 matmul at the model's width measures at least `BF16_MARGIN`
-    faster (`bf16_speedup`: remembered per machine, so a run and its resumes on one machine
+    faster (`measured_bf16_speedup`: remembered per machine, so the runs on one machine
     decide alike; the training set-up also makes the ranks agree and a resume keep its run's
     choice); else fp32. Measured: on a Xeon with AMX, bf16 autocast made the width-48 tutorial
     step 2.4x slower (casts dominate small matmuls) and the width-192 CIFAR step 1.18x faster;
     on a Zen 4 EPYC (AVX512-BF16, no AMX) the CIFAR step 1.51x (16 px) and 1.63x (24 px)
     faster; on an Emerald Rapids Xeon that shows AVX512-BF16 but no AMX, a bf16 matmul ran at
-    0.5x fp32 and the width-192 step at 0.55x; without either, CPU bf16 is emulated and slower."""
+    0.5x fp32 and the width-192 step at 0.54x; without either, CPU bf16 is emulated and slower."""
     kind = fast_bf16_cpu(flags) if device.type == "cpu" else None
     if amp == "bf16":
         if device.type == "cpu" and kind is None:
             return Precision("bf16", f"amp=bf16; {EMULATED_BF16}: amp=auto decides by the "
                                      "machine")
-        if kind == "avx512_bf16" and (speedup := bf16_speedup(width)) < 1:
+        if kind == "avx512_bf16" and (speedup := measured_bf16_speedup(width)) < 1:
             return Precision("bf16", f"amp=bf16; {bf16_matmul_note(width, speedup)}, so bf16 is "
                                      "likely slower: amp=auto decides by the machine")
         return Precision("bf16", "amp=bf16")
@@ -466,7 +475,7 @@ def training_precision(amp: str, device: torch.device, width: int,
     if kind == "amx":
         return Precision("bf16", f"amp=auto: the CPU has AMX and the model is {width} wide "
                                  f"(>= {AMP_MIN_WIDTH})")
-    speedup = bf16_speedup(width)
+    speedup = measured_bf16_speedup(width)
     if speedup < BF16_MARGIN:
         return Precision("fp32", f"amp=auto: {bf16_matmul_note(width, speedup)}, under the "
                                  f"{BF16_MARGIN}x bf16 must gain to pay for its casts")

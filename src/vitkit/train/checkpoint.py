@@ -13,8 +13,9 @@ preprocess, classes, weights, model, ema, checksum), and what resuming needs:
     train_config  the run's recipe (`TrainConfig.to_dict()`)
     trained_in    the absolute working folder the run trained in, from which a relative
                   data_dir was read (older files: absent)
-    trained_as    {"precision": "bf16" or "fp32", "device": "cpu" or "cuda"}: what amp chose,
-                  so a resume with amp=auto on that device keeps it (older files: absent)
+    trained_as    {"precision": "bf16" or "fp32", "device": the device type ("cpu", "cuda",
+                  ...)}: what the run trained in, so a resume with amp=auto on that kind of
+                  device keeps it (older files: absent, and amp=auto decides again)
 """
 
 from __future__ import annotations

@@ -235,11 +235,18 @@ def amp_dtype(amp: str, device: torch.device, width: int,
     CPU's instruction sets (`flags`: this CPU's when None) and the model's width, on some CPUs
     by a measurement (`vitkit.inference.precision.training_precision`); logs what it chose and
     why. With amp=auto a resume keeps what its run trained in on this kind of device
-    (`resumed`, the checkpoint's `trained_as`), so it continues exactly, and the ranks of a run
-    (`info`) train in bf16 only when every rank chose it."""
+    (`resumed`, the checkpoint's `trained_as`; older checkpoints decide again), so it continues
+    exactly, warning where bf16 is emulated or slow here; the ranks of a run (`info`) train in
+    bf16 only when every rank chose it."""
     if amp == "auto" and resumed is not None and resumed["device"] == device.type:
         chosen = Precision(resumed["precision"], f"amp=auto: {resumed['precision']}, as the "
-                                                 "run chose before this resume")
+                                                 "run trained before this resume")
+        here = training_precision("bf16", device, width, flags) if chosen.name == "bf16" \
+            else None
+        if here is not None and here.reason != "amp=bf16":  # emulated or slow here
+            log.warning("warning: this run trained in bf16, which continues so the resume is "
+                        "exact, but %s; amp=off trains on in fp32",
+                        here.reason.removeprefix("amp=bf16; ").split(": amp=auto")[0])
     else:
         chosen = training_precision(amp, device, width, flags)
     if amp == "auto" and info is not None:
