@@ -129,3 +129,14 @@ def test_class_label_names_that_differ_are_still_refused_with_both_named(tmp_pat
     with pytest.raises(DataError, match=r"has classes \['cat', 'dog'\] but 'test' has "
                                         r"\['x', 'y'\]: pass splits of one labelling"):
         load_hf_splits(str(tmp_path / "c"))
+
+
+def test_a_counted_class_only_the_held_out_split_has_is_warned_of(tmp_path: Path,
+                                                                   caplog) -> None:
+    values = [k % 3 for k in range(6)] + [k % 5 for k in range(4)]
+    root = _save(tmp_path / "i", "label", Value("int64"), values)
+    with caplog.at_level("WARNING"):
+        train, test = load_hf_splits(str(root))
+    assert train.classes == test.classes == ["0", "1", "2", "3"]
+    assert "class index(es) 3 occur in the held-out split but never in training, so their " \
+        "outputs are never trained" in caplog.text

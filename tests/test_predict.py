@@ -388,3 +388,21 @@ def test_the_shipped_sample_on_a_model_of_other_images_gets_a_note_that_it_says_
     saved = save_pretrained(digit_sized, tmp_path / "digits_saved")  # keeps no train_config
     assert main(["predict", str(saved), "--sample"]) == 0
     assert "says nothing" not in capsys.readouterr().out
+
+
+def test_a_folder_reached_through_a_link_is_read_and_a_link_loop_is_not_followed(tmp_path):
+    """Training reads a split whose images sit in a linked folder; predict said the folder
+    "holds no images" (Path.rglob does not follow linked folders)."""
+    from vitkit.predict import expand_inputs
+
+    real = tmp_path / "real"
+    real.mkdir()
+    for name in ("b.png", "a.png", ".hidden.png"):
+        Image.new("RGB", (8, 8)).save(real / name)
+    split = tmp_path / "val"
+    split.mkdir()
+    (split / "img").symlink_to(real, target_is_directory=True)
+    (real / "loop").symlink_to(split, target_is_directory=True)  # back into the tree
+    found = expand_inputs([split])
+    assert [path.name for path in found] == ["a.png", "b.png"]
+    assert found[0] == split / "img" / "a.png"

@@ -257,3 +257,40 @@ def test_images_in_the_tables_sub_folders_without_a_row_are_warned_of(tmp_path: 
     with caplog.at_level(logging.WARNING):
         train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
     assert len(train) == 6 and "have no row" not in caplog.text
+
+
+def test_a_file_named_by_two_rows_is_warned_of(tmp_path: Path, caplog) -> None:
+    """A table naming one file twice was read silently: the image counted twice, with
+    conflicting targets where the rows differ."""
+    _table_folder(tmp_path)
+    table = tmp_path / "train" / "targets.csv"
+    rows = table.read_text().splitlines()
+    table.write_text("\n".join([*rows, "fields/0.png,9.0,9.0"]) + "\n")
+    with caplog.at_level(logging.WARNING):
+        train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
+    assert len(train) == 7
+    assert "1 file(s) have more than one row, fields/0.png (lines 2, 8): each row is read as " \
+        "an image of its own, so they count more than once; drop the extra rows" in caplog.text
+    table.write_text("\n".join(rows) + "\n")  # the advice followed
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train, _ = open_source("folder", str(tmp_path), (16, 16), mode="stream")
+    assert len(train) == 6 and "more than one row" not in caplog.text
+
+
+def test_images_shared_outside_the_split_folders_are_not_called_unlisted(tmp_path: Path,
+                                                                        caplog) -> None:
+    """Both tables name files in one ../images folder: each split's images are not the other's
+    unlisted ones (the advice to add rows would have copied held-out images into training)."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(6):
+        Image.new("RGB", (16, 16), (i, i, i)).save(images / f"{i}.png")
+    for split, files in (("train", range(4)), ("val", range(4, 6))):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "targets.csv").write_text(
+            "file,mass\n" + "".join(f"../images/{i}.png,{i}.0\n" for i in files))
+    with caplog.at_level(logging.WARNING):
+        train, held_out = open_source("folder", str(tmp_path), (16, 16), mode="stream")
+    assert (len(train), len(held_out)) == (4, 2)
+    assert "have no row" not in caplog.text

@@ -194,6 +194,27 @@ def test_held_out_multilabel_targets_other_than_0_and_1_are_refused(tmp_path, ca
     assert "task=multilabel needs (N, K) targets of 0 and 1" in err
 
 
+def test_a_label_never_positive_in_training_is_warned_of(tmp_path, caplog):
+    """Multi-label: a label no training image has only learns "absent" and scored AP 0 held
+    out without a word (classification warns of a class the training split lacks)."""
+    labels = (np.arange(64 * 3).reshape(64, 3) % 2).astype(np.float32)
+    labels[:, 2] = 0  # never positive in training
+    held = (np.arange(16 * 3).reshape(16, 3) % 2).astype(np.float32)
+    data = _arrays(tmp_path / "a", labels, held)
+    argv = ["train", "data=arrays", f"data_dir={data}", "task=multilabel", *ARRAYS]
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    assert "label(s) 2 are never positive in the training split, so their outputs only learn " \
+        "that they are absent" in caplog.text
+    labels[::2, 2] = 1  # the advice followed: training images that have it
+    caplog.clear()
+    data = _arrays(tmp_path / "b", labels, held)
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main([*argv[:2], f"data_dir={data}", *argv[3:], "--out",
+                     str(tmp_path / "r2")]) == 0
+    assert "never positive" not in caplog.text
+
+
 # -- reports never replace a checkpoint --------------------------------------------------------
 def test_a_figure_may_replace_an_earlier_figure_of_any_format(tmp_path):
     earlier = tmp_path / "sweep.pdf"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -173,6 +174,24 @@ class Predictions:
         return "\n".join(json.dumps(result.to_dict()) for result in self.results)
 
 
+def images_under(folder: Path) -> list[Path]:
+    """The image files under `folder`, recursively and sorted, hidden ones left out; linked
+    folders are followed (as training reads them), each real folder once."""
+    found: list[Path] = []
+    visited: set[str] = set()
+    for root, folders, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in visited:  # a link back into the tree
+            folders[:] = []
+            continue
+        visited.add(real)
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        found += [Path(root, name) for name in names if not name.startswith(".")
+                  and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+                  and os.path.isfile(os.path.join(root, name))]
+    return sorted(found)
+
+
 def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
     """Files as given; folders replaced by their image files (recursive, sorted, no hidden).
 
@@ -186,9 +205,7 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
         if not path.is_dir():
             files.append(path)
             continue
-        found = sorted(p for p in path.rglob("*")
-                       if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        found = images_under(path)
         if not found:
             arrays = sorted(p.name for p in path.iterdir() if is_array_file(p))
             advice = (f"it holds {len(arrays)} array file(s) ({arrays[0]}...), which folders "

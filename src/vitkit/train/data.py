@@ -296,6 +296,7 @@ def size_head_to_targets(cfg: TrainConfig, config: ViTConfig, train: Source,
     the (N, K) targets, as a folder's classes size a classification head. A conflicting
     `model.num_classes` is refused; fine-tuning replaces the head (`init_from`)."""
     found = target_count(train)
+    warn_of_labels_never_positive(train, task, cfg.data_dir or cfg.data)
     if cfg.init_from or config.num_classes == found:
         return config
     word = _outputs_word(task)
@@ -308,6 +309,22 @@ def size_head_to_targets(cfg: TrainConfig, config: ViTConfig, train: Source,
                           "and the head is sized from the data)")
     log.info("task=%s: %d %s per image, the head has %d outputs", task.kind, found, word, found)
     return config.replace(num_classes=found)
+
+
+def warn_of_labels_never_positive(train: Source, task: TaskSpec, where: str) -> None:
+    """Multi-label: warn of labels no training image has (their outputs only learn "absent"),
+    as a classification run warns of a class the training split lacks."""
+    labels = train.labels if task.kind == "multilabel" else None
+    if labels is None or np.ndim(labels) != 2 or not len(labels):
+        return
+    never = np.flatnonzero(np.asarray(labels).max(axis=0) <= 0)
+    if len(never):
+        names = task.names or list(train.classes) or []
+        shown = [names[i] if i < len(names) else str(i) for i in never.tolist()]
+        log.warning("warning: %s: label(s) %s are never positive in the training split, so "
+                    "their outputs only learn that they are absent (an average precision of 0 "
+                    "where they occur held out): add training images that have them, or drop "
+                    "those labels", where, first_few(shown))
 
 
 def channels_from_arrays(cfg: TrainConfig, config: ViTConfig, train: Source) -> ViTConfig:

@@ -256,9 +256,11 @@ def check_same_classes(train: list[str], held_out: list[str], train_dir: Path,
 def warn_of_unlisted_images(table: TableRecords) -> None:
     """Warn of images beside a `targets.csv`, or in the sub-folders its rows name, that it has
     no row for: only the table's rows are read, so they would be left out without a word.
-    Other sub-folders are not looked into (a large data set may hold millions of files)."""
+    Other sub-folders, and folders outside the table's (`../images`, which another split may
+    share), are not looked into (a large data set may hold millions of files)."""
     listed = {os.path.normpath(path) for path in table.paths}
-    folders = sorted({os.path.dirname(path) for path in listed} | {""})
+    folders = sorted({folder for folder in (os.path.dirname(path) for path in listed)
+                      if _inside(folder)} | {""})
     unlisted: list[str] = []
     for folder in folders:
         with suppress(OSError), os.scandir(os.path.join(table.root, folder)) as entries:
@@ -272,6 +274,12 @@ def warn_of_unlisted_images(table: TableRecords) -> None:
         logger.warning("warning: %s: %d image(s) beside %s%s have no row in it and are not "
                        "read (%s): add a row for each, or move them out of the folder",
                        table.root, len(unlisted), TABLE_NAME, where, first_few(unlisted))
+
+
+def _inside(folder: str) -> bool:
+    """Whether a table row's folder lies within the table's own folder (not "../images",
+    which another split's table may share, nor an absolute path)."""
+    return not os.path.isabs(folder) and folder.split(os.sep)[0] != os.pardir
 
 
 def open_folder(data_dir: str | Path | None, task: str | None = None

@@ -335,7 +335,7 @@ def load_hf_splits(spec: str, train_split: str | None = None, eval_split: str | 
     names = list(splits)
     train = _records(spec, train_name, splits[train_name], names, streaming)
     held_out = _records(spec, eval_name, splits[eval_name], names, streaming)
-    _agree_on_counted_classes(train, held_out)
+    _agree_on_counted_classes(spec, train, held_out)
     if train.classes != held_out.classes:
         raise DataError(f"hf:{spec}: split {train_name!r} has classes {_few(train.classes)} but "
                         f"{eval_name!r} has {_few(held_out.classes)}: pass splits of one "
@@ -347,14 +347,20 @@ def _few(classes: list[str]) -> str:
     return str(classes[:5])[:-1] + (", ...]" if len(classes) > 5 else "]")
 
 
-def _agree_on_counted_classes(*parts: HFImageRecords | HFStreamRecords) -> None:
+def _agree_on_counted_classes(spec: str, train: HFImageRecords | HFStreamRecords,
+                              held_out: HFImageRecords | HFStreamRecords) -> None:
     """Integer labels (a class column or label lists that are not ClassLabel) name their
-    classes "0".."K-1", K counted from the largest label of each split: every split takes the
-    largest K of them all, as data=arrays does (a held-out split that happens to lack the
-    highest label is not another labelling)."""
+    classes "0".."K-1", K counted from the largest label of each split: both splits take the
+    larger K, as data=arrays does (a held-out split that happens to lack the highest label is
+    not another labelling); labels only the held-out split has are warned of, as there."""
+    parts = (train, held_out)
     if not all(part.classes == [str(k) for k in range(len(part.classes))] for part in parts):
         return
     count = max(len(part.classes) for part in parts)
+    if len(train.classes) < count:
+        logger.warning("warning: hf:%s: class index(es) %s occur in the held-out split but "
+                       "never in training, so their outputs are never trained", spec,
+                       first_few(range(len(train.classes), count)))
     for part in parts:
         if len(part.classes) < count:
             part.widen_classes(count)

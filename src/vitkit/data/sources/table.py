@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,22 @@ def read_table(split_dir: Path) -> tuple[list[str], list[str], np.ndarray]:
         values = [cell for i, cell in enumerate(row) if i != at]
         for k, (name, cell) in enumerate(zip(names, values, strict=True)):
             targets[n, k] = _number(cell, table, line, name)
+    _warn_of_repeated_files(table, paths, [line for line, _ in body])
     return paths, names, targets
+
+
+def _warn_of_repeated_files(table: Path, paths: list[str], lines: list[int]) -> None:
+    """Warn of a file named by more than one row: each row is an image of its own, so the file
+    counts twice (with conflicting targets where the rows differ)."""
+    rows_of: dict[str, list[int]] = {}
+    for path, line in zip(paths, lines, strict=True):
+        rows_of.setdefault(os.path.normpath(path), []).append(line)
+    repeated = [f"{path} (lines {', '.join(map(str, at))})" for path, at in rows_of.items()
+                if len(at) > 1]
+    if repeated:
+        log.warning("warning: %s: %d file(s) have more than one row, %s: each row is read as "
+                    "an image of its own, so they count more than once; drop the extra rows",
+                    table, len(repeated), first_few(repeated))
 
 
 def _number(cell: str, table: Path, line: int, column: str) -> float:
