@@ -15,7 +15,9 @@ Each convention reproduces the numbers of one reference code (checked in their s
   checkpoints (their resampling before this option existed).
 - "bicubic": bicubic, half-pixel centres, no antialiasing: Hugging Face ViT's
   `interpolate_pos_encoding` (`ViTEmbeddings`: `interpolate(..., size=(h, w),
-  mode="bicubic", align_corners=False)`), which HF runs when a model reads another size.
+  mode="bicubic", align_corners=False)`), which HF runs when a model reads another size
+  (checked against transformers 5.24; older releases resized by a scale factor with a 0.1
+  offset, which this does not reproduce).
   Default for Hugging Face files (before 2026-11-29 they took "timm": 4e-4 and 1.8e-3 from
   HF's logits at 48 and 16 px in tests/test_parity_hf.py, where "bicubic" is 2e-7).
 
