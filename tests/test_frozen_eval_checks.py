@@ -84,8 +84,9 @@ def _objective(x, y, weight, bias, weight_decay: float) -> float:
 
 
 def test_a_probe_needing_more_than_1000_iterations_reaches_scikit_learns_optimum():
-    """scikit-learn (tol 1e-12) is the reference; the old cap of 1000 iterations stopped
-    1.0e-7 above its objective, the current one within 5e-8 (measured 2.3e-8)."""
+    """scikit-learn (tol 1e-12) is the reference; the old cap of 1000 iterations stopped at
+    its cap, 1.0e-7 above its objective on a Zen 3 EPYC and 1.7e-8 on an Emerald Rapids Xeon
+    (the path of L-BFGS differs between CPUs), the current one within 5e-8 (measured 2.3e-8)."""
     from sklearn.linear_model import LogisticRegression
 
     x, y = _low_rank_features()
@@ -94,8 +95,8 @@ def test_a_probe_needing_more_than_1000_iterations_reaches_scikit_learns_optimum
     best = _objective(x, y, reference.coef_.T, reference.intercept_, wd)
     old = fit_logistic(x, y, 5, wd, max_iter=1000)
     probe = fit_logistic(x, y, 5, wd)
-    assert probe.iterations > 1000
-    assert _objective(x, y, old.weight, old.bias, wd) - best > 5e-8
+    assert old.iterations == 1000 and probe.iterations > 1000  # the old cap cut it short
+    assert _objective(x, y, old.weight, old.bias, wd) > best
     assert abs(_objective(x, y, probe.weight, probe.bias, wd) - best) < 5e-8
 
 
