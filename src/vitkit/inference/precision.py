@@ -62,7 +62,7 @@ from vitkit.runtime import cpu_model_and_flags
 __all__ = ["PRECISIONS", "PRECISION_HELP", "NoInt8Engine", "Precision", "apply_precision",
            "autocast_context", "bf16_autocast", "bf16_copy", "choose_int8_engine",
            "choose_precision", "fast_bf16_cpu", "measured_bf16_speedup", "measurement_batch",
-           "requested_precision", "run_in_precision", "training_precision"]
+           "requested_precision", "run_in_precision", "slow_bf16", "training_precision"]
 
 PRECISIONS = ("fp32", "bf16", "int8", "auto")
 BF16_MARGIN = 1.3
@@ -161,6 +161,20 @@ def _cpu_key() -> str:
     name, flags = cpu_model_and_flags()
     digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12]
     return f"{name} (flags {digest})"
+
+
+def slow_bf16(device: torch.device, width: int, flags: frozenset[str] | None = None
+              ) -> str | None:
+    """Why bf16 is likely slower than fp32 on this CPU for a model `width` wide (emulated, or
+    an AVX512-BF16 matmul measured slower), or None (CUDA, AMX, or a bf16 matmul as fast)."""
+    if device.type != "cpu":
+        return None
+    kind = fast_bf16_cpu(flags)
+    if kind is None:
+        return EMULATED_BF16
+    if kind == "avx512_bf16" and (speedup := measured_bf16_speedup(width)) < 1:
+        return f"{bf16_matmul_note(width, speedup)}, so bf16 is likely slower"
+    return None
 
 
 def bf16_matmul_note(width: int, speedup: float) -> str:
@@ -316,15 +330,9 @@ def choose_precision(requested: str | None, device: torch.device,
                                "back to fp32.") from exc
         return Precision("int8", f"asked; {measured['reason']}", str(measured["engine"]),
                          bool(measured.get("remembered")))
-    if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) is None:
-        return Precision("bf16", f"asked; {EMULATED_BF16}: --precision auto chooses by "
-                                 "measuring")
-    if requested == "bf16" and device.type == "cpu" and fast_bf16_cpu(flags) == "avx512_bf16":
-        width = getattr(getattr(model, "config", None), "width", 768)
-        speedup = measured_bf16_speedup(width)
-        if speedup < 1:
-            return Precision("bf16", f"asked; {bf16_matmul_note(width, speedup)}, so bf16 is "
-                                     "likely slower: --precision auto chooses by measuring")
+    if requested == "bf16" and (slow := slow_bf16(
+            device, getattr(getattr(model, "config", None), "width", 768), flags)):
+        return Precision("bf16", f"asked; {slow}: --precision auto chooses by measuring")
     if requested != "auto":
         return Precision(requested, "asked")
     if device.type == "cuda":
@@ -450,15 +458,11 @@ def training_precision(amp: str, device: torch.device, width: int,
     on a Zen 4 EPYC (AVX512-BF16, no AMX) the CIFAR step 1.51x (16 px) and 1.63x (24 px)
     faster; on an Emerald Rapids Xeon that shows AVX512-BF16 but no AMX, a bf16 matmul ran at
     0.5x fp32 and the width-192 step at 0.54x; without either, CPU bf16 is emulated and slower."""
-    kind = fast_bf16_cpu(flags) if device.type == "cpu" else None
     if amp == "bf16":
-        if device.type == "cpu" and kind is None:
-            return Precision("bf16", f"amp=bf16; {EMULATED_BF16}: amp=auto decides by the "
-                                     "machine")
-        if kind == "avx512_bf16" and (speedup := measured_bf16_speedup(width)) < 1:
-            return Precision("bf16", f"amp=bf16; {bf16_matmul_note(width, speedup)}, so bf16 is "
-                                     "likely slower: amp=auto decides by the machine")
-        return Precision("bf16", "amp=bf16")
+        slow = slow_bf16(device, width, flags)
+        return Precision("bf16", f"amp=bf16; {slow}: amp=auto decides by the machine" if slow
+                         else "amp=bf16")
+    kind = fast_bf16_cpu(flags) if device.type == "cpu" else None
     if amp != "auto":
         return Precision("fp32", f"amp={amp}")
     if device.type == "cuda":

@@ -21,7 +21,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from vitkit.config import ViTConfig
 from vitkit.data.augment import BatchAugment
 from vitkit.files import working_folder
-from vitkit.inference.precision import Precision, training_precision
+from vitkit.inference.precision import Precision, slow_bf16, training_precision
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.runtime import avoid_cudnn_attention, check_device, configure_cpu
@@ -241,12 +241,9 @@ def amp_dtype(amp: str, device: torch.device, width: int,
     if amp == "auto" and resumed is not None and resumed["device"] == device.type:
         chosen = Precision(resumed["precision"], f"amp=auto: {resumed['precision']}, as the "
                                                  "run trained before this resume")
-        here = training_precision("bf16", device, width, flags) if chosen.name == "bf16" \
-            else None
-        if here is not None and here.reason != "amp=bf16":  # emulated or slow here
+        if chosen.name == "bf16" and (slow := slow_bf16(device, width, flags)):
             log.warning("warning: this run trained in bf16, which continues so the resume is "
-                        "exact, but %s; amp=off trains on in fp32",
-                        here.reason.removeprefix("amp=bf16; ").split(": amp=auto")[0])
+                        "exact, but %s; amp=off trains on in fp32", slow)
     else:
         chosen = training_precision(amp, device, width, flags)
     if amp == "auto" and info is not None:
