@@ -95,3 +95,68 @@ def test_an_unknown_convention_names_the_known_ones(model_224, tmp_path):
     with pytest.raises(ConfigError, match="official, timm, bilinear, bicubic"):
         load_pretrained(path, img_size=384, pos_interpolation="jax")
     assert POS_INTERPOLATIONS == ("auto", "official", "timm", "bilinear", "bicubic")
+
+
+def _hf_folder(model_224, folder):
+    """A Hugging Face folder (transformers' save_pretrained) of a B/16-shaped position table."""
+    import transformers
+
+    config = transformers.ViTConfig(hidden_size=192, num_hidden_layers=1, num_attention_heads=3,
+                                    intermediate_size=768, image_size=224, patch_size=16,
+                                    num_labels=3)
+    reference = transformers.ViTForImageClassification(config)
+    with torch.no_grad():
+        reference.vit.embeddings.position_embeddings.copy_(model_224.pos_embed)
+    reference.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("origin,expected_name", [("npz", "official"), ("timm", "timm"),
+                                                   ("huggingface", "bicubic")])
+def test_a_converted_folder_resizes_as_the_file_it_came_from(model_224, tmp_path, origin,
+                                                             expected_name):
+    """An .npz, timm or HF file converted to a vitkit folder (load, save_pretrained) and loaded
+    at another size resamples its positions as the original file does, not with the folders'
+    old default ("bilinear": 2.7e-3 / 1.6e-3 from the original's logits at 96 px)."""
+    import json
+
+    if origin == "npz":
+        original = save_npz(model_224, tmp_path / "b16.npz")
+    elif origin == "timm":
+        original = tmp_path / "timm.safetensors"
+        save_file(model_224.state_dict(), original)
+    else:
+        original = _hf_folder(model_224, tmp_path / "hf")
+    folder = save_pretrained(load_pretrained(original), tmp_path / "converted")
+    assert json.loads((folder / "config.json").read_text())["pos_interpolation"] \
+        == expected_name
+    for size in (384, 96):
+        want = load_pretrained(original, img_size=size).pos_embed.detach()
+        got = load_pretrained(folder, img_size=size).pos_embed.detach()
+        old_default = load_pretrained(folder, img_size=size,
+                                      pos_interpolation="bilinear").pos_embed.detach()
+        assert torch.equal(got, want)
+        assert (old_default - want).abs().max().item() > 1e-3  # the two are told apart
+    # saved again from the folder, the convention stays
+    again = save_pretrained(load_pretrained(folder), tmp_path / "again")
+    assert json.loads((again / "config.json").read_text())["pos_interpolation"] \
+        == expected_name
+
+
+def test_a_folder_with_an_unknown_convention_is_refused_with_the_known_ones(model_224,
+                                                                            tmp_path):
+    import json
+
+    from vitkit.errors import CheckpointError
+
+    folder = save_pretrained(load_pretrained(save_npz(model_224, tmp_path / "b16.npz")),
+                             tmp_path / "converted")
+    meta = json.loads((folder / "config.json").read_text())
+    meta["pos_interpolation"] = "jax"
+    (folder / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="'pos_interpolation' is 'jax', expected one of "
+                                              "official, timm, bilinear, bicubic"):
+        load_pretrained(folder)
+    meta["pos_interpolation"] = "official"  # the fix the message names
+    (folder / "config.json").write_text(json.dumps(meta))
+    assert load_pretrained(folder, img_size=96).pos_embed.shape == (1, 37, 192)

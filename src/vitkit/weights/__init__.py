@@ -48,12 +48,15 @@ def save_pretrained(model: VisionTransformer, directory: str | Path,
                     class_names: list[str] | None = None) -> Path:
     """Write vitkit's format: model.safetensors + config.json (config, preprocessing, classes,
     the task `model.task` the weights were trained for, the test-time augmentation
-    `model.eval_tta` its training run evaluated with)."""
+    `model.eval_tta` its training run evaluated with, and the position-embedding resampling
+    `model.pos_interpolation` of the weights it was loaded from: a folder converted from an
+    .npz resizes as vit_jax does, one from a timm file as timm does)."""
     class_names = class_names if class_names is not None else model.class_names
     return formats.vitkit.write(model.state_dict(), model.config,
                                 preprocess or preprocess_for(model), directory, class_names,
                                 model.weights_kind, getattr(model, "task", None),
-                                getattr(model, "eval_tta", "none"))
+                                getattr(model, "eval_tta", "none"),
+                                getattr(model, "pos_interpolation", None))
 
 
 __all__ = ["ORIGINS", "POS_INTERPOLATIONS", "WeightsRecord", "build_model",

@@ -29,11 +29,12 @@ def build_model(weights: WeightsRecord, pos_interpolation: str | None = None,
 
     A new `img_size` resamples learned position embeddings with `pos_interpolation` (see
     `vitkit.weights.resampling`; None/"auto": the convention of the weights' format, e.g.
-    "official" = vit_jax's corner-aligned bilinear for official .npz files). A new
+    "official" = vit_jax's corner-aligned bilinear for official .npz files, or the one a
+    vitkit folder records). A new
     `num_classes` resets the head to zeros and drops the pre-logits layer, as the paper's
     fine-tuning does. Other overrides (dropout, drop_path, ...) must not change shapes.
     """
-    resampling = resolve(pos_interpolation, weights.origin)
+    resampling = resolve(pos_interpolation, weights.origin, weights.pos_interpolation)
     in_chans = overrides.pop("in_chans", weights.config.in_chans)
     if in_chans != weights.config.in_chans:
         weights = adapt_input_channels(weights, in_chans)
@@ -74,6 +75,8 @@ def build_model(weights: WeightsRecord, pos_interpolation: str | None = None,
     model.class_names = class_names
     model.task = task  # vitkit.tasks.task_of(model) reads it (None: classification)
     model.origin = weights.origin
+    # the weights' own convention ("auto"'s pick), which save_pretrained records
+    model.pos_interpolation = resolve("auto", weights.origin, weights.pos_interpolation).name
     model.weights_kind = weights.weights
     model.eval_tta = eval_tta
     return model.eval()

@@ -47,7 +47,8 @@ class WeightsRecord:
     preprocess: Preprocess
     origin: str  # one of ORIGINS
     class_names: list[str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # "train_config", "trained_in"
+    # "train_config", "trained_in", "eval_tta", "pos_interpolation"
+    extra: dict[str, Any] = field(default_factory=dict)
     weights: str = "raw"  # one of WEIGHT_KINDS
     path: Path | None = None  # the file the tensors were read from
     # what the weights were trained for (kind, output names, loss, target standardisation);
@@ -66,6 +67,12 @@ class WeightsRecord:
     def train_config(self) -> dict[str, Any] | None:
         """The recipe of the run that wrote a training checkpoint (else None)."""
         return self.extra.get("train_config")
+
+    @property
+    def pos_interpolation(self) -> str | None:
+        """The position-embedding resampling a vitkit folder records (that of the weights it
+        was converted from); None: the default for the record's origin."""
+        return self.extra.get("pos_interpolation")
 
     @property
     def trained_in(self) -> str | None:

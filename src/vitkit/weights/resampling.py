@@ -11,8 +11,10 @@ Each convention reproduces the numbers of one reference code (checked in their s
   timm's `resample_abs_pos_embed`, which its `checkpoint_filter_fn` uses for timm files.
   Default for timm files.
 - "bilinear": bilinear, half-pixel centres, no antialiasing: what timm's own reader of the
-  official .npz files (`_load_weights`) does. Default for vitkit's folders and training
-  checkpoints (their resampling before this option existed).
+  official .npz files (`_load_weights`) does. Default for vitkit's training checkpoints and
+  for vitkit folders that record no convention (their resampling before this option
+  existed); a folder written by `save_pretrained` records the convention of the weights it
+  was built from (an .npz's "official", a timm file's "timm", ...), and that is its default.
 - "bicubic": bicubic, half-pixel centres, no antialiasing: Hugging Face ViT's
   `interpolate_pos_encoding` (`ViTEmbeddings`: `interpolate(..., size=(h, w),
   mode="bicubic", align_corners=False)`), which HF runs when a model reads another size
@@ -21,7 +23,8 @@ Each convention reproduces the numbers of one reference code (checked in their s
   Default for Hugging Face files (before 2026-11-29 they took "timm": 4e-4 and 1.8e-3 from
   HF's logits at 48 and 16 px in tests/test_parity_hf.py, where "bicubic" is 2e-7).
 
-"auto" (or None) picks the default for the record's origin.
+"auto" (or None) picks the default for the record's origin, or the convention its folder
+records.
 """
 
 from __future__ import annotations
@@ -71,11 +74,12 @@ def check_pos_interpolation(name: str | None) -> None:
                           "of the weights' format)")
 
 
-def resolve(name: str | None, origin: str) -> PosResampling:
-    """The convention `name` names; "auto"/None: the default for weights of `origin`."""
+def resolve(name: str | None, origin: str, recorded: str | None = None) -> PosResampling:
+    """The convention `name` names; "auto"/None: the one the weights record (`recorded`, a
+    vitkit folder's), else the default for weights of `origin`."""
     check_pos_interpolation(name)
     if name in (None, "auto"):
-        name = DEFAULT_BY_ORIGIN[origin]
+        name = recorded or DEFAULT_BY_ORIGIN[origin]
     return CONVENTIONS[name]
 
 

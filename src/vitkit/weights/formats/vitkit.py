@@ -3,7 +3,10 @@
 trained for (`task`: kind, output names, loss, target standardisation; absent or null in
 older folders: classification), the test-time augmentation its training run evaluated with
 (`eval_tta`, "none" or "flip"; absent: none), which `vitkit eval` and `predict` then default
-to, and the sha256 of the tensors, `tensors_sha256`, checked on reading when present)."""
+to, how its position embeddings are resampled to another size by default
+(`pos_interpolation`: the convention of the weights it was converted from, "official" for an
+.npz, "timm", "bicubic" for Hugging Face's; absent: "bilinear", as before it was recorded),
+and the sha256 of the tensors, `tensors_sha256`, checked on reading when present)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from vitkit.weights.checksum import tensors_checksum, verify_checksum
 from vitkit.weights.formats.base import ReadOptions
 from vitkit.weights.formats.sniff import CONFIG_FILE, Found, load_safetensors
 from vitkit.weights.record import WEIGHT_KINDS, WeightsRecord, check_config_fits
+from vitkit.weights.resampling import CONVENTIONS
 
 FORMAT_NAME = "vitkit"
 FORMAT_VERSION = 1
@@ -54,12 +58,22 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
         config, preprocess, class_names = _settings(meta, tensors, config_path)
         task = _task(meta.get("task"))
         eval_tta = check_tta(meta.get("eval_tta", "none"))
+        pos_interpolation = _pos_interpolation(meta.get("pos_interpolation"))
     except ConfigError as exc:
         raise CheckpointError(f"{config_path} is not a valid vitkit config: {exc}. Fix the "
                               "file, or write the folder again with save_pretrained") from None
     return WeightsRecord(config, tensors, preprocess, "vitkit", class_names,
-                         extra={"eval_tta": eval_tta}, weights=meta.get("weights", "raw"),
+                         extra={"eval_tta": eval_tta, "pos_interpolation": pos_interpolation},
+                         weights=meta.get("weights", "raw"),
                          path=weights, task=task)
+
+
+def _pos_interpolation(saved: Any) -> str | None:
+    """config.json's "pos_interpolation" (null or absent: the folder's default), checked."""
+    if saved is None or (isinstance(saved, str) and saved in CONVENTIONS):
+        return saved
+    raise ConfigError(f"'pos_interpolation' is {_short(saved)}, expected one of "
+                      f"{', '.join(CONVENTIONS)}")
 
 
 def _task(saved: Any) -> TaskSpec | None:
@@ -122,9 +136,10 @@ def _short(value: object) -> str:
 
 def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Preprocess,
           directory: str | Path, class_names: list[str] | None = None,
-          weights: str = "raw", task: TaskSpec | None = None, eval_tta: str = "none"
-          ) -> Path:
-    """Write the folder; returns it."""
+          weights: str = "raw", task: TaskSpec | None = None, eval_tta: str = "none",
+          pos_interpolation: str | None = None) -> Path:
+    """Write the folder; returns it. `pos_interpolation`: the resampling convention of the
+    weights' origin, recorded as the folder's default (None: not recorded)."""
     directory = Path(directory)
     check_class_names(class_names, config)
     if directory.exists() and not directory.is_dir():
@@ -136,6 +151,8 @@ def write(state_dict: dict[str, torch.Tensor], config: ViTConfig, preprocess: Pr
     meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "model": config.to_dict(),
             "preprocess": preprocess.to_dict(), "class_names": class_names, "weights": weights,
             "task": task.to_dict() if task is not None else None,
-            "eval_tta": check_tta(eval_tta), CHECKSUM_KEY: tensors_checksum(tensors)}
+            "eval_tta": check_tta(eval_tta),
+            "pos_interpolation": _pos_interpolation(pos_interpolation),
+            CHECKSUM_KEY: tensors_checksum(tensors)}
     (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return directory
