@@ -361,3 +361,58 @@ def test_set_image_size_updates_preprocess_as_saved():
     assert model.preprocess == preprocess_for(model)  # what save_pretrained writes
     assert model.preprocess.crop_pct == 0.9
     assert model.pretrained_cfg["input_size"] == (3, 48, 64)
+
+
+# -- the attributes code written for timm reads, and get_intermediate_layers ---------------------
+
+TIMM_ATTRIBUTES = ("num_classes", "global_pool", "num_prefix_tokens", "has_class_token",
+                   "no_embed_class", "dynamic_img_size", "feature_info", "embed_dim",
+                   "num_features")
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(global_pool="avg"),
+                                    dict(global_pool="avg", class_token=False),
+                                    dict(num_classes=0),
+                                    dict(img_size=(32, 48), patch_size=16)])
+def test_timm_attributes_equal_timms(kwargs):
+    reference = _timm(**kwargs)
+    model = _vitkit_from(reference)
+    for name in TIMM_ATTRIBUTES:
+        assert getattr(model, name) == getattr(reference, name), name
+
+
+def test_dynamic_img_size_attribute_is_the_configs():
+    assert _small(dynamic_img_size=True).dynamic_img_size is True
+    assert _small().dynamic_img_size is False
+
+
+def test_timm_attributes_follow_reset_classifier():
+    reference, model = _timm(), _vitkit_from(_timm())
+    reference.reset_classifier(3, "avg")
+    model.reset_classifier(3, "avg")
+    assert (model.num_classes, model.global_pool) == (reference.num_classes,
+                                                      reference.global_pool) == (3, "avg")
+
+
+GET_INTERMEDIATE_CASES = [dict(), dict(n=2, reshape=True), dict(n=[0, 2], norm=True),
+                          dict(n=3, return_prefix_tokens=True),
+                          dict(n=[-1], reshape=True, return_prefix_tokens=True, norm=True)]
+
+
+@pytest.mark.parametrize("options", GET_INTERMEDIATE_CASES)
+def test_get_intermediate_layers_match_timm(options, vit_tiny):
+    reference, model = vit_tiny
+    images = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        theirs = reference.get_intermediate_layers(images, **options)
+        ours = model.get_intermediate_layers(images, **options)
+    assert len(ours) == len(theirs)
+    assert _max_diff(ours, theirs) <= TOL
+
+
+def test_get_intermediate_layers_refuses_an_attention_mask(vit_tiny):
+    _, model = vit_tiny
+    images = torch.randn(1, 3, 224, 224)
+    with pytest.raises(ConfigError, match="takes no attention mask; leave it None"):
+        model.get_intermediate_layers(images, attn_mask=torch.zeros(197, 197))
+    assert len(model.get_intermediate_layers(images, attn_mask=None)) == 1  # as advised

@@ -1,6 +1,8 @@
-"""timm's model API on `VisionTransformer`, with timm's semantics: the widths, the classifier,
-gradient checkpointing, `forward_intermediates` and `prune_intermediate_layers`, and
-`pretrained_cfg` (tests/test_timm_model_api.py checks each against timm)."""
+"""timm's model API on `VisionTransformer`, with timm's semantics: the widths and the
+attributes code written for timm reads (`num_classes`, `global_pool`, `num_prefix_tokens`,
+`feature_info`, ...), the classifier, gradient checkpointing, `forward_intermediates`,
+`get_intermediate_layers` and `prune_intermediate_layers`, and `pretrained_cfg`
+(tests/test_timm_model_api.py checks each against timm)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,45 @@ class TimmModelAPI:
         """The width the classifier sees, `forward_head(x, pre_logits=True)`'s: the
         pre-logits layer's when there is one, else D (timm's `head_hidden_size`)."""
         return self.config.pre_logits_dim or self.config.width
+
+    @property
+    def num_classes(self) -> int:
+        """The classifier's outputs (0: features only)."""
+        return self.config.num_classes
+
+    @property
+    def global_pool(self) -> str:
+        """timm's name of the pooling: "token" (the class token), "avg" (the mean of the patch
+        tokens), else vitkit's own (`config.pool`: "mean_all_tokens" has no timm name)."""
+        timm_names = {pool: name for name, pool in TIMM_POOLS.items()}
+        return timm_names.get(self.config.pool, self.config.pool)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patch tokens: 1 with a class token, else 0."""
+        return self.config.num_prefix_tokens
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.config.class_token
+
+    @property
+    def no_embed_class(self) -> bool:
+        """False, as timm's default: the position table has a row for the class token."""
+        return False
+
+    @property
+    def dynamic_img_size(self) -> bool:
+        """Whether the model reads images of other sizes (positions resampled per call)."""
+        return self.config.dynamic_img_size
+
+    @property
+    def feature_info(self) -> list[dict[str, Any]]:
+        """timm's description of the features each block gives: its module, width and
+        reduction (input pixels per token along a side)."""
+        reduction = self.config.img_size[0] // self.config.grid_size[0]
+        return [{"module": f"blocks.{index}", "num_chs": self.config.width,
+                 "reduction": reduction} for index in range(len(self.blocks))]
 
     def get_classifier(self) -> nn.Module:
         """The classifier: a Linear, or Identity for a features-only model."""
@@ -97,6 +138,20 @@ class TimmModelAPI:
         if return_prefix_tokens and prefixes is not None:
             patches = list(zip(patches, prefixes, strict=True))
         return patches if intermediates_only else (self.norm(x), patches)
+
+    def get_intermediate_layers(self, images: torch.Tensor,
+                                n: int | Sequence[int] = 1, reshape: bool = False,
+                                return_prefix_tokens: bool = False, norm: bool = False,
+                                attn_mask: torch.Tensor | None = None) -> Any:
+        """timm's DINO-style call: the outputs of the last `n` blocks (or those listed),
+        (B, N, D), or (B, D, H, W) maps with `reshape`; `forward_intermediates` with
+        `intermediates_only`. No attention mask: vitkit's blocks take none."""
+        if attn_mask is not None:
+            raise ConfigError("get_intermediate_layers(attn_mask=...): vitkit's ViT attends "
+                              "over every token and takes no attention mask; leave it None")
+        return self.forward_intermediates(images, n, return_prefix_tokens=return_prefix_tokens,
+                                          norm=norm, output_fmt="NCHW" if reshape else "NLC",
+                                          intermediates_only=True)
 
     def token_grid(self, images: torch.Tensor) -> tuple[int, int]:
         """The (rows, columns) of patch tokens the model makes of `images`."""
