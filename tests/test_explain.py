@@ -625,8 +625,9 @@ def test_sampled_test_images_of_a_streamed_folder_run_are_read_as_predict_reads_
 
     images, names = images_from_data(None, None, 9, preprocess, read_weights(run).train_config)
     test = open_source("folder", str(data), mode="stream")[1]
-    files = [Path(test.where(int(name.split("#")[1].split(":")[0]))) for name in names]
-    assert len(set(files)) == 9
+    files = [Path(name.split("folder test ", 1)[1].split(": ")[0]) for name in names]
+    assert len(set(files)) == 9 and all(f.is_file() for f in files)  # named by their paths
+    assert {str(f) for f in files} <= {test.where(i) for i in range(len(test))}
     fed_by_predict = torch.stack([preprocess.to_uint8(open_image(f, 1)) for f in files])
     assert torch.equal(images, fed_by_predict)
     squash = preprocess.replace(resize_mode="squash", crop_pct=1.0)
@@ -642,3 +643,86 @@ def test_sampled_test_images_of_a_streamed_folder_run_are_read_as_predict_reads_
     predicted = [json.loads(line)["topk"][0] for line in capsys.readouterr().out.splitlines()]
     assert [title.split(" -> ")[1] for title in titles] == [
         f"{top['label']} ({100 * top['prob']:.0f}%)" for top in predicted]
+
+
+# -- found by a black-box trial (2026-11-30) --------------------------------------------------
+
+@pytest.mark.parametrize("share", [1e-6, 1e-13, 1e-20])
+def test_mean_distance_renormalises_however_small_the_share_on_patches(share):
+    """Every query puts all but `share` of its attention on the class token and `share` on
+    the diagonally opposite patch of a 2x2 grid (patch 10 px): renormalised over the patch
+    keys, as documented, each query looks 14.142 px away (a clamp at 1e-12 gave 1.414 and 0)."""
+    attention = torch.zeros(1, 1, 5, 5)
+    attention[0, 0, :, 0] = 1.0
+    attention[0, 0, 1:, 0] = 1 - share
+    for query in range(4):
+        attention[0, 0, 1 + query, 1 + (3 - query)] = share
+    distance = mean_attention_distance([attention], (2, 2), 10, num_prefix_tokens=1)
+    assert distance.item() == pytest.approx(200**0.5, rel=1e-6)
+
+
+def test_a_query_with_no_attention_on_patches_is_left_out_of_the_mean():
+    attention = torch.zeros(1, 1, 5, 5)
+    attention[0, 0, :, 0] = 1.0  # every query on the class token only ...
+    attention[0, 0, 1, 0], attention[0, 0, 1, 2] = 0.5, 0.5  # ... but patch 0: patch 1, 10 px
+    distance = mean_attention_distance([attention], (2, 2), 10, num_prefix_tokens=1)
+    assert distance.item() == pytest.approx(10.0)  # not 2.5 (three queries counted as 0 px)
+
+
+def test_similarity_by_grid_distance_keys_each_exact_distance():
+    """One entry per distance between two cells of the grid, keyed by it: 2 and sqrt(5) are
+    not pooled under "2" (as rounding to half a patch did), nor 2.83, 3 and 3.16 under "3"."""
+    from vitkit.analysis.posembed import similarity_by_distance
+
+    rows, cols = 3, 4
+    similarity = torch.rand(rows, cols, rows, cols, generator=torch.Generator().manual_seed(0))
+    expected: dict[float, list[float]] = {}
+    for (r1, c1), (r2, c2) in itertools.product(itertools.product(range(rows), range(cols)),
+                                                repeat=2):
+        expected.setdefault(math.hypot(r1 - r2, c1 - c2), []).append(
+            similarity[r1, c1, r2, c2].item())
+    table = similarity_by_distance(similarity)
+    assert set(table) == {f"{d:.4g}" for d in expected}
+    assert {"2", "2.236", "2.828", "3", "3.162"} <= set(table)
+    for d, values in expected.items():
+        assert table[f"{d:.4g}"] == pytest.approx(np.mean(values), abs=5e-5)
+
+
+def test_explain_refuses_a_token_merging_model_naming_the_fix(tmp_path):
+    from vitkit import apply_token_merging
+
+    model = apply_token_merging(_tiny_model(), 2)
+    images = torch.randint(0, 256, (1, 3, 24, 40), dtype=torch.uint8)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"token merging merges away: call "
+                                          r"apply_token_merging\(model, 0\) first"):
+        explain(model, images, out)
+    assert not out.exists()
+    report = explain(apply_token_merging(model, 0), images, out)  # as advised
+    assert set(report["files"]) == set(FILES)
+
+
+def test_explain_into_an_earlier_output_folder_leaves_no_stale_figure(tmp_path):
+    images = torch.randint(0, 256, (1, 3, 24, 40), dtype=torch.uint8)
+    explain(_tiny_model(), images, tmp_path)
+    assert (tmp_path / FILES["positions"]).is_file()
+    no_positions = _tiny_model(pos_embed="none", class_token=False, pool="mean_patches")
+    report = explain(no_positions, images, tmp_path)
+    assert "positions" not in report["files"]
+    assert not (tmp_path / FILES["positions"]).exists()  # the other model's figure is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*report["files"].values(), "explain.json"])
+
+
+@pytest.mark.parametrize("ratio", ["1.0", "-0.1", "nan"])
+def test_cli_discard_ratio_outside_0_1_is_refused_at_the_flag(tmp_path, capsys, ratio):
+    weights = save_pretrained(_tiny_model(), tmp_path / "weights")
+    out = tmp_path / "out"
+    image = _png(tmp_path / "a.png", (40, 24), 1)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain", str(weights), str(image), "--out", str(out), "--discard-ratio", ratio])
+    assert exit_info.value.code == 2
+    assert "argument --discard-ratio: must be" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["explain", str(weights), str(image), "--out", str(out),
+                 "--discard-ratio", "0.5"]) == 0  # in [0, 1), as the message says

@@ -75,6 +75,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def fraction_below_one(text: str) -> float:
+    """An argparse type: a number in [0, 1)."""
+    value = _finite_float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):

@@ -23,6 +23,7 @@ from vitkit.arguments import (
     add_merge_tokens_argument,
     add_precision_argument,
     add_weights_argument,
+    fraction_below_one,
     image_count,
     int8_engine,
     non_negative_float,
@@ -436,8 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--out", required=True, type=output_folder,
                          help="folder for the PNGs and explain.json")
     explain.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"))
-    explain.add_argument("--discard-ratio", type=float, default=0.0,
-                         help="zero this fraction of the weakest attentions (rollout)")
+    explain.add_argument("--discard-ratio", type=fraction_below_one, default=0.0,
+                         help="zero this fraction (in [0, 1)) of the weakest attentions "
+                              "(rollout)")
     explain.add_argument("--num-images", type=int,
                          help="test images to sample across classes when no IMAGE is given; "
                               "all count in the mean attention distance (default 128, the "

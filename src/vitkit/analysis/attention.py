@@ -48,6 +48,15 @@ def fuse_heads(attention: torch.Tensor, head_fusion: str = "mean") -> torch.Tens
     raise ConfigError(f"head_fusion={head_fusion!r} is not one of {', '.join(HEAD_FUSIONS)}")
 
 
+def check_rollout_options(head_fusion: str, discard_ratio: float) -> None:
+    """Refuse a head fusion rollout does not know or a discard ratio outside [0, 1)."""
+    if head_fusion not in HEAD_FUSIONS:
+        raise ConfigError(f"head_fusion={head_fusion!r} is not one of {', '.join(HEAD_FUSIONS)}")
+    if not 0.0 <= discard_ratio < 1.0:  # NaN fails too
+        raise ConfigError(f"discard_ratio must be in [0, 1) (the fraction of the weakest "
+                          f"attentions zeroed; 0: none), got {discard_ratio}")
+
+
 def discard_weakest(fused: torch.Tensor, discard_ratio: float,
                     num_prefix_tokens: int = 0) -> torch.Tensor:
     """Zero the weakest `discard_ratio` of each (T, T) matrix's entries.
@@ -57,8 +66,7 @@ def discard_weakest(fused: torch.Tensor, discard_ratio: float,
     entries are zeroed per image, P the prefix tokens. (vit-explain protects only entry
     (0, 0) and counts over all T * T entries.)
     """
-    if not 0.0 <= discard_ratio < 1.0:
-        raise ConfigError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    check_rollout_options("mean", discard_ratio)
     batch, tokens, _ = fused.shape
     candidates = fused.clone()
     candidates[:, :, :num_prefix_tokens] = float("inf")  # protected: never among the weakest

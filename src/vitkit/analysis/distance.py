@@ -16,7 +16,8 @@ PAPER_IMAGES = 128
 DISTANCE_CONVENTION = (
     "patch-to-patch attention only (the class token has no position): each query patch's row "
     "is renormalised to sum 1 over the patch keys, weighted by the distances between patch "
-    "centres, then averaged over query patches and images. probing-vits drops the class "
+    "centres, then averaged over query patches and images (a query with no attention on "
+    "patches at all is left out). probing-vits drops the class "
     "token's row and column without renormalising, which gives each query's distance times "
     "its share of attention on patches")
 
@@ -37,7 +38,9 @@ def mean_attention_distance(attentions: Sequence[torch.Tensor] | torch.Tensor,
     Only patch-to-patch attention counts (a class token has no position): each query
     patch's row is renormalised to sum 1 over the patch keys, weighted with the distances
     between patch centres (patch_size pixels apart; for a hybrid stem, its token stride),
-    and averaged over query patches and images (`DISTANCE_CONVENTION`). Without the
+    and averaged over query patches and images (`DISTANCE_CONVENTION`); however small a
+    query's share of attention on patches, it is renormalised (a query with none at all,
+    its weights underflowed to 0, is left out; a head with no such query reads 0). Without the
     renormalisation (probing-vits' formula) each query's distance would shrink by the share
     of its attention that went to the class token.
     """
@@ -51,9 +54,12 @@ def mean_attention_distance(attentions: Sequence[torch.Tensor] | torch.Tensor,
                              f"(batch, heads, {num_prefix_tokens + num_patches}, "
                              f"{num_prefix_tokens + num_patches})")
         patches = attention[..., num_prefix_tokens:, num_prefix_tokens:].double()
-        patches = patches / patches.sum(dim=-1, keepdim=True).clamp(min=1e-12)
-        per_query = (patches * distances.to(patches.device)).sum(dim=-1)  # (B, heads, N)
-        result.append(per_query.mean(dim=(0, 2)))
+        share = patches.sum(dim=-1)  # (B, heads, N): each query's attention on patches
+        counted = share > 0  # a query with none there has no patch-to-patch distance
+        weighted = (patches * distances.to(patches.device)).sum(dim=-1)
+        per_query = torch.where(counted, weighted / share.where(counted, 1.0), 0.0)
+        queries = counted.sum(dim=(0, 2))
+        result.append(per_query.sum(dim=(0, 2)) / queries.clamp(min=1))
     return torch.stack(result).float()
 
 

@@ -16,6 +16,7 @@ from vitkit.analysis import figures
 from vitkit.analysis.attention import (
     attention_rollout,
     attention_weights,
+    check_rollout_options,
     map_source,
     output_token_map,
     rollout_conventions,
@@ -69,16 +70,24 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     the first `show`. Maps with nothing to draw (all zero, constant) are logged as warnings
     and listed in the JSON's "warnings"; "conventions" states how each number is computed.
     """
+    from vitkit.inference.merging import MergingVisionTransformer
+
+    if isinstance(model, MergingVisionTransformer):
+        raise ConfigError("explain needs every patch token (rollout and distances are maps "
+                          "over the token grid), which token merging merges away: call "
+                          "apply_token_merging(model, 0) first")
+    check_rollout_options(head_fusion, discard_ratio)
+    if show < 1:
+        raise InputError(f"show={show}: the rollout figure needs at least 1 image")
     config = model.config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _remove_stale_figures(out)
     preprocess = preprocess_for(model)
     batch = as_batch(images, preprocess)
     names = list(names) or [f"image {i}" for i in range(len(batch))]
     if len(names) != len(batch):
         raise InputError(f"{len(names)} names for {len(batch)} images: give one name per image")
-    if show < 1:
-        raise InputError(f"show={show}: the rollout figure needs at least 1 image")
     prefix, grid, source = config.num_prefix_tokens, config.grid_size, map_source(config)
     parameter = next(model.parameters())
 
@@ -166,6 +175,17 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
     return report
 
 
+def _remove_stale_figures(out: Path) -> None:
+    """Delete the figures of an earlier explain in `out` (this run writes its own; one it
+    skips, such as the position figure of a model without learned positions, would
+    otherwise stay beside this run's explain.json as if it were this model's)."""
+    stale = [out / name for name in (*FILES.values(), JSON_FILE) if (out / name).is_file()]
+    for path in stale:
+        path.unlink()
+    if stale:
+        log.info("replaced the earlier explain output in %s (%d files)", out, len(stale))
+
+
 def _flat_map_warnings(maps: torch.Tensor, head_maps: torch.Tensor, names: Sequence[str],
                        source_words: str, head_fusion: str, discard_ratio: float) -> list[str]:
     """One line per kind of flat map (all zero, constant) among the rollout maps (one per
@@ -242,6 +262,7 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     from vitkit.weights import build_model
     from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
+    check_rollout_options(options.get("head_fusion", "mean"), options.get("discard_ratio", 0.0))
     files = expand_inputs(image_paths) if image_paths else []  # bad paths fail before loading
     weights = read_weights(source, weights_dir)
     model = build_model(weights)

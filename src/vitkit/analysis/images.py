@@ -146,7 +146,9 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
         images = as_batch(test.images[chosen], preprocess)
     else:
         chosen, images = _read_through(test, chosen, preprocess)
-    names = [f"{data} test #{index}: "
+    # a file's path where the data has files (folders, tables), so a title leads back to it
+    where = test.where if not isinstance(test, ImageDataset) else lambda index: f"#{index}"
+    names = [f"{data} test {where(index)}: "
              + (_class_text(int(labels[index]), list(test.classes)) if classes else
                 _targets_text(labels[index], task, list(test.classes)))
              for index in chosen]

@@ -38,11 +38,13 @@ def position_similarity(model: nn.Module) -> torch.Tensor:
 
 
 def similarity_by_distance(similarity: torch.Tensor) -> dict[str, float]:
-    """Mean similarity at each Euclidean grid distance (rounded to 0.5 patch), for the JSON."""
+    """Mean similarity at each Euclidean grid distance, in patches, for the JSON: one entry
+    per distance that occurs, keyed by it to 4 significant digits ("1", "1.414", "2",
+    "2.236", ...); pairs at exactly that distance, none pooled with a neighbour."""
     grid_h, grid_w = similarity.shape[:2]
     rows, cols = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
-    coords = torch.stack([rows.flatten(), cols.flatten()], dim=1).double()
-    distance = (torch.cdist(coords, coords) * 2).round() / 2
+    coords = torch.stack([rows.flatten(), cols.flatten()], dim=1)
+    squared = ((coords[:, None] - coords[None]) ** 2).sum(dim=-1)  # integers: exact
     flat = similarity.reshape(grid_h * grid_w, grid_h * grid_w).double()
-    return {f"{d:g}": round(flat[distance == d].mean().item(), 4)
-            for d in torch.unique(distance).tolist()}
+    return {f"{value ** 0.5:.4g}": round(flat[squared == value].mean().item(), 4)
+            for value in torch.unique(squared).tolist()}
