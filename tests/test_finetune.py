@@ -283,3 +283,62 @@ def test_a_hybrid_checkpoint_with_batchnorm_step_counters_is_a_valid_init(tmp_pa
     bad = dict(saved, **{"head.weight": saved["head.weight"].long()})
     with pytest.raises(CheckpointError, match=r"1 entry is not .* head.weight \(torch.int64\)"):
         check_tensors(bad, "ints.pt")
+
+
+# -- resuming a fine-tune from the command line (found by a black-box trial, 2026-11-30) -------
+
+def test_a_resumed_finetune_keeps_its_own_settings_and_refuses_other_weights_or_model(
+        tmp_path, pretrained, capsys):
+    """`vitkit finetune W --resume RUN` continues with the checkpoint's settings (its batch,
+    data and length), not the finetune recipe's defaults (batch 512, CIFAR-10, 10,000 steps);
+    model overrides (which the checkpoint's model would silently ignore) and other weights are
+    refused, and the advice (`vitkit train --resume RUN`) works."""
+    overrides = [o for o in SMALL if not o.startswith(("data=", "model.img_size=",
+                                                       "total_steps="))]
+    run = tmp_path / "run"
+    assert main(["finetune", str(pretrained["folder"]), *overrides, "total_steps=6",
+                 "--data", "digits", "--img-size", "16", "--out", str(run)]) == 0
+    capsys.readouterr()
+    last = run / "last.pt"
+
+    assert main(["finetune", str(pretrained["folder"]), "--resume", str(last),
+                 "model.dropout=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "was fine-tuned with other model settings (dropout: checkpoint unset vs 0.1)" in err
+    assert main(["finetune", str(pretrained["npz"]), "--resume", str(last)]) == 2
+    assert f"fine-tunes {pretrained['folder']}, not {pretrained['npz']}" in \
+        capsys.readouterr().err
+    assert load_checkpoint(last)["position"]["step"] == 6  # nothing ran
+
+    assert main(["finetune", str(pretrained["folder"]), "--resume", str(last),
+                 "total_steps=8"]) == 0
+    state = load_checkpoint(last)
+    recipe = state["train_config"]
+    assert state["position"]["step"] == 8
+    assert (recipe["batch_size"], recipe["data"], recipe["model"]) == (
+        64, "digits", {"img_size": (16, 16)})
+    assert state["model_config"]["dropout"] == 0.0
+    assert main(["train", "--resume", str(last), "total_steps=9"]) == 0  # the advice
+    assert load_checkpoint(last)["position"]["step"] == 9
+
+
+def test_finetune_on_an_image_folder_given_only_by_data_dir(tmp_path, pretrained, capsys):
+    """`--data-dir FOLDER` without `--data folder`: the finetune recipe's default data is
+    CIFAR-10, whose "not found" advice (pass --data-dir) could not help; an image folder there
+    is read as data=folder, as `vitkit train` does."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 6), ("val", 2)):
+        for label in ("a", "b"):
+            (tmp_path / "data" / split / label).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 256, (8, 8), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "data" / split / label / f"{i}.png")
+    code = main(["finetune", str(pretrained["folder"]), "--data-dir", str(tmp_path / "data"),
+                 "total_steps=2", "warmup_steps=1", "batch_size=4", "accum_steps=1",
+                 "progress=false",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0, capsys.readouterr().err
+    recipe = load_checkpoint(tmp_path / "run" / "last.pt")["train_config"]
+    assert recipe["data"] == "folder"

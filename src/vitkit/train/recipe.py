@@ -66,7 +66,8 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
             overrides.append(f"{key}={json.dumps(flag)}")
     if recipe is None and resume:
         base = checkpoint_train_config(resume, find_data_dir=not _names_data_dir(overrides))
-        return build_config(None, overrides, base=_without_other_datas_folder(base, overrides))
+        return build_config(None, overrides, base=_without_other_datas_folder(base, overrides),
+                            resume=resume)
     if resume and not _names_data_dir(overrides):
         overrides += _the_runs_data_folder(recipe or DEFAULT_RECIPE, overrides, resume)
     if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
@@ -108,11 +109,12 @@ def _refuse_default_model_on_digits(recipe: str | None, keys: dict[str, Any]) ->
 
 def choose_data(keys: dict[str, Any], data_named: bool) -> None:
     """A `data_dir` with no data named (`data=`, `--data`, or the recipe a resumed checkpoint
-    records) that would land on the embedded digits: an image folder becomes `data=folder`
-    (logged); anything else is left for TrainConfig to refuse, naming the sources that read
-    a folder."""
+    records) that would land on a recipe's default data (the embedded digits, or CIFAR for
+    the finetune recipe): an image folder becomes `data=folder` (logged); anything else is
+    left for TrainConfig to refuse, naming the sources that read a folder."""
     data_dir = keys.get("data_dir")
-    if data_named or not data_dir or keys.get("data", TrainConfig.data) != "digits":
+    if data_named or not data_dir or \
+            keys.get("data", TrainConfig.data) not in ("digits", "cifar10", "cifar100"):
         return
     if is_image_folder(data_dir):
         keys["data"] = "folder"
@@ -132,15 +134,17 @@ def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | 
     if lookup(weights).kind == "unknown":
         raise unknown_name_error(weights, weights=True)
     overrides = [f"init_from={json.dumps(weights)}", *overrides]
-    if data is None and not _names_data(overrides):
+    if data is None and not _names_data(overrides) and not resume:  # resumed: the run's data
         keep_data_dir = data_dir is None and not _names_data_dir(overrides)
         overrides += recorded_data_overrides(weights, keep_data_dir)
     for flag, key in ((data, "data"), (img_size, "model.img_size"),
                       (weights_dir, "weights_dir")):
         if flag is not None:
             overrides.append(f"{key}={json.dumps(flag)}")
-    return run_config("finetune", overrides, resume=resume, out=out, time_budget=time_budget,
-                      data_dir=data_dir)
+    # resumed, the checkpoint's own recipe is the base (as `vitkit train --resume`), not the
+    # finetune recipe's defaults (its batch of 512, its data)
+    return run_config(None if resume else "finetune", overrides, resume=resume, out=out,
+                      time_budget=time_budget, data_dir=data_dir)
 
 
 def recorded_data_overrides(weights: str, keep_data_dir: bool) -> list[str]:

@@ -37,10 +37,12 @@ def check_recipe_resumable(recipe: dict[str, Any], path: str | Path) -> None:
     trained with another optimizer or model than `recipe` (a dict of training keys) names,
     which is the real problem when both are wrong. The head (and for data=arrays the input
     channels), sized from the data, is compared once the data is open (`check_resumable`); a
-    fine-tuning recipe (`init_from`) takes the model from the checkpoint."""
-    if recipe.get("init_from"):
-        return
+    fine-tuning recipe (`init_from`) takes the model from the checkpoint, so its source
+    weights and model overrides must be the run's (`check_same_fine_tune`)."""
     state = read_checkpoint(path)
+    if recipe.get("init_from"):
+        check_same_fine_tune(state, path, recipe)
+        return
     check_same_optimizer(state, path, str(recipe.get("optimizer", TrainConfig.optimizer)))
     try:
         config = model_config_of(recipe.get("model", TrainConfig.model))
@@ -49,6 +51,42 @@ def check_recipe_resumable(recipe: dict[str, Any], path: str | Path) -> None:
     config = with_checkpoint_head(config, state.trained.config, recipe.get("model"),
                                   recipe.get("data"))
     check_same_model(state, path, config)
+
+
+def check_same_fine_tune(state: TrainCheckpoint, path: str | Path,
+                         recipe: dict[str, Any]) -> None:
+    """Refuse resuming a fine-tune from other weights, or with other model overrides
+    (`model.dropout=...`, `--img-size`), than the run began with: its model is rebuilt from
+    the checkpoint, so they would be recorded as the run's without acting."""
+    saved = state.train_config
+    if not saved.get("init_from"):
+        return
+    fix = (f"resume with the run's own settings (vitkit train --resume {shlex.quote(str(path))}),"
+           " or fine-tune anew into another folder (--out)")
+    if not _same_source(str(recipe["init_from"]), str(saved["init_from"])):
+        raise ConfigError(f"{path} fine-tunes {saved['init_from']}, not {recipe['init_from']}: "
+                          f"a resumed run keeps its weights; {fix}")
+    ours, theirs = _as_json(recipe.get("model") or {}), _as_json(saved.get("model") or {})
+    changed = [f"{key}: checkpoint {theirs.get(key, 'unset')} vs "
+               f"{ours.get(key, 'unset')}" for key in sorted({*ours, *theirs})
+               if ours.get(key) != theirs.get(key)]
+    if changed:
+        raise ConfigError(f"{path} was fine-tuned with other model settings "
+                          f"({'; '.join(changed)}): a resumed run keeps its model; {fix}")
+
+
+def _same_source(given: str, recorded: str) -> bool:
+    """The same weights: equal names, or paths to the same file or folder."""
+    if given == recorded:
+        return True
+    mine, theirs = Path(given).expanduser(), Path(recorded).expanduser()
+    return mine.exists() and theirs.exists() and mine.resolve() == theirs.resolve()
+
+
+def _as_json(model: dict[str, Any]) -> dict[str, Any]:
+    """Model overrides as a recipe file holds them (tuples as lists)."""
+    return {key: list(value) if isinstance(value, tuple) else value
+            for key, value in model.items()}
 
 
 def with_checkpoint_head(config: ViTConfig, saved: ViTConfig, model: Any, data: Any
