@@ -219,7 +219,9 @@ def test_bf16_on_the_cpu_is_a_bf16_copy_that_answers_in_float32_as_autocast_does
         merged = apply_token_merging(model, merge)
         runner, context = apply_precision(merged, Precision("bf16", "asked"), CPU)
         assert type(runner) is type(model) and runner.config == model.config
-        assert {p.dtype for p in runner.parameters()} == {torch.bfloat16}
+        assert {p.dtype for name, p in runner.named_parameters()
+                if not name.startswith("head.")} == {torch.bfloat16}
+        assert {p.dtype for p in runner.head.parameters()} == {torch.float32}
         assert {p.dtype for p in model.parameters()} == {torch.float32}
         with torch.no_grad(), context():
             out = runner(batch)
@@ -227,6 +229,12 @@ def test_bf16_on_the_cpu_is_a_bf16_copy_that_answers_in_float32_as_autocast_does
             autocast = merged(batch).float()
         assert out.dtype == torch.float32
         assert (out - autocast).abs().max().item() <= 0.05, merge
+        # the classifier runs in float32: its outputs are not bf16's 8-bit numbers (ties)
+        assert not torch.equal(out, out.to(torch.bfloat16).float())
+        with torch.no_grad():
+            features = runner.forward_head(runner.forward_features(
+                batch.to(torch.bfloat16)), pre_logits=True)
+            assert torch.equal(out, runner.head(features))
     apply_token_merging(model, 0)
 
 

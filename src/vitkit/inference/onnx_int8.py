@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitkit.errors import ExportError
+from vitkit.errors import ExportError, InputError
 from vitkit.export import check_onnx_int8, export_onnx_int8, require
 from vitkit.export.onnx import destandardisation
 
@@ -68,10 +68,14 @@ class OnnxRuntimeInt8(nn.Module):
     def __init__(self, model: nn.Module, threads: int | None = None) -> None:
         super().__init__()
         self.float_model = model.eval()  # attributes are answered from it (see __getattr__)
+        # a dynamic-size model's graph takes every size (a token-merging one exports at its
+        # own size only: `export_onnx`)
+        dynamic = model.config.dynamic_img_size and not getattr(model, "merge_r", 0)
+        self.fixed_size = None if dynamic else tuple(model.config.img_size)
         with tempfile.TemporaryDirectory(prefix="vitkit-int8-") as folder:
             try:
                 path = export_onnx_int8(model, Path(folder) / "model.onnx",
-                                        dynamic_batch=True, dynamic_size=False)
+                                        dynamic_batch=True, dynamic_size=dynamic)
                 check_onnx_int8(model, path, fix=f"use another int8 engine: "
                                                  f"{_other_engines()}")
             except ExportError as exc:
@@ -83,6 +87,13 @@ class OnnxRuntimeInt8(nn.Module):
         self.standardise = destandardisation(model)  # (std, mean): the graph outputs units
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        self.float_model.check_input(images)  # as the model refuses them (the graph would not)
+        if self.fixed_size is not None and tuple(images.shape[-2:]) != self.fixed_size:
+            height, width = self.fixed_size  # a dynamic-size model with token merging
+            raise InputError(
+                f"images of {images.shape[-2]}x{images.shape[-1]} for an onnxruntime int8 "
+                f"graph of {height}x{width} (token merging fixes the size): feed "
+                f"{height}x{width} images, or use another int8 engine: {_other_engines()}")
         feed = {self.input_name: images.detach().float().cpu().contiguous().numpy()}
         outputs = torch.from_numpy(self.session.run(None, feed)[0])
         if self.standardise is not None:

@@ -66,9 +66,10 @@ class PackedLinear(nn.Module):
 
 
 def prepack_linears(model: nn.Module) -> nn.Module:
-    """Replace every `nn.Linear` of bf16 `model` by a `PackedLinear`, in place; returns it."""
+    """Replace every bf16 `nn.Linear` of `model` by a `PackedLinear`, in place; returns it
+    (a float32 one, such as the bf16 copy's classifier, stays as it is)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16:
                 setattr(parent, name, PackedLinear.from_linear(child))
     return model
