@@ -312,3 +312,64 @@ def test_the_page_needs_nothing_from_elsewhere(server):
         assert "http://" not in text and "https://" not in text and "url(//" not in text
     assert "https://" not in html and 'src="//' not in html and 'href="//' not in html
     assert json.loads(httpx.get(f"{server.url}/healthz").text) == {"status": "ok"}
+
+
+# -- found by a black-box trial (2026-11-30) ----------------------------------------------------
+
+def test_a_slower_earlier_upload_does_not_replace_the_last_ones_predictions(
+        browser, server, picture, tmp_path, monkeypatch):
+    """The page showed whichever /api/predict answer came last: a file that took longer to
+    decode, chosen first, put its classes under the name of the file chosen after it."""
+    import vitkit.serve.app as app_module
+
+    decode = app_module.decode_files
+
+    def slow_for_slow_png(form, *args):
+        if form.files and form.files[0].name == "slow.png":
+            time.sleep(2.0)  # in the decoding thread: the other request goes on meanwhile
+        return decode(form, *args)
+
+    monkeypatch.setattr(app_module, "decode_files", slow_for_slow_png)
+    slow = tmp_path / "slow.png"
+    Image.fromarray(np.full((40, 48, 3), 200, dtype=np.uint8)).save(slow)
+    page(browser, server.url)
+    upload(browser, slow)
+    upload(browser, picture)
+    expected = api_post(server.url, "/api/predict", picture, topk=5)[1]["predictions"][0]
+    wait(browser, lambda d: shown_predictions(d) == [(row["label"], row["prob"])
+                                                     for row in expected["topk"]],
+         "the last file's predictions")
+    time.sleep(3.0)  # the slow answer has come back by now, and must have been dropped
+    assert browser.find_element("css selector", "#predictions h3").text == "picture.png"
+    assert shown_predictions(browser) == [(row["label"], row["prob"])
+                                          for row in expected["topk"]]
+    assert browser.find_element("id", "file-name").text == "picture.png"
+
+
+def test_a_refused_upload_leaves_no_map_of_the_file_before(browser, server, picture, tmp_path):
+    page(browser, server.url)
+    upload(browser, picture)
+    wait(browser, lambda d: overlay_src(d).startswith("data:image/png;base64,"), "an overlay")
+    refused = tmp_path / "notes.png"
+    refused.write_text("not a picture")
+    upload(browser, refused)
+    wait(browser, lambda d: d.find_element("id", "error").is_displayed(), "the error message")
+    wait(browser, lambda d: overlay_src(d) == "", "the overlay cleared")
+    assert browser.find_element("id", "image").get_attribute("src") in ("", None)
+    assert browser.find_element("id", "explain-caption").text == ""
+    assert browser.find_element("id", "file-name").text == "notes.png"
+
+
+@pytest.fixture(scope="module")
+def guarded_plus(service) -> Iterator[Server]:
+    yield from _serve(service, token="s3cr+t/x=")
+
+
+def test_a_token_with_a_plus_works_url_encoded_as_the_401_says(browser, guarded_plus, service):
+    page(browser, f"{guarded_plus.url}/?token=s3cr+t/x=")  # '+' reads as a space
+    error = browser.find_element("id", "error")
+    assert error.is_displayed()
+    assert "open the page as /?token=TOKEN with the token URL-encoded (a + as %2B)" in error.text
+    page(browser, f"{guarded_plus.url}/?token=s3cr%2Bt%2Fx%3D")  # as the message says
+    assert browser.find_element("id", "model-name").text == service.name
+    assert not browser.find_element("id", "error").is_displayed()

@@ -117,3 +117,18 @@ def test_huber_is_smooth_l1_as_its_suggestion_says() -> None:
 def test_spec_round_trips_through_a_dict() -> None:
     spec = infer_task(np.array([[1.0, 2.0], [3.0, 5.0]]), names=["x", "y"], loss="huber")
     assert TaskSpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("kind", ["multilabel", "regression"])
+def test_repeated_output_names_are_refused_where_outputs_are_keyed_by_name(kind):
+    """A multi-label model saved with names ['cat', 'cat', 'dog'] reported two outputs under
+    one key: output 0's probability was lost and 'cat' chosen at the other's 0.27 (found by a
+    black-box trial of serve, 2026-11-30)."""
+    from vitkit.errors import ConfigError
+    from vitkit.tasks import TaskSpec
+
+    with pytest.raises(ConfigError, match=rf"the output names of a {kind} task repeat "
+                                          r"\('cat'\).*give every output a name of its own"):
+        TaskSpec(kind, names=["cat", "cat", "dog"])
+    assert TaskSpec(kind, names=["cat", "cat 2", "dog"]).names == ["cat", "cat 2", "dog"]
+    assert TaskSpec("classification", names=["cat", "cat"]).names == ["cat", "cat"]  # a list

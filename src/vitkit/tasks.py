@@ -91,6 +91,13 @@ class TaskSpec:
                               + loss_suggestion(self.loss, LOSSES[self.kind]))
         if self.names is not None:
             self.names = [str(n) for n in self.names]
+            repeated = sorted({n for n in self.names if self.names.count(n) > 1})
+            if repeated and self.kind != "classification":  # its outputs are keyed by name
+                raise ConfigError(
+                    f"the output names of a {self.kind} task repeat "
+                    f"({', '.join(repr(n) for n in repeated)}): each output's values are "
+                    "reported under its name, so one would hide the other; give every output "
+                    "a name of its own")
         if (self.target_mean is None) != (self.target_std is None):
             raise ConfigError("target_mean and target_std come together")
         if self.target_mean is not None:

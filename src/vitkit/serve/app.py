@@ -101,7 +101,8 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
             if request.url.path.startswith("/api/") and not _token_ok(request, token):
                 return _error(401, "missing or wrong token: send the header 'Authorization: "
                                    "Bearer TOKEN' with the token the server was started with "
-                                   "(--token)", {"WWW-Authenticate": "Bearer"})
+                                   "(--token), or open the page as /?token=TOKEN with the token "
+                                   "URL-encoded (a + as %2B)", {"WWW-Authenticate": "Bearer"})
             return await call_next(request)
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])

@@ -11,7 +11,10 @@ const FIGURE_TITLES = {
 const DEBOUNCE_MS = 200;
 const TOPK = 5;
 
-const state = { model: null, file: null, explainSeq: 0, explainTimer: null, explainAbort: null };
+const state = {
+  model: null, file: null, explainSeq: 0, explainTimer: null, explainAbort: null,
+  predictSeq: 0, predictAbort: null,
+};
 const $ = (id) => document.getElementById(id);
 
 // -- requests --------------------------------------------------------------------------
@@ -113,8 +116,15 @@ function useFile(file) {
   state.file = file;
   clearError();
   $("file-name").textContent = file.name;
+  clearAttention();  // the last file's map must not stand under this file's name
   predict();
   explain();
+}
+
+function clearAttention() {
+  $("image").removeAttribute("src");
+  $("overlay").removeAttribute("src");
+  $("explain-caption").textContent = "";
 }
 
 function formData(extra) {
@@ -124,18 +134,27 @@ function formData(extra) {
   return form;
 }
 
+// Only the answer for the file chosen last is shown (an earlier, slower one is dropped), as
+// explain() does for the overlay.
 async function predict() {
+  if (state.predictAbort) state.predictAbort.abort();
+  const abort = new AbortController();
+  state.predictAbort = abort;
+  const seq = ++state.predictSeq;
   const box = $("predictions");
   box.setAttribute("aria-busy", "true");
   try {
-    const response = await api("api/predict", { method: "POST", body: formData({ topk: TOPK }) });
+    const response = await api("api/predict",
+      { method: "POST", body: formData({ topk: TOPK }), signal: abort.signal });
     const { predictions } = await response.json();
+    if (seq !== state.predictSeq) return;
     box.replaceChildren(...predictions.map(renderPrediction));
   } catch (error) {
+    if (seq !== state.predictSeq) return;
     box.replaceChildren(hint("No prediction."));
     showError(error);
   } finally {
-    box.removeAttribute("aria-busy");
+    if (seq === state.predictSeq) box.removeAttribute("aria-busy");
   }
 }
 
@@ -258,6 +277,7 @@ async function explain() {
   } catch (error) {
     if (seq === state.explainSeq) {
       overlay.removeAttribute("aria-busy");
+      clearAttention();  // a refused file has no map; the last file's is not this one's
       showError(error);
     }
   }
