@@ -342,3 +342,65 @@ def test_finetune_on_an_image_folder_given_only_by_data_dir(tmp_path, pretrained
     assert code == 0, capsys.readouterr().err
     recipe = load_checkpoint(tmp_path / "run" / "last.pt")["train_config"]
     assert recipe["data"] == "folder"
+
+
+def test_a_finetune_that_set_no_model_key_resumes_both_ways(tmp_path, pretrained, capsys):
+    """A fine-tune with no --img-size or model.X records TrainConfig's default model name;
+    the resume check compared that string as overrides and crashed (review, 2026-11-30)."""
+    overrides = [o for o in SMALL if not o.startswith(("data=", "model.img_size=",
+                                                       "total_steps="))]
+    run = tmp_path / "run"
+    assert main(["finetune", str(pretrained["folder"]), *overrides, "total_steps=6",
+                 "--data", "digits", "--out", str(run)]) == 0
+    last = run / "last.pt"
+    assert main(["finetune", str(pretrained["folder"]), "--resume", str(last),
+                 "total_steps=7"]) == 0, capsys.readouterr().err
+    assert main(["train", "--resume", str(last), "total_steps=8"]) == 0
+    assert load_checkpoint(last)["position"]["step"] == 8
+
+
+def test_finetune_resume_of_a_run_from_scratch_is_refused_naming_both_ways_on(
+        tmp_path, pretrained, capsys):
+    run = tmp_path / "scratch"
+    assert main(["train", "digits", "total_steps=2", "progress=false", "--out", str(run)]) == 0
+    capsys.readouterr()
+    last = run / "last.pt"
+    assert main(["finetune", str(pretrained["folder"]), "--resume", str(last)]) == 2
+    assert (f"was trained from scratch, not fine-tuned from {pretrained['folder']}: resume it "
+            f"with vitkit train --resume {last}") in capsys.readouterr().err
+    assert "init_from" not in load_checkpoint(last)["train_config"] or \
+        not load_checkpoint(last)["train_config"]["init_from"]
+    assert main(["train", "--resume", str(last), "total_steps=3"]) == 0  # the advice
+
+
+def test_a_finetune_from_a_relative_path_resumes_from_another_folder(tmp_path, pretrained,
+                                                                   monkeypatch):
+    weights = tmp_path / "work" / "weights"
+    shutil.copytree(pretrained["folder"], weights)
+    overrides = [o for o in SMALL if not o.startswith(("data=", "model.img_size=",
+                                                       "total_steps="))]
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["finetune", "weights", *overrides, "total_steps=6", "--data", "digits",
+                 "--out", str(tmp_path / "run")]) == 0
+    monkeypatch.chdir(tmp_path)  # elsewhere: the recorded relative path is the run's folder's
+    assert main(["finetune", str(weights), "--resume", str(tmp_path / "run" / "last.pt"),
+                 "total_steps=7"]) == 0
+
+
+def test_a_cifar_recipe_keeps_cifar_in_a_data_dir_that_also_holds_pictures(tmp_path):
+    """Only a fine-tune whose default is CIFAR reads an image folder given by --data-dir
+    alone as data=folder; `vitkit train cifar10 --data-dir DIR` with DIR holding the CIFAR
+    folder and a folder of pictures stays on CIFAR (review, 2026-11-30)."""
+    from PIL import Image
+
+    from vitkit.train.recipe import run_config
+
+    cifar = tmp_path / "data" / "cifar-10-batches-bin"
+    cifar.mkdir(parents=True)
+    for name in ("batches.meta.txt", *(f"data_batch_{i}.bin" for i in range(1, 6)),
+                 "test_batch.bin"):
+        (cifar / name).write_bytes(b"")
+    (tmp_path / "data" / "photos").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "data" / "photos" / "a.png")
+    for recipe in ("cifar10", "cifar10-tutorial"):
+        assert run_config(recipe, [], data_dir=str(tmp_path / "data")).data == "cifar10"

@@ -132,3 +132,26 @@ def test_repeated_output_names_are_refused_where_outputs_are_keyed_by_name(kind)
         TaskSpec(kind, names=["cat", "cat", "dog"])
     assert TaskSpec(kind, names=["cat", "cat 2", "dog"]).names == ["cat", "cat 2", "dog"]
     assert TaskSpec("classification", names=["cat", "cat"]).names == ["cat", "cat"]  # a list
+
+
+def test_a_file_written_with_repeated_output_names_loads_with_them_told_apart(tmp_path, caplog):
+    """Folders and checkpoints written before repeats were refused still load (a review of the
+    refusal found them reported as damaged): each repeated name gets its output's number."""
+    import json
+    import logging
+
+    import vitkit
+    from vitkit.tasks import TaskSpec
+
+    model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=3)
+    model.task = TaskSpec("multilabel", names=["cat", "cow", "dog"])
+    folder = vitkit.save_pretrained(model, tmp_path / "old")
+    meta = json.loads((folder / "config.json").read_text())
+    meta["task"]["names"] = ["cat", "cat", "dog"]
+    (folder / "config.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING):
+        loaded = vitkit.load_pretrained(folder)
+    assert loaded.task.names == ["cat (output 1)", "cat (output 2)", "dog"]
+    assert "output names repeat ('cat')" in caplog.text
+    probs = make_task(loaded.task).describe(torch.zeros(1, 3))[0]["probs"]
+    assert list(probs) == ["cat (output 1)", "cat (output 2)", "dog"]  # three, none lost

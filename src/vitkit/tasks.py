@@ -91,8 +91,8 @@ class TaskSpec:
                               + loss_suggestion(self.loss, LOSSES[self.kind]))
         if self.names is not None:
             self.names = [str(n) for n in self.names]
-            repeated = sorted({n for n in self.names if self.names.count(n) > 1})
-            if repeated and self.kind != "classification":  # its outputs are keyed by name
+            repeated = _repeated(self.names) if self.kind != "classification" else []
+            if repeated:  # its outputs are reported keyed by name (a class list is not)
                 raise ConfigError(
                     f"the output names of a {self.kind} task repeat "
                     f"({', '.join(repr(n) for n in repeated)}): each output's values are "
@@ -113,8 +113,33 @@ class TaskSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskSpec:
+        """A task as a file stores it; repeated output names (written before they were
+        refused) are told apart as `distinct_output_names` does."""
         check_known_keys(cls, data, "task")
+        if data.get("names") is not None and data.get("kind") != "classification":
+            data = {**data, "names": distinct_output_names(data["names"])}
         return cls(**data)
+
+
+def _repeated(names: Sequence[str]) -> list[str]:
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return [name for name, count in counts.items() if count > 1]
+
+
+def distinct_output_names(names: Sequence[Any]) -> list[str]:
+    """`names` with each repeated name told apart by its output ("cat (output 1)", "cat
+    (output 2)"), logged: a file's multi-label or regression outputs keyed by name would
+    otherwise fold into one."""
+    names = [str(n) for n in names]
+    repeated = set(_repeated(names))
+    if not repeated:
+        return names
+    distinct = [f"{n} (output {i + 1})" if n in repeated else n for i, n in enumerate(names)]
+    log.warning("output names repeat (%s): reported as %s", ", ".join(map(repr, repeated)),
+                ", ".join(repr(d) for d, n in zip(distinct, names, strict=True) if n in repeated))
+    return distinct
 
 
 class Task:

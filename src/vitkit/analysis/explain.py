@@ -81,13 +81,13 @@ def explain(model: torch.nn.Module, images: torch.Tensor | Sequence[Image.Image]
         raise InputError(f"show={show}: the rollout figure needs at least 1 image")
     config = model.config
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _remove_stale_figures(out)
     preprocess = preprocess_for(model)
     batch = as_batch(images, preprocess)
     names = list(names) or [f"image {i}" for i in range(len(batch))]
     if len(names) != len(batch):
         raise InputError(f"{len(names)} names for {len(batch)} images: give one name per image")
+    out.mkdir(parents=True, exist_ok=True)
+    _remove_stale_figures(out)  # once the inputs are known good
     prefix, grid, source = config.num_prefix_tokens, config.grid_size, map_source(config)
     parameter = next(model.parameters())
 

@@ -39,12 +39,16 @@ def position_similarity(model: nn.Module) -> torch.Tensor:
 
 def similarity_by_distance(similarity: torch.Tensor) -> dict[str, float]:
     """Mean similarity at each Euclidean grid distance, in patches, for the JSON: one entry
-    per distance that occurs, keyed by it to 4 significant digits ("1", "1.414", "2",
-    "2.236", ...); pairs at exactly that distance, none pooled with a neighbour."""
+    per distance that occurs, keyed by it to 6 significant digits ("1", "1.41421", "2",
+    "2.23607", ...: distinct for grids of up to 200x200); pairs at exactly that distance,
+    none pooled with a neighbour."""
     grid_h, grid_w = similarity.shape[:2]
     rows, cols = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")
     coords = torch.stack([rows.flatten(), cols.flatten()], dim=1)
-    squared = ((coords[:, None] - coords[None]) ** 2).sum(dim=-1)  # integers: exact
-    flat = similarity.reshape(grid_h * grid_w, grid_h * grid_w).double()
-    return {f"{value ** 0.5:.4g}": round(flat[squared == value].mean().item(), 4)
-            for value in torch.unique(squared).tolist()}
+    squared = ((coords[:, None] - coords[None]) ** 2).sum(dim=-1).flatten()  # exact integers
+    values, which = torch.unique(squared, return_inverse=True)
+    flat = similarity.reshape(-1).double()
+    sums = torch.zeros(len(values), dtype=torch.float64).index_add_(0, which, flat)
+    means = sums / torch.bincount(which, minlength=len(values))
+    return {f"{value ** 0.5:.6g}": round(mean, 4)
+            for value, mean in zip(values.tolist(), means.tolist(), strict=True)}

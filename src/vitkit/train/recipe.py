@@ -109,17 +109,31 @@ def _refuse_default_model_on_digits(recipe: str | None, keys: dict[str, Any]) ->
 
 def choose_data(keys: dict[str, Any], data_named: bool) -> None:
     """A `data_dir` with no data named (`data=`, `--data`, or the recipe a resumed checkpoint
-    records) that would land on a recipe's default data (the embedded digits, or CIFAR for
-    the finetune recipe): an image folder becomes `data=folder` (logged); anything else is
-    left for TrainConfig to refuse, naming the sources that read a folder."""
+    records) that would land on a recipe's default data (the embedded digits, or a
+    fine-tuning recipe's CIFAR where the folder holds none): an image folder becomes
+    `data=folder` (logged); anything else is left for TrainConfig to refuse, naming the
+    sources that read a folder. (A recipe that trains on CIFAR from scratch keeps it.)"""
     data_dir = keys.get("data_dir")
-    if data_named or not data_dir or \
-            keys.get("data", TrainConfig.data) not in ("digits", "cifar10", "cifar100"):
+    data = keys.get("data", TrainConfig.data)
+    if data_named or not data_dir or (data != "digits" and not (
+            keys.get("init_from") and data in ("cifar10", "cifar100")
+            and not _holds_cifar(data, data_dir))):
         return
     if is_image_folder(data_dir):
         keys["data"] = "folder"
         log.info("--data-dir %s holds an image folder: training on data=folder (data=... "
                  "chooses another source)", data_dir)
+
+
+def _holds_cifar(data: str, data_dir: str) -> bool:
+    """Whether `data_dir` (or a folder in it) holds `data`'s binary files."""
+    from vitkit.data.sources.cifar import find_cifar_dir
+
+    try:
+        find_cifar_dir(data, data_dir)
+    except VitkitError:
+        return False
+    return True
 
 
 def finetune_config(weights: str, overrides: Sequence[str] = (), *, data: str | None = None,

@@ -55,18 +55,22 @@ def check_recipe_resumable(recipe: dict[str, Any], path: str | Path) -> None:
 
 def check_same_fine_tune(state: TrainCheckpoint, path: str | Path,
                          recipe: dict[str, Any]) -> None:
-    """Refuse resuming a fine-tune from other weights, or with other model overrides
-    (`model.dropout=...`, `--img-size`), than the run began with: its model is rebuilt from
-    the checkpoint, so they would be recorded as the run's without acting."""
-    saved = state.train_config
+    """Refuse resuming a run as a fine-tune of other weights than it began from (or of any,
+    for a run trained from scratch), or with other model overrides (`model.dropout=...`,
+    `--img-size`): its model is rebuilt from the checkpoint, so they would be recorded as the
+    run's without acting."""
+    saved, quoted = state.train_config, shlex.quote(str(path))
+    fix = (f"resume with the run's own settings (vitkit train --resume {quoted}), or "
+           "fine-tune anew into another folder (--out)")
     if not saved.get("init_from"):
-        return
-    fix = (f"resume with the run's own settings (vitkit train --resume {shlex.quote(str(path))}),"
-           " or fine-tune anew into another folder (--out)")
-    if not _same_source(str(recipe["init_from"]), str(saved["init_from"])):
+        raise ConfigError(f"{path} was trained from scratch, not fine-tuned from "
+                          f"{recipe['init_from']}: resume it with vitkit train --resume "
+                          f"{quoted}, or fine-tune from it into another folder (vitkit "
+                          f"finetune {quoted} --out NEW)")
+    if not _same_source(str(recipe["init_from"]), str(saved["init_from"]), state.trained_in):
         raise ConfigError(f"{path} fine-tunes {saved['init_from']}, not {recipe['init_from']}: "
                           f"a resumed run keeps its weights; {fix}")
-    ours, theirs = _as_json(recipe.get("model") or {}), _as_json(saved.get("model") or {})
+    ours, theirs = _overrides(recipe.get("model")), _overrides(saved.get("model"))
     changed = [f"{key}: checkpoint {theirs.get(key, 'unset')} vs "
                f"{ours.get(key, 'unset')}" for key in sorted({*ours, *theirs})
                if ours.get(key) != theirs.get(key)]
@@ -75,16 +79,25 @@ def check_same_fine_tune(state: TrainCheckpoint, path: str | Path,
                           f"({'; '.join(changed)}): a resumed run keeps its model; {fix}")
 
 
-def _same_source(given: str, recorded: str) -> bool:
-    """The same weights: equal names, or paths to the same file or folder."""
+def _same_source(given: str, recorded: str, trained_in: str | None) -> bool:
+    """The same weights: equal names, or paths to the same file or folder (a relative
+    recorded path read from the folder the run trained in)."""
     if given == recorded:
         return True
     mine, theirs = Path(given).expanduser(), Path(recorded).expanduser()
+    if not theirs.is_absolute() and trained_in:
+        theirs = Path(trained_in) / theirs
     return mine.exists() and theirs.exists() and mine.resolve() == theirs.resolve()
 
 
-def _as_json(model: dict[str, Any]) -> dict[str, Any]:
-    """Model overrides as a recipe file holds them (tuples as lists)."""
+def _overrides(model: Any) -> dict[str, Any]:
+    """A fine-tuning recipe's `model` as the overrides a recipe file holds (tuples as
+    lists): none for TrainConfig's default (a run that set no model key), a variant for
+    another name."""
+    if model is None or model == TrainConfig.model:
+        return {}
+    if not isinstance(model, dict):
+        return {"variant": model}
     return {key: list(value) if isinstance(value, tuple) else value
             for key, value in model.items()}
 

@@ -277,8 +277,7 @@ async function explain() {
   } catch (error) {
     if (seq === state.explainSeq) {
       overlay.removeAttribute("aria-busy");
-      clearAttention();  // a refused file has no map; the last file's is not this one's
-      showError(error);
+      showError(error);  // (choosing a file cleared the last file's map: useFile)
     }
   }
 }

@@ -18,7 +18,7 @@ from vitkit.config import HEADS_BY_WIDTH, ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_value
 from vitkit.preprocess import Preprocess, official_preprocess
-from vitkit.tasks import TaskSpec
+from vitkit.tasks import TaskSpec, distinct_output_names
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found, missing_weights
 from vitkit.weights.record import WeightsRecord, check_config_fits
@@ -266,7 +266,9 @@ def _task(problem_type: Any, labels: list[str] | None) -> TaskSpec | None:
         raise CheckpointError(f"'problem_type' is {problem_type!r}, not one of "
                               f"{', '.join(_PROBLEM_TYPES)}; fix config.json")
     kind = _PROBLEM_TYPES[problem_type]
-    return TaskSpec(kind, names=labels) if kind else None
+    if not kind:
+        return None
+    return TaskSpec(kind, names=None if labels is None else distinct_output_names(labels))
 
 
 def _labels(meta: dict[str, Any]) -> list[str] | None:
