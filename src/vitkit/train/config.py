@@ -292,6 +292,11 @@ class TrainConfig:
     def _check_against_model(self, model: ViTConfig) -> None:
         """Settings that must fit the model: schedule sides, normalisation channels."""
         patch = model.patch_size
+        sides = [entry[1] for entry in self.resolution_schedule]
+        _require(sides == sorted(sides), "resolution_schedule sides {} shrink: a run's image "
+                 "size only grows (the model's position grid is resampled up, never back "
+                 "down), so give each stage a side at least the one before, e.g. [[0, 16], "
+                 "[0.5, 32]]", sides)
         for _, side in self.resolution_schedule:
             _require(side >= patch and float(side).is_integer() and int(side) % patch == 0,
                      "resolution_schedule side {} must be a multiple of the patch size "

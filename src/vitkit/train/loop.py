@@ -21,6 +21,7 @@ from vitkit.evaluation.classify import reports_top_k
 from vitkit.evaluation.task_eval import evaluate_for_task
 from vitkit.inference.precision import autocast_context
 from vitkit.inference.tta import with_tta
+from vitkit.tasks import PRIMARY_METRIC
 from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import barrier, broadcast_flag, cleanup, sum_over_ranks
@@ -69,11 +70,12 @@ class TrainResult:
     def _scores(self) -> str:
         tta = f" ({self.tta} TTA)" if self.tta != "none" else ""
         if self.task != "classification":
-            return task_scores(self.final) + tta
+            return task_scores(self.final) + tta + ema_words(self.final, self.task)
         informative = not self.num_classes or reports_top_k(self.num_classes)
         top5 = f", top-5 {100 * self.final['top5']:.2f}%" \
             if "top5" in self.final and informative else ""
-        return f"test top-1 {100 * self.final['top1']:.2f}%{top5}{tta}"
+        return (f"test top-1 {100 * self.final['top1']:.2f}%{top5}{tta}"
+                + ema_words(self.final, self.task))
 
     @property
     def signal_number(self) -> int:
@@ -168,14 +170,21 @@ def run_loop(run: Run) -> TrainResult:
             if epoch_done:  # before the evaluation, so a best.pt it saves resumes past it
                 pos.epoch, pos.batch = pos.epoch + 1, 0
             pos.epoch_loss, pos.epoch_images = (0.0, 0) if epoch_done else (loss_sum, images)
+            if epoch_done and not stop.reason:  # before the evaluation: a budget spent here
+                clock.refit_after_epoch(pos)   # ends the run at this step, evaluated once
+            evaluated = False
             if not stop.signalled() and (scheduled or pos.step >= pos.total_steps
                                          or stop.reason):
                 with clock.timing_evaluation():
                     final = evaluate_and_log(run, loss_sum / max(images, 1),
                                              images_here / max(train_seconds, 1e-9),
                                              recorder) or final
-            if epoch_done and not stop.reason:
-                clock.refit_after_epoch(pos)
+                evaluated = True
+            # an evaluation that spent the budget ends the run here, evaluated (rather than
+            # one more step and a second evaluation); every rank asks, so all stop together
+            if cfg.time_budget and broadcast_flag(evaluated and clock.out_of_time(pos), info) \
+                    and not stop.reason:
+                stop.reason = "time budget"
             run.save("last")
             guard.checkpoint_saved(pos.step)
             run.data.write_skipped(run.out_dir, info)
@@ -243,15 +252,28 @@ def evaluate_and_log(run: Run, train_loss: float, images_per_s: float,
         run.save("best")
     if recorder is not None:
         recorder.write(row, pos.history)
+        ema = ema_words(row, task.kind)
         if task.kind != "classification":
-            log.info("epoch %.2f  loss %.4f  %s  %.0f img/s", row["epoch"], row["train_loss"],
-                     task_scores(row), row["images_per_s"])
+            log.info("epoch %.2f  loss %.4f  %s%s  %.0f img/s", row["epoch"],
+                     row["train_loss"], task_scores(row), ema, row["images_per_s"])
             return row
         top5 = f"  top-5 {100 * row['top5']:.2f}%" if reports_top_k(
             run.model.config.num_classes) else ""
-        log.info("epoch %.2f  loss %.4f  test top-1 %.2f%%%s  %.0f img/s", row["epoch"],
-                 row["train_loss"], 100 * row["top1"], top5, row["images_per_s"])
+        log.info("epoch %.2f  loss %.4f  test top-1 %.2f%%%s%s  %.0f img/s", row["epoch"],
+                 row["train_loss"], 100 * row["top1"], top5, ema, row["images_per_s"])
     return row
+
+
+def ema_words(row: dict[str, float], kind: str) -> str:
+    """"; EMA weights 87.74% (the ones saved)" for a row that scored the weights' moving
+    average too (`ema_decay`): which of the two the checkpoints hold is the better one."""
+    primary = PRIMARY_METRIC[kind]
+    if f"ema_{primary}" not in row:
+        return ""
+    ema = row[f"ema_{primary}"]
+    shown = f"{100 * ema:.2f}%" if primary == "top1" else f"{primary} {ema:.4f}"
+    saved = "the ones saved" if ema > row[primary] else "the raw ones are saved"
+    return f"; EMA weights {shown} ({saved})"
 
 
 def task_scores(row: dict[str, float]) -> str:

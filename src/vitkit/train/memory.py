@@ -16,6 +16,7 @@ whose estimate exceeds the memory available.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -60,15 +61,21 @@ def check_fits_in_memory(config: ViTConfig, batch_size: int, accum_steps: int,
                          device: torch.device, world_size: int = 1) -> int:
     """Refuse a run whose estimate exceeds the memory available, naming both and the fix;
     the estimate in bytes otherwise."""
-    need = training_bytes(config, batch_size, accum_steps, world_size)
+    try:
+        need = training_bytes(config, batch_size, accum_steps, world_size)
+    except RuntimeError:  # a position table too large for torch to size (e.g. a 1e9 px side)
+        need = math.inf
     have = available_bytes(device)
     if have is not None and need > have:
         size = "x".join(str(side) for side in config.img_size)
+        amount = f"about {need / 2**30:.1f} GiB" if math.isfinite(need) else \
+            "more memory than any machine has"
         raise ConfigError(
-            f"this run needs about {need / 2**30:.1f} GiB ({size} px images = "
+            f"this run needs {amount} ({size} px images = "
             f"{config.seq_len:,} tokens each, batch {batch_size} in {accum_steps} "
             f"micro-batch(es), width {config.width}, depth {config.depth}) but {device.type} "
             f"has {have / 2**30:.1f} GiB available: lower batch_size or raise accum_steps "
-            "(activations scale with the micro-batch), or lower model.img_size (the token "
-            "count, and attention's memory with its square)")
+            "(activations scale with the micro-batch), or lower model.img_size or the "
+            "resolution_schedule's sides (the token count, and attention's memory with its "
+            "square)")
     return need

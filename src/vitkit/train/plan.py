@@ -6,6 +6,7 @@ Nothing here touches a model, data or a clock: the loop measures, the plan decid
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from itertools import pairwise
 
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
+
+log = logging.getLogger("vitkit.train")
 
 # A budget is never fitted past this many steps (a guard against a clock that reads ~0).
 MAX_STEPS = 10**7
@@ -48,6 +51,14 @@ class RunPlan:
         planned = total_steps or max(1, math.ceil(epochs * batches_per_epoch))
         warmup = warmup_steps if warmup_steps is not None else \
             round(warmup_epochs * batches_per_epoch)
+        if warmup > planned:  # one in steps, the other in epochs: TrainConfig could not tell
+            warmup_words = (f"warmup_steps={warmup_steps}" if warmup_steps is not None else
+                            f"warmup_epochs={warmup_epochs:g}, {warmup} steps")
+            run_words = (f"total_steps={total_steps}" if total_steps else
+                         f"epochs={epochs:g}, {planned} steps")
+            log.warning("the warmup (%s) is longer than the run (%s): the learning rate peaks "
+                        "at %.0f%% of lr; set warmup_steps=N below %d (or warmup_epochs=0)",
+                        warmup_words, run_words, 100 * planned / warmup, planned)
         stages = tuple((float(start), int(side)) for start, side in resolution_schedule)
         return cls(batches_per_epoch, planned, warmup, tuple(model.img_size), model.patch_size,
                    model.num_prefix_tokens, stages)
@@ -90,7 +101,8 @@ class RunPlan:
     def fit_to_budget(self, step: int, seconds_per_token: float, remaining_seconds: float,
                       eval_seconds: float, eval_every: int = 1) -> int:
         """The largest total step count whose remaining steps (from `step`) and evaluations fit
-        in `remaining_seconds`; at least `step + 1`.
+        in `remaining_seconds`; `step` itself (end now) when not even one more step fits
+        (its step would also bring a second evaluation at once).
 
         A step's cost is taken as proportional to its tokens per image, so low-resolution
         stages count as the cheaper steps they are; an evaluation (`eval_seconds`) runs every
@@ -101,6 +113,8 @@ class RunPlan:
             evaluations = (total - step) / self.batches_per_epoch / eval_every
             return train + eval_seconds * evaluations
 
+        if predicted(step + 1) > remaining_seconds:
+            return step
         low, high = step + 1, step + 2
         while predicted(high) < remaining_seconds and high < MAX_STEPS:
             low, high = high, high * 2

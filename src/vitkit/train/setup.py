@@ -130,7 +130,10 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     config, init, saved_pre = model_source(cfg, state)
     if state is not None and not cfg.init_from:
         config = with_checkpoint_head(config, state.trained.config, cfg.model, cfg.data)
-    check_fits_in_memory(config, cfg.batch_size, cfg.accum_steps, device,
+    largest = max((int(side) for _, side in cfg.resolution_schedule), default=0)
+    at_largest = config if largest <= max(config.img_size) else \
+        config.replace(img_size=(largest, largest))  # a schedule's largest stage
+    check_fits_in_memory(at_largest, cfg.batch_size, cfg.accum_steps, device,
                          info.world_size)  # before the data and model are made
     train, test, config, spec = open_data(cfg, config, Path(cfg.out_dir), info, train_data,
                                           test_data, state.trained.task if state else None,
