@@ -121,6 +121,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, recipe: str, example: str
 
 def cmd_models(args: argparse.Namespace) -> None:
     from vitkit.catalog import checkpoint_rows, model_rows
+    from vitkit.files import cache_root
 
     if args.checkpoints:
         print_checkpoint_table(checkpoint_rows())
@@ -139,7 +140,7 @@ def cmd_models(args: argparse.Namespace) -> None:
     rows = checkpoint_rows()
     original = [row for row in rows if not row.augreg]
     print("\nNamed official checkpoints (load_pretrained(NAME), or NAME wherever a command takes "
-          "weights; cached in ~/.cache/vitkit, or put the file in --weights-dir):")
+          f"weights; cached in {cache_root()}, or put the file in --weights-dir):")
     for row in original:
         print(f"  {row.name:<24}{row.url}")
     print(f"  ... and {len(rows) - len(original)} AugReg checkpoints (e.g. "
@@ -343,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     summary = verbs.add_parser("summary", help="layer table with output shapes and parameters")
     add_model_arguments(summary)
-    summary.add_argument("--max-depth", type=int, default=1,
+    summary.add_argument("--max-depth", type=positive_int, default=1,
                          help="1: blocks; 2: their layers; 3: every Linear")
     summary.set_defaults(run=cmd_summary)
 
@@ -462,9 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="image size (default: the model's; positions resampled)")
     bench.add_argument("--batch-size", type=positive_int, default=8,
                        help="batch of the images/s measurement (default 8)")
-    add_int8_arguments(bench, "--engine torch: PyTorch's (vitkit.inference.quantize."
-                              "quantize_int8); --engine onnxruntime: the exported graph's "
-                              "(onnxruntime quantize_dynamic)")
+    add_int8_arguments(bench, "--engine torch: the engine --int8-engine names (default "
+                              "auto: the fastest measured of torch's, oneDNN's and ONNX "
+                              "Runtime's; vitkit.inference.quantize.quantize_int8); --engine "
+                              "onnxruntime: the exported graph's (onnxruntime "
+                              "quantize_dynamic)")
     add_precision_argument(bench)
     add_merge_tokens_argument(bench)
     bench.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
@@ -488,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "Ti/16,S/16,B/16,B/32,L/16)")
     bench.add_argument("--resolutions", default="224,384",
                        help="sweep resolutions, comma-separated (default 224,384)")
-    bench.add_argument("--memory-gb", type=float,
+    bench.add_argument("--memory-gb", type=positive_float,
                        help="sweep memory cap (default: 0.8 x the available memory)")
     bench.add_argument("--out", default="benchmark_sweep.png",
                        type=output_file("sweep.png", FIGURE_SUFFIXES),
@@ -555,6 +558,22 @@ def configure_logging() -> None:
         logging.getLogger(name).propagate = False
 
 
+# what torch's allocators raise when a tensor cannot be had (CPU, CUDA, or a size too large
+# to count): the input asked for more than the machine holds, not a bug
+OUT_OF_MEMORY_WORDS = ("can't allocate memory", "out of memory",
+                       "Storage size calculation overflowed")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or any(words in str(exc)
+                                               for words in OUT_OF_MEMORY_WORDS)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
     configure_logging()
@@ -569,6 +588,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`vitkit models | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
         return 0
+    except (MemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            traceback.print_exc()
+            print(BUG_REPORT.format(verb=args.verb), file=sys.stderr)
+            return EXIT_BUG
+        print(f"vitkit {args.verb}: error: out of memory ({_first_line(exc)}): this machine "
+              "cannot hold it; lower the batch size or the image size (--batch-size, "
+              "--img-size, or batch_size= / model.img_size= for training)", file=sys.stderr)
+        return EXIT_ERROR
     except Exception:  # anything else is a bug in vitkit: keep the traceback for the report
         traceback.print_exc()
         print(BUG_REPORT.format(verb=args.verb), file=sys.stderr)

@@ -184,6 +184,10 @@ class ViTConfig:
         for key in ("dropout", "attn_dropout", "drop_path"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{key} must be in [0, 1), got {getattr(self, key)}")
+        if not 0.0 < self.norm_eps < 1.0:  # <= 0 can divide by zero (NaN outputs); NaN too
+            raise ConfigError(f"norm_eps must be a small positive number (LayerNorm's epsilon: "
+                              f"1e-6 as the paper's code, 1e-5 as PyTorch's default), got "
+                              f"{self.norm_eps}")
 
     def _validate_conv_stem(self) -> None:
         halvings = self.patch_size.bit_length() - 1

@@ -75,7 +75,9 @@ def representation_of(model: VisionTransformer) -> str:
     config = model.config
     if config.pre_logits_dim:
         return f"pre-logits (the tanh layer before the head, {config.pre_logits_dim} dims)"
-    return (f"pooled representation after the final norm (pool={config.pool}, "
+    norm = {"tokens": "after the final norm", "pooled": "after the pooled norm",
+            "none": "(the model has no final norm)"}.get(config.final_norm, "")
+    return (f"pooled representation {norm} (pool={config.pool}, "
             f"{config.width} dims; the model has no pre-logits layer)")
 
 

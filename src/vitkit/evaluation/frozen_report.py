@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from vitkit.evaluation.knn import KNN_K, KNN_TEMPERATURE, check_temperature, knn
 from vitkit.evaluation.probe import linear_probe, multilabel_probe, ridge_probe
 from vitkit.evaluation.report import default_out_dir
 from vitkit.report import Report
+
+log = logging.getLogger("vitkit.evaluation")
 
 
 def _header(features: FrozenFeatures) -> str:
@@ -138,17 +141,22 @@ def probe_report(weights: str | Path, data: str | None = None, data_dir: str | N
             features.num_classes)
     probe = linear_probe(*args)
     knn = knn_accuracy(*args, k=k, temperature=temperature)
+    used = min(k, len(features.train_y))  # knn_predictions caps k at the training images
+    if used < k:
+        log.warning("kNN: k=%d is more than the %d training images; every one votes (k=%d)",
+                    k, used, used)
     report = {"weights": str(weights), "data": features.data,
               "representation": features.representation, "train_images":
               len(features.train_y), "test_images": len(features.test_y),
               "classes": features.num_classes, "linear_probe": probe.as_dict(),
-              "knn": {"accuracy": knn, "k": k, "temperature": temperature}}
+              "knn": {"accuracy": knn, "k": used, "k_asked": k, "temperature": temperature}}
     grid = ", ".join(f"{wd:g}: {100 * acc:.2f}%" for wd, acc in probe.heldout_accuracy.items())
     lines = [_header(features),
              f"linear probe: weight decay by held-out 10% of train: {grid}",
              f"  chosen weight decay {probe.weight_decay:g}; test accuracy "
              f"{100 * probe.accuracy:.2f}%",
-             f"kNN (k={k}, T={temperature:g}, cosine): test accuracy {100 * knn:.2f}%"]
+             f"kNN (k={used}{f', {k} asked' if used < k else ''}, T={temperature:g}, "
+             f"cosine): test accuracy {100 * knn:.2f}%"]
     written = _write_json(json_path, report)
     if written:
         lines.append(f"wrote {written}")

@@ -63,7 +63,7 @@ def benchmark_report(model: str | None, img_size: Size | None = None, batch_size
                               "add --sweep for the variants x resolutions table")
         return benchmark(model, img_size, batch_size, options, warmup, iters,
                          weights_dir=weights_dir)
-    names = parse_list(variants, "variants") if variants else \
+    names = parse_list(variants, "variants") if variants is not None else \
         [model] if model else list(DEFAULT_VARIANTS)
     sizes = parse_resolutions(resolutions)
     cap = memory_gb * 2**30 if memory_gb is not None else None
