@@ -35,7 +35,7 @@ from vitkit.arguments import (
     positive_int,
 )
 from vitkit.config import SIZES, ViTConfig
-from vitkit.errors import ConfigError, VitkitError
+from vitkit.errors import ConfigError, VitkitError, out_of_memory_message
 from vitkit.fieldtypes import parse_text
 from vitkit.version import __version__
 
@@ -558,22 +558,6 @@ def configure_logging() -> None:
         logging.getLogger(name).propagate = False
 
 
-# what torch's allocators raise when a tensor cannot be had (CPU, CUDA, or a size too large
-# to count): the input asked for more than the machine holds, not a bug
-OUT_OF_MEMORY_WORDS = ("can't allocate memory", "out of memory",
-                       "Storage size calculation overflowed")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or any(words in str(exc)
-                                               for words in OUT_OF_MEMORY_WORDS)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(build_parser(), argv)
     configure_logging()
@@ -588,14 +572,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`vitkit models | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
         return 0
-    except (MemoryError, RuntimeError) as exc:
-        if not is_out_of_memory(exc):
+    except (MemoryError, RuntimeError) as exc:  # out of memory: the input asked too much
+        message = out_of_memory_message(exc)
+        if message is None:
             traceback.print_exc()
             print(BUG_REPORT.format(verb=args.verb), file=sys.stderr)
             return EXIT_BUG
-        print(f"vitkit {args.verb}: error: out of memory ({_first_line(exc)}): this machine "
-              "cannot hold it; lower the batch size or the image size (--batch-size, "
-              "--img-size, or batch_size= / model.img_size= for training)", file=sys.stderr)
+        print(f"vitkit {args.verb}: error: {message}", file=sys.stderr)
         return EXIT_ERROR
     except Exception:  # anything else is a bug in vitkit: keep the traceback for the report
         traceback.print_exc()

@@ -80,3 +80,20 @@ class ExportError(VitkitError):
 
 __all__ = ["CheckpointError", "ConfigError", "DataError", "ExportError",
            "InputError", "TrainingError", "VitkitError", "WeightsNotFoundError"]
+
+
+# what torch's allocators raise when a tensor cannot be had (CPU, CUDA, or a size too large
+# to count): the input asked for more than the machine holds, not a bug
+OUT_OF_MEMORY_WORDS = ("can't allocate memory", "out of memory",
+                       "Storage size calculation overflowed")
+
+
+def out_of_memory_message(exc: BaseException) -> str | None:
+    """One line for an allocation that failed (naming the fix); None for other errors."""
+    if not isinstance(exc, MemoryError) and not any(w in str(exc) for w in OUT_OF_MEMORY_WORDS):
+        return None
+    lines = str(exc).strip().splitlines()
+    cause = (lines[0] if lines else type(exc).__name__)[:200]
+    return (f"out of memory ({cause}): this machine cannot hold it; lower the batch size or "
+            "the image size (--batch-size, --img-size, or batch_size= / model.img_size= for "
+            "training)")
