@@ -316,3 +316,29 @@ def test_the_sweep_measures_batch_one_after_a_first_call(tmp_path):
     assert row["memory_mib_batch1"] < row["peak_memory_mib"]  # batch 1 needs less than 8
     assert row["memory_per_image_mib"] > 0.1
     assert row["largest_batch"] < 10_000
+
+
+@pytest.mark.parametrize("flags", [["--variants", "S/16"], ["--resolutions", "64"],
+                                   ["--memory-gb", "1"], ["--out", "sweep.png"]])
+def test_sweep_settings_without_sweep_are_refused_not_ignored(capsys, flags):
+    """--variants, --resolutions, --memory-gb and --out set the sweep only: without --sweep
+    they were ignored silently (one benchmark of MODEL ran, at its own size); refused now,
+    and the advice followed (--sweep, or the flag dropped) runs."""
+    code, _, err = run_cli(capsys, "cifar10-tutorial", *flags, *FAST)
+    assert code == 2 and f"{flags[0]} sets the sweep" in err
+    assert "add --sweep" in err and f"drop {flags[0]}" in err
+    assert run_json(capsys, "cifar10-tutorial", *FAST)["images_per_s"] > 0  # dropped
+
+
+def test_compile_with_onnxruntime_int8_says_it_does_not_compile(capsys):
+    """--compile where the int8 engine is ONNX Runtime's (as auto often picks) labelled the
+    row "torch.compile, frozen weights" and compiled a wrapper around the session; the row
+    says now that nothing was compiled, and the first call is not called a compile."""
+    pytest.importorskip("onnxruntime")
+    result = run_json(capsys, "cifar10-tutorial", "--int8-engine", "onnxruntime", "--compile",
+                      *FAST)
+    assert "torch.compile" not in result["engine"]
+    assert "not compiled: ONNX Runtime's int8 session" in result["engine"]
+    code, out, _ = run_cli(capsys, "cifar10-tutorial", "--int8-engine", "onnxruntime",
+                           "--compile", *FAST)
+    assert code == 0 and "first call (compile)" not in out

@@ -4,6 +4,7 @@
 named checkpoints are built from the architecture their name implies."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,65 @@ def test_a_json_config_file_is_a_config_not_weights(tmp_path):
                                 "num_heads": 4, "mlp_dim": 96}))
     assert lookup(path).kind == "config_file" and not lookup(path).has_weights
     assert create_model(path).config.width == 48
+
+
+# -- timm's tagged names ("vit_base_patch16_224.augreg_in21k") -------------------------------
+def _timm_official_names() -> list[str]:
+    timm = pytest.importorskip("timm")
+    return [name for name in timm.list_pretrained("vit_*")
+            if name.split(".")[-1] in ("augreg_in21k", "augreg_in21k_ft_in1k", "orig_in21k",
+                                       "orig_in21k_ft_in1k")]
+
+
+def test_timm_tagged_names_read_as_the_same_official_files(no_download, tmp_path):
+    """A timm user names weights as timm does; each of timm's names of an official file
+    (AugReg and the 2020 release) is read as vitkit's name of that file: the same URL where
+    timm's config gives one, the same architecture, resolution and head (timm drops the 2020
+    i21k heads: num_classes 0 there), and the same local file under --weights-dir."""
+    from timm.models import get_pretrained_cfg
+
+    names = _timm_official_names()
+    assert len(names) == 39 and set(names) == set(hub.TIMM_NAMES)
+    urls = hub.named_checkpoints()
+    for name in names:
+        named = lookup(name)
+        assert named.kind == "checkpoint", name
+        timm_cfg = get_pretrained_cfg(name)
+        if "storage.googleapis.com" in (timm_cfg.url or ""):
+            assert urls[named.key] == timm_cfg.url, name
+        config = config_of(name)
+        assert (3, *config.img_size) == tuple(timm_cfg.input_size), name
+        assert config.num_classes == (timm_cfg.num_classes or 21843), name
+        assert lookup(f"timm/{name}").key == named.key
+    named = lookup("vit_base_patch16_224.augreg_in21k")
+    with pytest.raises(WeightsNotFoundError, match=re.escape(urls["B/16-augreg-i21k"])):
+        named.weights_path(tmp_path, False)
+    (tmp_path / hub.local_filename("B/16-augreg-i21k")).write_bytes(b"npz")  # as advised
+    assert named.weights_path(tmp_path, False) == tmp_path / hub.local_filename(
+        "B/16-augreg-i21k")
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_384.augreg_in21k_ft_in1k",
+                                  "vit_small_r26_s32_224.augreg_in21k",
+                                  "vit_base_r50_s16_384.orig_in21k_ft_in1k"])
+def test_timm_tagged_names_build_timms_parameter_count(name):
+    timm = pytest.importorskip("timm")
+    expected = sum(p.numel() for p in timm.create_model(name, pretrained=False).parameters())
+    assert count_parameters(name) == expected
+
+
+def test_timm_tags_of_no_official_file_say_where_timms_file_is(capsys):
+    """timm's own fine-tunes ("augreg2_in21k_ft_in1k", its default for vit_base_patch16_224)
+    were "unknown model ... Did you mean 'Ti/16-augreg-i21k'" (another size); they now name
+    timm's Hub file and the architecture, and the architecture's name builds."""
+    name = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
+    with pytest.raises(ConfigError, match=r"timm's name for its augreg2_in21k_ft_in1k weights"
+                                          r".*hf-hub:timm/vit_base_patch16_224\."
+                                          r"augreg2_in21k_ft_in1k.*or vit_base_patch16_224 "):
+        create_model(name, device="meta")
+    with pytest.raises(WeightsNotFoundError, match=r"hf-hub:timm/vit_base_patch16_224\.augreg2"):
+        load_pretrained(name, download=False)
+    assert main(["summary", "vit_small_patch16_224.augreg_in1k"]) == 2
+    err = capsys.readouterr().err
+    assert "Did you mean" not in err and "hf-hub:timm/vit_small_patch16_224.augreg_in1k" in err
+    assert count_parameters("vit_base_patch16_224") == 86_567_656

@@ -1,5 +1,6 @@
 """The `vitkit` command: model listing, summaries with the exact counts, clean errors."""
 
+import re
 import subprocess
 import sys
 
@@ -83,6 +84,17 @@ def test_stray_arguments_are_refused(tmp_path, capsys):
     assert exit_info.value.code == 2 and "unrecognized arguments: oops" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["models", "epochs=3"])  # a verb without overrides
+
+
+@pytest.mark.parametrize("verb", ["predict", "eval", "export", "benchmark", "serve", "probe"])
+def test_an_unknown_flag_is_reported_with_the_verbs_usage(verb, capsys):
+    """An unknown flag after a verb printed the top-level usage (`vitkit [-h] [--version]
+    VERB ...`), which lists none of the verb's flags; it is the verb's usage now."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([verb, "cifar10-tutorial", "x.png", "--bogus"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"usage: vitkit {verb} " in err
+    assert re.search(rf"vitkit {verb}: error: unrecognized arguments: .*--bogus", err)
 
 
 # -- summary of checkpoints and named checkpoints --------------------------------------------

@@ -134,3 +134,21 @@ def test_config_of_reads_names_json_and_checkpoints(tmp_path):
     assert config_of(folder) == ViTConfig.from_json(path).replace(num_classes=3)
     with pytest.raises(ConfigError, match=r"config file .*missing\.json does not exist"):
         config_of(tmp_path / "missing.json")
+
+
+def test_an_invalid_json_config_names_its_file(tmp_path, capsys):
+    """A config file that is not valid JSON said "config is not valid JSON" without saying
+    which file; the message names it (summary and create_model), and a rewritten file works."""
+    from vitkit.cli import main
+
+    path = tmp_path / "mine.json"
+    path.write_text('{"width": 48,')
+    with pytest.raises(ConfigError, match=f"{path} is not valid JSON"):
+        create_model(str(path))
+    assert main(["summary", str(path)]) == 2
+    assert f"{path} is not valid JSON" in capsys.readouterr().err
+    path.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=f"{path} must hold a JSON object of config keys"):
+        ViTConfig.from_json(path)
+    path.write_text(variant_config("cifar10-tutorial").to_json())
+    assert create_model(str(path)).config == variant_config("cifar10-tutorial")

@@ -368,3 +368,24 @@ def test_cli_export_to_a_path_ending_in_a_separator_names_a_file_in_that_folder(
     assert main(["export", str(folder), "--out", str(target / "model.onnx")]) == 0
     assert (target / "model.onnx").is_file()
     assert f"wrote {target / 'model.onnx'}" in capsys.readouterr().out
+
+
+def test_a_dynamic_graph_refuses_a_size_the_patch_does_not_divide(tmp_path):
+    """The dynamic-size graph of a patch stem took an 18x16 image and cropped it to 16x16
+    silently (its strided convolution drops the remainder), where the model refuses it; the
+    graph's Reshape refuses it now, naming the blocks it needs. Multiples still equal the
+    model."""
+    model = random_model("Ti/4", img_size=16, depth=1, dynamic_img_size=True)
+    path = export_onnx(model, tmp_path / "m.onnx")
+    images = torch.randn(1, 3, 18, 16)
+    with pytest.raises(vitkit.InputError, match="not fit the model's patch stem"):
+        model(images)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    with pytest.raises(Exception, match=r"requested shape:\{1,3,4,4,4,4\}"):
+        session.run(None, {name: images.numpy()})
+    for size in [(16, 16), (20, 24)]:
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            expected = model(images)
+        assert (run_onnx(path, images) - expected).abs().max() <= TOL, size

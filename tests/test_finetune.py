@@ -2,6 +2,7 @@
 an official-layout .npz), at a higher resolution than the weights were trained at."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -404,3 +405,41 @@ def test_a_cifar_recipe_keeps_cifar_in_a_data_dir_that_also_holds_pictures(tmp_p
     Image.new("RGB", (8, 8)).save(tmp_path / "data" / "photos" / "a.png")
     for recipe in ("cifar10", "cifar10-tutorial"):
         assert run_config(recipe, [], data_dir=str(tmp_path / "data")).data == "cifar10"
+
+
+def test_a_kept_head_whose_outputs_are_named_otherwise_is_warned_of(tmp_path, caplog):
+    """new_head=false keeps the weights' classifier, output i for the data's class i: with the
+    weights' outputs named ["b", "a"] and the folder's classes ["a", "b"], each output was
+    trained as the other class without a word. A warning names the pair; with the classes in
+    the weights' order it stays quiet."""
+    from PIL import Image
+
+    from vitkit import create_model
+
+    model = create_model("Ti/4", img_size=8, in_chans=1, width=32, depth=1, num_heads=2,
+                         mlp_dim=64, num_classes=2)
+    model.class_names = ["b", "a"]
+    weights = save_pretrained(model, tmp_path / "weights")
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            (tmp_path / "data" / split / label).mkdir(parents=True)
+            for i in range(4):
+                pixels = rng.integers(0, 256, (8, 8), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "data" / split / label / f"{i}.png")
+    common = ["--data", "folder", "--data-dir", str(tmp_path / "data"), "total_steps=1",
+              "warmup_steps=0", "batch_size=4", "accum_steps=1", "progress=false",
+              "model.img_size=8"]
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main(["finetune", str(weights), *common, "new_head=false",
+                     "--out", str(tmp_path / "kept")]) == 0
+    said = [r.getMessage() for r in caplog.records if "new_head=false keeps" in r.getMessage()]
+    assert len(said) == 1 and "2 of its 2 outputs" in said[0]
+    assert "output 0: 'b' in the weights, 'a' in the data" in said[0]
+    caplog.clear()
+    model.class_names = ["a", "b"]
+    weights = save_pretrained(model, tmp_path / "ordered")
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main(["finetune", str(weights), *common, "new_head=false",
+                     "--out", str(tmp_path / "ordered_run")]) == 0
+    assert not [r for r in caplog.records if "new_head=false keeps" in r.getMessage()]

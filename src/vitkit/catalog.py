@@ -29,7 +29,7 @@ from vitkit.config import (
     unknown_model_error,
     variant_config,
 )
-from vitkit.errors import CheckpointError, VitkitError, WeightsNotFoundError
+from vitkit.errors import CheckpointError, ConfigError, VitkitError, WeightsNotFoundError
 from vitkit.fieldtypes import closest_path, did_you_mean
 from vitkit.model.vit import VisionTransformer
 from vitkit.weights import build_model, read_local
@@ -118,6 +118,9 @@ def unknown_name_error(text: str, weights: bool) -> VitkitError:
     or folder: runs/digit; did you mean runs/digits?". A short name: the closest few names
     (checkpoint names only when the caller wants `weights`), never the whole list, and the
     command that lists them."""
+    timm_advice = hub.timm_tag_advice(text)
+    if timm_advice is not None:
+        return WeightsNotFoundError(timm_advice) if weights else ConfigError(timm_advice)
     if looks_like_path(text):
         guess, missing = closest_path(text), _first_missing(text)
         hint = f"; did you mean {guess}?" if guess else \

@@ -35,7 +35,7 @@ from vitkit.arguments import (
     positive_int,
 )
 from vitkit.config import SIZES, ViTConfig
-from vitkit.errors import ConfigError, VitkitError, out_of_memory_message
+from vitkit.errors import VitkitError, out_of_memory_message
 from vitkit.fieldtypes import parse_text
 from vitkit.version import __version__
 
@@ -252,12 +252,8 @@ def cmd_explain(args: argparse.Namespace) -> None:
 def cmd_benchmark(args: argparse.Namespace) -> None:
     """One benchmark, or with --sweep the variants x resolutions table and figure."""
     from vitkit.inference.benchmark import EngineOptions
-    from vitkit.inference.benchmark.figure import figure_problem
     from vitkit.inference.benchmark.report import benchmark_report
 
-    problem = figure_problem(args.out) if args.sweep else None
-    if problem:  # before the sweep, not after it
-        raise ConfigError(f"--out {problem}")
     engine = int8_engine(args)
     options = EngineOptions(args.engine, args.compile, engine is not None, args.merge_tokens,
                             args.threads, args.int8_engine, args.precision)
@@ -356,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(train, "recipe", "epochs=5 model.depth=4 augment.flip=false")
     train.add_argument("--data", help="the data to train on, as data=... sets it: digits, "
                                       "cifar10, cifar100, folder, arrays or hf:NAME_OR_PATH")
-    train.set_defaults(run=cmd_train, verb_parser=train)
+    train.set_defaults(run=cmd_train)
 
     finetune = verbs.add_parser("finetune", help="fine-tune pretrained weights (the paper's "
                                                  "recipe: SGD, new head, higher resolution)")
@@ -368,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "(default: 384 for weights "
                                                                   "pretrained at 224, else "
                                                                   "their own size)")
-    finetune.set_defaults(run=cmd_finetune, verb_parser=finetune)
+    finetune.set_defaults(run=cmd_finetune)
 
     evaluate = verbs.add_parser("eval", help="top-1/top-5, per-class accuracy, confusion PNG")
     add_weights_argument(evaluate)
@@ -489,12 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "the largest batch that fits --memory-gb")
     bench.add_argument("--variants", help="sweep variants, comma-separated (default "
                                           "Ti/16,S/16,B/16,B/32,L/16)")
-    bench.add_argument("--resolutions", default="224,384",
+    bench.add_argument("--resolutions",
                        help="sweep resolutions, comma-separated (default 224,384)")
     bench.add_argument("--memory-gb", type=positive_float,
                        help="sweep memory cap (default: 0.8 x the available memory)")
-    bench.add_argument("--out", default="benchmark_sweep.png",
-                       type=output_file("sweep.png", FIGURE_SUFFIXES),
+    bench.add_argument("--out", type=output_file("sweep.png", FIGURE_SUFFIXES),
                        help="sweep figure (PNG, or another format by its suffix: pdf, svg, "
                             "...; .png is added to a name without one; default "
                             "benchmark_sweep.png)")
@@ -503,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_frozen_feature_verbs(verbs)
     from vitkit.serve.command import add_serve_verb  # argparse only: FastAPI loads on use
     add_serve_verb(verbs)
+    for verb_parser in verbs.choices.values():  # unknown flags get the verb's usage
+        verb_parser.set_defaults(verb_parser=verb_parser)
     return parser
 
 

@@ -249,7 +249,7 @@ class ViTConfig:
     @classmethod
     def from_json(cls, path_or_text: str | Path) -> ViTConfig:
         """Read a config from a JSON file path or a JSON string."""
-        text = str(path_or_text)
+        text, source = str(path_or_text), "the config text"
         if not text.lstrip().startswith("{"):
             path = Path(path_or_text)
             if not path.is_file():
@@ -257,7 +257,7 @@ class ViTConfig:
                 raise ConfigError(f"config file {path} does not exist"
                                   + (f"; did you mean {guess}?" if guess else ""))
             try:
-                text = path.read_text()
+                text, source = path.read_text(), str(path)
             except UnicodeDecodeError:
                 raise ConfigError(
                     f"{path} is not a JSON config file (it is binary). A checkpoint's config "
@@ -266,9 +266,12 @@ class ViTConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"config is not valid JSON ({exc})") from exc
+            raise ConfigError(f"{source} is not valid JSON ({exc}): a model config is a JSON "
+                              "object of config keys, as ViTConfig.to_json() writes it"
+                              ) from exc
         if not isinstance(data, dict):
-            raise ConfigError("a config file must hold a JSON object of config keys")
+            raise ConfigError(f"{source} must hold a JSON object of config keys, not "
+                              f"{type(data).__name__}")
         return cls.from_dict(data)
 
     def replace(self, **overrides: Any) -> ViTConfig:

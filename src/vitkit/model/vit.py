@@ -93,6 +93,9 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         """z0 = [x_class; x_p E] + E_pos."""
         self.check_input(images)
         if self.config.dynamic_img_size:
+            step = self.patch_embed.size_step
+            if torch.jit.is_tracing() and step > 1:  # exported: no check_size; fail, not crop
+                images = whole_steps(images, step)
             features = self.patch_embed.feature_map(images)
             positions = self.positions((features.shape[-2], features.shape[-1]))
             tokens = features.flatten(2).transpose(1, 2).contiguous()  # see Stem.forward
@@ -290,3 +293,13 @@ class VisionTransformer(TimmModelAPI, nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameter names that weight decay should skip (tokens and positions)."""
         return {"cls_token", "pos_embed"}
+
+
+def whole_steps(images: torch.Tensor, step: int) -> torch.Tensor:
+    """`images` unchanged, through a reshape into (height / step, step, width / step, step)
+    blocks that fails where a side is not a multiple of `step`. In a traced (ONNX) graph of a
+    dynamic-size model this is the size check: its Reshape refuses such an input, where the
+    stem's strided convolution would drop the remainder silently."""
+    batch, channels, height, width = images.shape
+    blocks = images.reshape(batch, channels, height // step, step, width // step, step)
+    return blocks.reshape(batch, channels, height, width)

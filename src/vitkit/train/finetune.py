@@ -3,6 +3,7 @@ vit_jax's training crop (resize, then a random window of the training size)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -16,6 +17,8 @@ from vitkit.preprocess import Preprocess
 from vitkit.train.checkpoint import TrainCheckpoint
 from vitkit.train.config import TrainConfig
 from vitkit.weights import WeightsRecord, build_model
+
+log = logging.getLogger(__name__)
 
 
 def read_init(cfg: TrainConfig) -> WeightsRecord:
@@ -43,15 +46,16 @@ def target_config(weights: WeightsRecord, overrides: dict[str, Any]) -> ViTConfi
     return weights.config.replace(**fields)
 
 
-def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int
-                     ) -> VisionTransformer:
+def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int,
+                     class_names: list[str] | None = None) -> VisionTransformer:
     """The model to fine-tune, in training mode.
 
     Position embeddings are resampled to `model.img_size` with `cfg.pos_interpolation` ("auto":
     the convention of the weights' format, see `vitkit.weights.resampling`); with
     `cfg.new_head` the classifier is replaced by a zero-initialised one of `num_classes`
     outputs and the pre-logits layer dropped, as in the paper's fine-tuning. Without it, a
-    head that already has `num_classes` outputs is kept.
+    head that already has `num_classes` outputs is kept, output i for the data's class i
+    (`class_names`): a warning names the first pair whose names differ.
     """
     overrides = cfg.finetune_overrides()
     asked = int(overrides.pop("num_classes", num_classes))
@@ -66,7 +70,23 @@ def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int
     if cfg.new_head or num_classes != model.config.num_classes:
         model.reset_classifier(num_classes, zero_init=True)
         model.class_names = None
+    elif class_names and model.class_names:
+        warn_if_renamed(list(model.class_names), class_names)
     return model.train()
+
+
+def warn_if_renamed(kept: list[str], data: list[str]) -> None:
+    """With new_head=false the kept classifier's output i learns the data's class i: warn when
+    the weights named that output otherwise (classes in another order, or other classes)."""
+    pairs = [(i, old, new) for i, (old, new) in enumerate(zip(kept, data, strict=False))
+             if old != new]
+    if pairs:
+        i, old, new = pairs[0]
+        log.warning("new_head=false keeps the weights' classifier, and %d of its %d outputs "
+                    "are named otherwise than the data's classes (output %d: %r in the "
+                    "weights, %r in the data): each output is trained as the data's class "
+                    "of its index. Keep new_head=true for a new head, or order the data's "
+                    "classes as the weights' are", len(pairs), len(kept), i, old, new)
 
 
 def config_from_run(state: TrainCheckpoint) -> tuple[ViTConfig, Preprocess]:

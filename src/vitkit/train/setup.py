@@ -143,7 +143,8 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     task = make_task(spec)
     torch.manual_seed(cfg.seed)
     if init is not None:
-        model = pretrained_model(init, cfg, output_count(train, spec, test)).to(device)
+        model = pretrained_model(init, cfg, output_count(train, spec, test),
+                                 list(train.classes)).to(device)
         config = model.config
     else:
         model = VisionTransformer(config).to(device)

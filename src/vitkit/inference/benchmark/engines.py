@@ -71,7 +71,12 @@ class EngineOptions:
         """"torch, int8 (onednn engine), token merging r=8"; `chosen`: the precision auto
         chose, `int8_engine` the int8 engine chosen, `device` the model's (default CPU)."""
         precision = chosen or self.requested()
-        parts = [self.engine + (" (torch.compile, frozen weights)" if self.compile else "")]
+        compiled = ""
+        if self.compile:
+            compiled = (" (not compiled: ONNX Runtime's int8 session runs outside torch)"
+                        if runs_in_onnxruntime(precision, int8_engine)
+                        else " (torch.compile, frozen weights)")
+        parts = [self.engine + compiled]
         if precision == "bf16":
             autocast = bf16_autocast(device or torch.device("cpu"))
             parts.append("bf16 (torch.autocast)" if autocast else "bf16 (a bf16 copy)")
@@ -89,6 +94,12 @@ class EngineOptions:
 
 
 Runner = Callable[[], object]
+
+
+def runs_in_onnxruntime(precision: str | None, int8_engine: str | None) -> bool:
+    """Whether the torch engine's model is ONNX Runtime's int8 session (auto's or
+    --int8-engine onnxruntime's pick), which torch.compile cannot compile."""
+    return precision == "int8" and int8_engine == "onnxruntime"
 
 
 class Engine:
@@ -120,7 +131,8 @@ class Engine:
             module, self.context, self.precision = run_in_precision(
                 requested, self.device, model, batch, int8_engine=options.int8_engine,
                 compiled=options.compile)
-        if options.compile:
+        if options.compile and not runs_in_onnxruntime(self.precision.name,
+                                                       self.precision.engine):
             module = compile_for_inference(module, self.device)
         self.module = module
 

@@ -60,7 +60,7 @@ class BenchmarkResult:
         if self.latency_ms_median is not None:
             rows.append(("latency at batch 1 (median / p90)",
                          f"{self.latency_ms_median:,.2f} / {self.latency_ms_p90:,.2f} ms"))
-        rows += [("first call" + (" (compile)" if "compile" in self.engine else ""),
+        rows += [("first call" + (" (compile)" if "torch.compile" in self.engine else ""),
                   f"{self.first_call_s:,.2f} s (not in images/s)"),
                  ("peak memory during the run", f"{self.peak_memory_mib:,.1f} MiB "
                   f"(+ {self.weights_mib:,.1f} MiB of weights before it)"),

@@ -182,6 +182,63 @@ TOP1 = {
 }
 _ALIASES = {"R50+ViT-B/16-i21k": "R50+B/16-i21k"}
 
+# timm's names of the same files, ARCH_RES.TAG ("vit_base_patch16_224.augreg_in21k_ft_in1k"):
+# its AugReg picks (the "-timm" file where the README picks another) and the 2020 release.
+# timm loads the 2020 release's "orig_in21k" without its head (num_classes=0); vitkit keeps
+# the file's. Checked against timm's pretrained configs in tests/test_catalog.py.
+_TIMM_SIZE_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
+_RELEASE_2020_I21K = ("B/16", "B/32", "L/16", "L/32", "H/14", "R50+B/16")
+_RELEASE_2020_I1K = (("B/16", 224), ("B/16", 384), ("L/32", 384), ("R50+B/16", 384))
+# A timm name with a weights tag: "vit_base_patch16_224.augreg2_in21k_ft_in1k", "timm/...".
+TIMM_TAGGED_RE = re.compile(r"^(?:timm/)?(?P<arch>vit_[a-z0-9_]+)\.(?P<tag>[a-z0-9_]+)$")
+
+
+def _timm_arch(variant: str, res: int) -> str:
+    """timm's architecture name of a variant at `res` px: "B/16" -> "vit_base_patch16_224",
+    "R50+L/32" -> "vit_large_r50_s32_224", the root-only "R+Ti/16" -> "vit_tiny_r_s16_p8_224"."""
+    stem, _, vit = variant.rpartition("+")
+    size, patch = vit.split("/")
+    base = f"vit_{_TIMM_SIZE_WORDS[size]}"
+    if not stem:
+        return f"{base}_patch{patch}_{res}"
+    return f"{base}_r_s{patch}_p8_{res}" if stem == "R" else f"{base}_{stem.lower()}_s{patch}_{res}"
+
+
+def _timm_names() -> dict[str, str]:
+    """timm's tagged name -> the registry's name of the same file."""
+    def pick(name: str) -> str:
+        return name + TIMM_SUFFIX if name + TIMM_SUFFIX in _OFFICIAL else name
+
+    names = {}
+    for variant, (_, finetunes) in _TIMM_AUGREG.items():
+        names[f"{_timm_arch(variant, 224)}.augreg_in21k"] = pick(f"{variant}-augreg-i21k")
+        for res in finetunes:
+            names[f"{_timm_arch(variant, res)}.augreg_in21k_ft_in1k"] = \
+                pick(f"{variant}-augreg-i21k-i1k-{res}")
+    names.update({f"{_timm_arch(v, 224)}.orig_in21k": f"{v}-i21k" for v in _RELEASE_2020_I21K})
+    names.update({f"{_timm_arch(v, res)}.orig_in21k_ft_in1k": f"{v}-i21k-i1k-{res}"
+                  for v, res in _RELEASE_2020_I1K})
+    return names
+
+
+TIMM_NAMES = _timm_names()
+
+
+def timm_tag_advice(text: str) -> str | None:
+    """For a timm name with a weights tag that names no official file here (timm's own
+    fine-tunes, "augreg2_in21k_ft_in1k", "augreg_in1k", ...): where its weights are and how
+    to build its architecture. None for any other text."""
+    match = TIMM_TAGGED_RE.match(text)
+    if match is None:
+        return None
+    arch, tag = match["arch"], match["tag"]
+    return (f"{text!r} is timm's name for its {tag} weights, which are not one of the "
+            f"official files vitkit names: give hf-hub:timm/{arch}.{tag} instead for timm's "
+            f"file (from the Hugging Face Hub, or its cache offline), or {arch} for the "
+            "architecture alone. `vitkit models --checkpoints` lists the official files "
+            "(timm's augreg_in21k, augreg_in21k_ft_in1k, orig_in21k and orig_in21k_ft_in1k "
+            "names are read as them)")
+
 
 @dataclass(frozen=True)
 class NamedCheckpoint:
@@ -231,7 +288,10 @@ _NAMES_BY_FILE = _names_by_file()
 def normalize_name(name: str) -> str | None:
     """The registry key for `name` ("ViT-B_16-i21k", "b16-i21k" and "B/16-i21k" agree), or
     for one of its files: the release file stem or name, its path in the bucket, its
-    gs://vit_models/... address (as the official README writes it) or its URL."""
+    gs://vit_models/... address (as the official README writes it), its URL, or timm's name
+    of it (`TIMM_NAMES`: "vit_base_patch16_224.augreg_in21k", "timm/" before it or not)."""
+    if name.removeprefix("timm/") in TIMM_NAMES:
+        return TIMM_NAMES[name.removeprefix("timm/")]
     path = urllib.parse.unquote(name)
     for prefix in ("gs://vit_models/", f"{BASE_URL}/"):
         path = path.removeprefix(prefix)

@@ -42,7 +42,8 @@ def file_kind(path: Path) -> str:
     with path.open("rb") as stream:
         head = stream.read(16)
     if not head:
-        raise CheckpointError(f"{path} is empty: download it again")
+        raise CheckpointError(f"{path} is empty (0 bytes), so it holds no weights: save, "
+                              "copy or download it again")
     if head.lstrip().lower().startswith(_HTML_STARTS):
         return "html"
     if head.startswith(b"PK"):
