@@ -77,7 +77,7 @@ def main() -> None:
         use_shortcut, use_chunked, use_transposed = setting
         model.pools_class_token_only = shortcut if use_shortcut else (lambda: False)
         vitkit.model.layers.use_chunked_attention = use_chunked_attention if use_chunked \
-            else (lambda qkv, num_heads, dropout: False)
+            else (lambda qkv, num_heads, dropout, training=True: False)
         vitkit.model.chunked_attention.TRANSPOSED_BELOW = TRANSPOSED_BELOW if use_transposed \
             else 0
 

@@ -85,7 +85,7 @@ def test_attention_module_trains_the_same_with_and_without_the_chunked_path(monk
     grads = torch.autograd.grad(out.square().sum(), [x, *module.parameters()])
     calls = []
     monkeypatch.setattr(vitkit.model.layers, "use_chunked_attention",
-                        lambda qkv, num_heads, dropout: calls.append(1) and False)
+                        lambda qkv, num_heads, dropout, training: calls.append(1) and False)
     reference, _ = module(x)
     reference_grads = torch.autograd.grad(reference.square().sum(), [x, *module.parameters()])
     assert calls, "the module asks use_chunked_attention"
@@ -154,3 +154,49 @@ def test_compile_traces_the_chunked_attention_as_one_op_with_eager_values_and_gr
         grad = torch.autograd.grad(out.square().sum(), x)[0]
         assert (grad - expected_grad).abs().max() < 1e-12
     torch._dynamo.reset()
+
+
+def test_torch_func_and_export_of_a_small_model_leave_the_chunked_path():
+    """The chunked op has no torch.func rules and is vitkit's own: an eval-mode model with
+    grad on took it, so `jacrev` saliency failed (functorch's "autograd.Function ... must
+    override setup_context"), as did per-sample gradients (vmap(grad)) in training mode, and
+    `torch.export` wrote a graph holding `vitkit.chunked_attention` (its batch fixed, and
+    unloadable without vitkit). They take SDPA now; training still takes the chunked path."""
+    from torch.func import functional_call, grad, jacrev, vmap
+
+    from vitkit import create_model
+
+    torch.manual_seed(0)
+    model = create_model("cifar10-tutorial", depth=1).eval()
+    images = torch.randn(3, 3, 32, 32)
+    saliency = jacrev(lambda x: model(x[None])[0])(images[0])  # (classes, 3, 32, 32)
+    x = images[:1].clone().requires_grad_(True)
+    model(x)[0, 2].backward()
+    assert torch.allclose(saliency[2], x.grad[0], atol=1e-6)
+
+    model.train()
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    targets = torch.tensor([1, 4, 7])
+
+    def loss(p, image, target):
+        logits = functional_call(model, p, (image[None],))
+        return F.cross_entropy(logits, target[None])
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, images, targets)
+    for i in range(3):
+        model.zero_grad()
+        F.cross_entropy(model(images[i:i + 1]), targets[i:i + 1]).backward()
+        reference = model.patch_embed.proj.weight.grad
+        assert torch.allclose(per_sample["patch_embed.proj.weight"][i], reference,
+                              atol=1e-5, rtol=1e-3)
+
+    with torch.no_grad():
+        expected = model.eval()(images)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(model, (images,), dynamic_shapes=({0: batch},))
+    assert "vitkit" not in str(program.graph)
+    assert torch.allclose(program.module()(torch.cat([images, images])),
+                          torch.cat([expected, expected]), atol=1e-5)
+    assert use_chunked_attention(torch.randn(2, 65, 144, requires_grad=True), 4, 0.0, True)
+    assert not use_chunked_attention(torch.randn(2, 65, 144, requires_grad=True), 4, 0.0,
+                                     False), "an eval-mode module keeps SDPA"

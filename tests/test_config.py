@@ -152,3 +152,18 @@ def test_an_invalid_json_config_names_its_file(tmp_path, capsys):
         ViTConfig.from_json(path)
     path.write_text(variant_config("cifar10-tutorial").to_json())
     assert create_model(str(path)).config == variant_config("cifar10-tutorial")
+
+
+@pytest.mark.parametrize(("theirs", "ours", "value"), [
+    ("embed_dim", "width", 384), ("drop_rate", "dropout", 0.1), ("hidden_size", "width", 384),
+    ("num_hidden_layers", "depth", 2), ("drop_path_rate", "drop_path", 0.1),
+    ("in_channels", "in_chans", 1), ("layer_norm_eps", "norm_eps", 1e-5)])
+def test_timm_and_hf_names_of_fields_name_the_field(theirs, ours, value):
+    """timm's and Hugging Face's keyword names were answered by spelling: embed_dim "Did you
+    mean 'mlp_dim' or 'pos_embed'?", drop_rate 'drop_path' first. The field they name is
+    said, and the advice, followed, builds the model with that setting."""
+    with pytest.raises(ConfigError, match=f"For {theirs}, use {ours}\\."):
+        create_model("S/16", device="meta", **{theirs: value})
+    assert getattr(create_model("S/16", device="meta", **{ours: value}).config, ours) == value
+    with pytest.raises(ConfigError, match=r"For pretrained, use load_pretrained\(NAME\)"):
+        create_model("S/16", device="meta", pretrained=True)

@@ -21,7 +21,7 @@ from vitkit.catalog import load_pretrained
 from vitkit.cli import main
 from vitkit.errors import InputError
 from vitkit.evaluation import fewshot_lsr_accuracy, fewshot_lsr_predictions, ridge_solver
-from vitkit.evaluation.fewshot import sample_shots
+from vitkit.evaluation.fewshot import fewshot_curve, sample_shots
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import run_loop
 from vitkit.train.setup import build_run
@@ -183,3 +183,97 @@ def test_fewshot_compares_several_weights_on_one_figure(run, tmp_path, capsys):
     mean = 100 * models[0]["accuracy"]["5"]["mean"]
     assert printed.count(f"{mean:.2f} ± ") == 2  # both columns of the side-by-side table
     assert (tmp_path / "fewshot.png").stat().st_size > 0
+
+
+def test_a_class_without_training_images_draws_none_and_is_never_the_advice():
+    """Labels 1..3 (arrays may number classes from 1) or a class only the test split has:
+    class 0 held 0 training images, so every shot count was refused with the advice
+    "--shots 0", itself refused. Such a class draws none (big_vision's empty permutation),
+    the advice names the smallest class that has images, and the curve runs."""
+    labels = np.array([1] * 6 + [2] * 4 + [3] * 5)
+    drawn = sample_shots(labels, [1, 4], seed=0, num_classes=4)
+    np.testing.assert_array_equal(np.bincount(labels[drawn[4]], minlength=4), [0, 4, 4, 4])
+    with pytest.raises(InputError, match=r"'class 2' \(4 images\).*--shots 4"):
+        sample_shots(labels, [5], seed=0, num_classes=4)
+    centres = np.random.default_rng(0).normal(size=(4, 6))
+    x = centres[labels] + 0.1 * np.random.default_rng(1).normal(size=(len(labels), 6))
+    result = fewshot_curve(x, labels, x, labels, 4, shots=[1, 4], seeds=2)
+    assert result.mean(4) == 1.0  # separable: every image right, class 0 never predicted
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    ("nan_test", InputError, r"1 of the 40 feature rows hold inf or NaN \(row 3 first\)"),
+    ("inf_train", InputError, r"1 of the 60 feature rows hold inf or NaN"),
+    ("label_too_large", InputError, r"a label is 7 but num_classes is 3: pass num_classes=8"),
+    ("fewer_labels", InputError, r"40 test features but 39 test labels"),
+    ("other_width", InputError, r"training features have 6 dims and the test features 5"),
+    ("fractional_label", InputError, r"whole class indices, got 1.7"),
+])
+def test_the_frozen_feature_protocols_refuse_bad_arrays_by_name(change, error, message):
+    """The Python API took NaN features silently (a few-shot accuracy of a third; inf raised
+    numpy's LinAlgError), labels above num_classes as raw IndexErrors, arrays of other lengths
+    or widths as broadcast errors, and truncated 1.7 to class 1. Each is named now, by the
+    few-shot solve, the kNN and the linear probe alike."""
+    from vitkit.evaluation import knn_accuracy, linear_probe
+
+    x_train, y_train, x_test, y_test = _problem(60, 6, 3, seed=1)
+    x_test, y_test = x_test[:40].copy(), y_test[:40].astype(np.float64)
+    if change == "nan_test":
+        x_test[3, 1] = np.nan
+    elif change == "inf_train":
+        x_train[5, 0] = np.inf
+    elif change == "label_too_large":
+        y_test[0] = 7
+    elif change == "fewer_labels":
+        y_test = y_test[:-1]
+    elif change == "other_width":
+        x_test = x_test[:, :5]
+    else:
+        y_test[2] = 1.7
+    for protocol in (fewshot_lsr_accuracy, knn_accuracy, linear_probe):
+        with pytest.raises(error, match=message):
+            protocol(x_train, y_train, x_test, y_test, 3)
+
+
+def test_knn_k_below_one_and_no_seeds_are_refused():
+    from vitkit.errors import ConfigError
+    from vitkit.evaluation import knn_accuracy
+
+    x, y, _, _ = _problem(30, 4, 3)
+    with pytest.raises(ConfigError, match="k >= 1"):
+        knn_accuracy(x, y, x, y, 3, k=0)  # voted class 0 for every image (0.25 in a trial)
+    with pytest.raises(ConfigError, match="at least one seed"):
+        fewshot_curve(x, y, x, y, 3, shots=[1], seeds=0)  # a NaN mean, with numpy warnings
+
+
+def test_features_that_overflow_are_refused_by_fewshot_and_probe(run, tmp_path, capsys):
+    """Weights whose features overflow to inf (every weight finite) made `fewshot` fail with
+    numpy's LinAlgError ("a bug in vitkit", exit 1) and `probe` print 10% with advice to raise
+    max_iter; both refuse it now, naming the images, before any protocol runs."""
+    model = load_pretrained(run)
+    with torch.no_grad():
+        model.blocks[-1].mlp.fc2.weight.mul_(1e38)
+    save_pretrained(model, tmp_path / "overflow")
+    for verb in (["fewshot", "--shots", "1", "--out", str(tmp_path)], ["probe"]):
+        assert main([verb[0], str(tmp_path / "overflow"), "--data", "digits", *verb[1:]]) == 2
+        err = capsys.readouterr().err
+        assert "gives features that are not finite (inf or NaN) for" in err, err
+        assert "train images of digits" in err
+
+
+def test_fewshot_of_a_regression_model_is_refused_before_reading_images(tmp_path, capsys,
+                                                                         monkeypatch):
+    """The refusal (fewshot draws per class: use probe) came after every feature of both
+    splits was extracted: minutes on a large data set. It comes before any image is read."""
+    import vitkit.evaluation.features as features
+    from vitkit import create_model
+    from vitkit.tasks import TaskSpec
+
+    model = create_model("Ti/8", img_size=8, in_chans=1, depth=1, num_classes=1)
+    model.task = TaskSpec("regression")
+    save_pretrained(model, tmp_path / "regressor")
+    monkeypatch.setattr(features, "split_to_evaluate",
+                        lambda *a, **k: pytest.fail("images read before the task check"))
+    assert main(["fewshot", str(tmp_path / "regressor"), "--data", "digits",
+                 "--out", str(tmp_path)]) == 2
+    assert "fewshot draws images per class" in capsys.readouterr().err

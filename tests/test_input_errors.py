@@ -39,3 +39,30 @@ def test_size_not_divisible_by_patch(model):
 def test_size_other_than_the_configured_one(model):
     with pytest.raises(InputError, match=r"384x384 differs.*img_size=\(384, 384\)"):
         model(torch.randn(1, 3, 384, 384))
+
+
+def test_pixels_other_dtypes_and_lists_are_explained_and_the_advice_works(model):
+    """uint8 pixels, float64 images and a list of PIL images reached torch's "Input type ...
+    and bias type ... should be the same" or an AttributeError; each is named now, and the
+    advice, followed, runs."""
+    from PIL import Image
+
+    from vitkit.preprocess import preprocess_for
+
+    pixels = torch.randint(0, 256, (2, 3, 224, 224), dtype=torch.uint8)
+    with pytest.raises(InputError, match=r"torch.uint8, not normalised floats.*"
+                                         r"preprocess_for\(model\)\.normalize\(images\)"):
+        model(pixels)
+    assert model(preprocess_for(model).normalize(pixels)).shape == (2, 10)
+    doubles = torch.randn(2, 3, 224, 224, dtype=torch.float64)
+    with pytest.raises(InputError, match=r"float64 but the model's weights are torch.float32: "
+                                         r"call images.to\(torch.float32\)"):
+        model(doubles)
+    assert model(doubles.to(torch.float32)).shape == (2, 10)
+    images = [Image.new("RGB", (300, 200)), Image.new("RGB", (64, 64))]
+    with pytest.raises(InputError, match=r"got a list: make one from PIL images with "
+                                         r"vitkit.preprocess.preprocess_for\(model\)\(images\)"):
+        model(images)
+    assert model(preprocess_for(model)(images)).shape == (2, 10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts: not refused
+        assert model(torch.randn(1, 3, 224, 224)).shape == (1, 10)

@@ -28,3 +28,44 @@ def test_shorter_side_and_centre_crop_equal_timms_eval_transform(size, crop_pct)
     for shape in SHAPES:
         image = Image.fromarray((rng.random((*shape, 3)) * 255).astype(np.uint8))
         assert (ours([image])[0] - reference(image)).abs().max().item() <= 1e-6, shape
+
+
+@pytest.mark.parametrize("size", [32, (32, 48)])
+@pytest.mark.parametrize("crop_pct", [0.875, 0.9, 1.0])
+def test_squash_with_a_crop_equals_timms_squash_crop_mode(size, crop_pct):
+    """timm's crop_mode "squash": each side to floor(size / crop_pct), then the centre crop
+    (the whole frame at crop_pct 1). vitkit's "squash" ignored crop_pct."""
+    rng = np.random.default_rng(1)
+    hw = size if isinstance(size, tuple) else (size, size)
+    reference = create_transform(input_size=(3, *hw), interpolation="bicubic", crop_pct=crop_pct,
+                                 crop_mode="squash", mean=(0.5,) * 3, std=(0.5,) * 3)
+    ours = Preprocess(img_size=size, resize_mode="squash", crop_pct=crop_pct,
+                      interpolation="bicubic")
+    for shape in SHAPES:
+        image = Image.fromarray((rng.random((*shape, 3)) * 255).astype(np.uint8))
+        assert (ours([image])[0] - reference(image)).abs().max().item() <= 1e-6, shape
+
+
+def test_a_timm_folder_with_crop_mode_squash_is_read_as_squash(tmp_path):
+    """timm's own folders may say crop_mode "squash" (vit_so400m_patch14_siglip_gap_378's
+    webli_ft_in1k); vitkit read every timm folder as "center" and cropped the centre where
+    timm squashes the whole frame (up to 0.235 apart on a smooth 120x160 image)."""
+    import timm
+    from timm.data import resolve_data_config
+    from timm.models import save_for_hf
+
+    import vitkit
+
+    reference = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=48,
+                                  num_classes=3)
+    reference.pretrained_cfg = {**reference.pretrained_cfg, "input_size": (3, 48, 48),
+                                "crop_mode": "squash", "crop_pct": 0.9}
+    save_for_hf(reference, tmp_path)
+    model = vitkit.load_pretrained(tmp_path)
+    assert (model.preprocess.resize_mode, model.preprocess.crop_pct) == ("squash", 0.9)
+    yy, xx = np.mgrid[0:120, 0:160]
+    image = Image.fromarray(np.stack([xx * 255 // 160, yy * 255 // 120, (xx + yy) * 255 // 280],
+                                     -1).astype(np.uint8))
+    theirs = create_transform(**resolve_data_config(model=reference))(image)
+    assert (model.preprocess([image])[0] - theirs).abs().max().item() <= 1e-6
+    assert resolve_data_config(model=model) == resolve_data_config(model=reference)

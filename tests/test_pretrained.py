@@ -16,6 +16,7 @@ import pytest
 import timm
 import timm.models.vision_transformer as timm_vit
 import torch
+from PIL import Image
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 from transformers import ViTConfig as HFConfig
@@ -130,6 +131,31 @@ def test_hf_save_pretrained_folder(tmp_path):
         assert _max_diff(model(images), reference(images).logits) <= TOL
     assert model.class_names == [f"thing{i}" for i in range(5)]
     assert model.origin == "huggingface"
+
+
+@pytest.mark.parametrize(("size", "crop"), [(39, 32), ({"height": 36, "width": 36},
+                                                      {"height": 32, "width": 32}),
+                                            ({"shortest_edge": 40}, {"height": 32, "width": 32})])
+def test_hf_processor_that_resizes_then_centre_crops_gives_its_pixels(tmp_path, size, crop):
+    """A Hugging Face "vit" folder whose processor resizes and then centre-crops (DeiT's,
+    as facebook/deit-base-patch16-224 ships it: 256, then 224) was read as a plain resize to
+    the model's size: up to 0.366 apart from transformers' processor. Equal now (the PIL
+    processors: transformers 5's default ones resize through torchvision)."""
+    pil = pytest.importorskip("transformers.models.deit.image_processing_pil_deit")
+    reference = randomise(ViTForImageClassification(_hf_config()))
+    reference.save_pretrained(tmp_path)
+    settings = {"do_resize": True, "size": size, "do_center_crop": True, "crop_size": crop,
+                "resample": 3, "image_mean": [0.485, 0.456, 0.406],
+                "image_std": [0.229, 0.224, 0.225]}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(settings))
+    model = load_pretrained(tmp_path)
+    processor = pil.DeiTImageProcessorPil(**settings)
+    yy, xx = np.mgrid[0:120, 0:160]
+    for image in (np.stack([xx * 255 // 160, yy * 255 // 120, (xx + yy) * 255 // 280], -1),
+                  np.random.default_rng(0).integers(0, 256, (61, 47, 3))):
+        picture = Image.fromarray(image.astype(np.uint8))
+        theirs = processor(images=picture, return_tensors="pt")["pixel_values"]
+        assert _max_diff(model.preprocess([picture]), theirs) <= 1e-5
 
 
 def test_hf_vit_model_pooler_is_pre_logits(tmp_path):
@@ -325,6 +351,51 @@ def test_head_size_mismatch_names_num_classes(tmp_path):
     with pytest.raises(vitkit.VitkitError, match="num_classes="):
         load_weights(target, folder)
     assert load_pretrained(folder, num_classes=5).head.out_features == 5
+
+
+def test_a_position_grid_mismatch_names_the_resampling_load(tmp_path):
+    """load_weights of 64 px weights into a 96 px model said only that pos_embed's shapes
+    differ: its advice to resample (load_pretrained with img_size) was never shown (it
+    compared the formatted lines with the key). It is, and followed it loads."""
+    folder = save_pretrained(vitkit.create_model("Ti/16", img_size=64, depth=1), tmp_path / "f")
+    target = vitkit.create_model("Ti/16", img_size=96, depth=1)
+    with pytest.raises(vitkit.VitkitError, match=r"position grid differs: load with "
+                                                 r"load_pretrained\(path, img_size=\.\.\.\)"):
+        load_weights(target, folder)
+    assert load_pretrained(folder, img_size=96).pos_embed.shape == target.pos_embed.shape
+
+
+def test_save_pretrained_unwraps_compiled_and_ddp_models_and_refuses_meta(tmp_path):
+    """save_pretrained(torch.compile(model)) wrote "_orig_mod."-prefixed keys that
+    load_pretrained then refused as "not a plain ViT", and a DDP-wrapped model raised a raw
+    AttributeError; both save the inner model now (and a state dict saved from a compiled
+    model reads), while a meta-device model is refused by name."""
+    model = randomise(vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=3))
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model.eval()(images)
+    compiled = torch.compile(model)  # wrapped only: nothing compiles until it is called
+    folder = save_pretrained(compiled, tmp_path / "compiled")
+    with torch.no_grad():
+        assert torch.equal(load_pretrained(folder)(images), expected)
+
+    class Wrapper(torch.nn.Module):  # DDP's and DataParallel's layout: `.module`
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    folder = save_pretrained(Wrapper(model), tmp_path / "ddp")
+    with torch.no_grad():
+        assert torch.equal(load_pretrained(folder)(images), expected)
+    torch.save(compiled.state_dict(), tmp_path / "compiled.pth")
+    assert next(iter(compiled.state_dict())).startswith("_orig_mod.")
+    with torch.no_grad():
+        loaded = load_pretrained(tmp_path / "compiled.pth", num_classes=3, img_size=32)
+        assert (loaded(images) - expected).abs().max() < 1e-5
+    with pytest.raises(vitkit.VitkitError, match="meta device, so it holds no weights"):
+        save_pretrained(vitkit.create_model("Ti/16", depth=1, device="meta"), tmp_path / "m")
+    with pytest.raises(vitkit.VitkitError, match="takes a vitkit VisionTransformer"):
+        save_pretrained(torch.nn.Linear(2, 2), tmp_path / "linear")
 
 
 class _RunsCode:

@@ -321,10 +321,18 @@ def test_timms_transform_from_pretrained_cfg_gives_the_preprocess_pixels(preproc
 
 
 def test_pretrained_cfg_tells_only_what_it_knows():
+    """A model without `preprocess` tells timm the official preprocessing, which vitkit's
+    predict, eval and save_pretrained use for it (it told none, so timm's resolve_data_config
+    fell back to ImageNet's mean and std, bicubic, crop_pct 0.875: other pixels)."""
     model = _small()
     cfg = model.pretrained_cfg
     assert cfg == {"input_size": (3, 32, 32), "fixed_input_size": True, "num_classes": 5,
-                   "pool_size": None, "first_conv": "patch_embed.proj", "classifier": "head"}
+                   "pool_size": None, "first_conv": "patch_embed.proj", "classifier": "head",
+                   "interpolation": "bilinear", "crop_pct": 1.0, "crop_mode": "squash",
+                   "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+    image = Image.fromarray(torch.randint(0, 256, (45, 70, 3), dtype=torch.uint8).numpy())
+    theirs = create_transform(**resolve_data_config(model=model))(image)
+    assert _max_diff(official_preprocess((32, 32))([image])[0], theirs) <= TOL
     model.preprocess = Preprocess(img_size=(32, 32), scale=1.0)  # arrays in their own units
     assert "mean" not in model.pretrained_cfg and "std" not in model.pretrained_cfg
     model.class_names = ["a", "b", "c", "d", "e"]

@@ -160,6 +160,30 @@ def test_two_processes_under_torchrun_equal_one_process(tmp_path):
     assert load_checkpoint(tmp_path / "ddp" / "last.pt")["position"]["step"] == 22
 
 
+def test_an_odd_global_batch_under_torchrun_equals_one_process(tmp_path):
+    """33 images on 2 ranks are 16 and 17: each rank took its own share's mean and DDP
+    averaged the two (2.8e-3 from one process after 40 steps in a trial); each rank's sum is
+    divided by the global batch over the ranks now. A batch smaller than the ranks trained
+    nothing and said "done"; it is refused."""
+    overrides = ["total_steps=8", "warmup_steps=2", "batch_size=33", "test_limit=40",
+                 "progress=false", "threads=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "-m", "vitkit.cli", "train", "digits"]
+    ran = subprocess.run([*command, *overrides, "--out", str(tmp_path / "ddp")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, f"torchrun exited {ran.returncode}:\n{ran.stderr[-4000:]}"
+    assert main(["train", "digits", *overrides, "--out", str(tmp_path / "single")]) == 0
+    ddp, single = _weights(tmp_path / "ddp" / "last.pt"), _weights(tmp_path / "single" / "last.pt")
+    assert max((ddp[k] - single[k]).abs().max().item() for k in single) <= 1e-4
+    ran = subprocess.run([*command, "total_steps=2", "batch_size=1", "progress=false",
+                          "threads=1", "--out", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode != 0
+    assert "batch_size=1 is the global batch, shared by 2 processes" in ran.stderr
+    assert "set batch_size=2 or more" in ran.stderr
+
+
 def _noisy_folder(root: Path) -> Path:
     """Three classes of 12 varied-size noisy PNGs (a class tint in the middle) in train/val."""
     rng = np.random.default_rng(0)

@@ -62,6 +62,23 @@ COMMON_VARIANTS = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/14", "L/16
                    "R50+B/16", "R50+L/32", "R26+B/32", "R+Ti/32")
 
 
+# timm's and Hugging Face's names of config fields, and what they are here (a key refused
+# as unknown names its field rather than the closest spelling: "embed_dim" is not "mlp_dim").
+PEER_NAMES = {
+    "embed_dim": "width", "hidden_size": "width", "num_hidden_layers": "depth",
+    "num_attention_heads": "num_heads", "intermediate_size": "mlp_dim",
+    "mlp_ratio": "mlp_dim (mlp_ratio x width: mlp_dim=3072 for width 768 and ratio 4)",
+    "image_size": "img_size", "num_channels": "in_chans", "in_channels": "in_chans",
+    "drop_rate": "dropout", "hidden_dropout_prob": "dropout", "proj_drop_rate": "dropout",
+    "attn_drop_rate": "attn_dropout", "attention_probs_dropout_prob": "attn_dropout",
+    "drop_path_rate": "drop_path", "layer_norm_eps": "norm_eps", "hidden_act": "act",
+    "global_pool": "pool ('class_token' for timm's 'token', 'mean_patches' for 'avg')",
+    "representation_size": "pre_logits_dim",
+    "pretrained": "load_pretrained(NAME), which reads the weights (create_model builds the "
+                  "architecture at random)",
+}
+
+
 @dataclass
 class ViTConfig:
     """Everything that defines a Vision Transformer; round-trips through JSON.
@@ -237,7 +254,7 @@ class ViTConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
         """Build a config from a dict, refusing keys that are not config fields."""
-        check_known_keys(cls, data, "config")
+        check_known_keys(cls, data, "config", PEER_NAMES)
         return cls(**data)
 
     def to_json(self, path: str | Path | None = None) -> str:

@@ -351,12 +351,17 @@ def _json_or_text(text: str) -> Any:
     return _str(text, from_text=True)
 
 
-def check_known_keys(dataclass_type: type, data: dict[str, Any], what: str) -> None:
-    """Refuse keys that are not fields of `dataclass_type`, suggesting the closest ones."""
+def check_known_keys(dataclass_type: type, data: dict[str, Any], what: str,
+                     peer_names: dict[str, str] | None = None) -> None:
+    """Refuse keys that are not fields of `dataclass_type`, suggesting the closest ones, or
+    for another library's name of a field (`peer_names`: timm's "embed_dim" is "width"),
+    that field."""
     known = {f.name for f in dataclasses.fields(dataclass_type)}
     unknown = sorted(set(data) - known)
     if unknown:
-        hints = "".join(did_you_mean(key, known) for key in unknown)
+        peers = peer_names or {}
+        hints = "".join(f" For {key}, use {peers[key]}." if key in peers
+                        else did_you_mean(key, known) for key in unknown)
         raise ConfigError(f"unknown {what} key(s) {', '.join(unknown)}.{hints} "
                           f"Valid keys: {', '.join(sorted(known))}.")
 

@@ -21,6 +21,7 @@ from vitkit.errors import ConfigError, InputError
 from vitkit.fieldtypes import check_known_keys
 
 RESIZE_MODES = ("squash", "shorter_side")
+CROP_OFFSETS = ("round", "floor")
 INTERPOLATIONS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
                   "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -42,7 +43,9 @@ def check_tta(tta: str) -> str:
 class Preprocess:
     """How raw images become model input.
 
-    `resize_mode="squash"` resizes to `img_size` directly (the official ViT evaluation);
+    `resize_mode="squash"` resizes to `img_size` directly (the official ViT evaluation), or
+    with `crop_pct` < 1 each side to size / crop_pct and then centre-crops `img_size` (timm's
+    crop mode "squash"; Hugging Face's resize-then-crop processors, such as DeiT's 256 -> 224);
     "shorter_side" scales the shorter side to size / crop_pct and centre-crops `img_size`,
     in timm's arithmetic (`transforms_imagenet_eval`, crop mode "center"), so timm weights
     see the pixels timm gives them.
@@ -57,6 +60,9 @@ class Preprocess:
     # the input value that becomes 1.0 before mean/std: 255 for 8-bit pictures; 1 for
     # scientific arrays, whose mean/std are in the data's own units (data=arrays)
     scale: float = 255.0
+    # the centre crop's offset, half the pixels cut: "round" (half to even), as torchvision's
+    # CenterCrop and so timm; "floor", as Hugging Face's processors (`center_crop`)
+    crop_offset: str = "round"
 
     def __post_init__(self) -> None:
         size = self.img_size
@@ -72,6 +78,9 @@ class Preprocess:
         if self.interpolation not in INTERPOLATIONS:
             raise ConfigError(f"interpolation={self.interpolation!r} is not one of "
                               f"{', '.join(INTERPOLATIONS)}")
+        if self.crop_offset not in CROP_OFFSETS:
+            raise ConfigError(f"crop_offset={self.crop_offset!r} is not one of "
+                              f"{', '.join(CROP_OFFSETS)}")
         if not 0.0 < self.crop_pct <= 1.0:
             raise ConfigError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
         if len(self.mean) != len(self.std) or min(self.std) <= 0:
@@ -107,15 +116,21 @@ class Preprocess:
         image = image.convert(mode)
         height, width = self.img_size
         resample = INTERPOLATIONS[self.interpolation]
-        if self.resize_mode == "squash":
+        if self.resize_mode == "squash" and self.crop_pct == 1.0:
             return image.resize((width, height), resample)
-        new_h, new_w = _shorter_side_size(image.height, image.width, height, width,
-                                          self.crop_pct)
+        if self.resize_mode == "squash":
+            new_h, new_w = math.floor(height / self.crop_pct), math.floor(width / self.crop_pct)
+        else:
+            new_h, new_w = _shorter_side_size(image.height, image.width, height, width,
+                                              self.crop_pct)
         new_h, new_w = max(height, new_h), max(width, new_w)
         image = image.resize((new_w, new_h), resample)
-        # torchvision's centre crop: offsets rounded (half to even), not floored
-        left, top = round((new_w - width) / 2), round((new_h - height) / 2)
+        left, top = self._crop_offset(new_w - width), self._crop_offset(new_h - height)
         return image.crop((left, top, left + width, top + height))
+
+    def _crop_offset(self, cut: int) -> int:
+        """Where the centre crop starts when `cut` pixels are cut from a side."""
+        return cut // 2 if self.crop_offset == "floor" else round(cut / 2)
 
     def to_uint8(self, image: Image.Image) -> torch.Tensor:
         """(C, H, W) uint8 tensor of the resized image."""
@@ -131,6 +146,16 @@ class Preprocess:
     def __call__(self, images: list[Image.Image]) -> torch.Tensor:
         """A normalised float batch (B, C, H, W) from PIL images."""
         return self.normalize(torch.stack([self.to_uint8(image) for image in images]))
+
+
+def crop_fraction(crop: int, resized: int) -> float:
+    """The crop_pct whose floor(crop / crop_pct) is `resized` exactly (crop / resized, nudged
+    down where float rounding would floor one pixel short): a processor that resizes to
+    `resized` and centre-crops `crop`, in `Preprocess`'s terms."""
+    fraction = crop / resized
+    while math.floor(crop / fraction) < resized:
+        fraction = math.nextafter(fraction, 0.0)
+    return fraction
 
 
 def _shorter_side_size(image_h: int, image_w: int, height: int, width: int,

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from vitkit.catalog import read_weights
 from vitkit.data.augment import resize_batch
 from vitkit.data.feeds import EvaluationFeed
 from vitkit.errors import DataError
+from vitkit.evaluation.report import check_class_labels
 from vitkit.evaluation.splits import data_for, recorded_limit_key, split_to_evaluate
 from vitkit.files import cache_root, write_atomic
 from vitkit.model.vit import VisionTransformer
@@ -180,15 +182,31 @@ def _check_split(labels: np.ndarray, data: str, split: str) -> None:
                         "images without a label): evaluate on a labelled split")
 
 
+def _check_finite(features: np.ndarray, weights: str | Path, data: str, split: str) -> None:
+    """Refuse features with inf or NaN (weights that overflow on these images), which made
+    the few-shot solve fail deep in numpy and the probe score every image as one class."""
+    bad = ~np.isfinite(features).all(axis=1)
+    if bad.any():
+        raise DataError(f"{weights} gives features that are not finite (inf or NaN) for "
+                        f"{int(bad.sum())} of the {len(features)} {split} images of {data}: "
+                        "its outputs overflow float32 there. Check the weights (vitkit eval "
+                        "reports the same images) and that the images are in the units the "
+                        "weights were trained on")
+
+
 def frozen_features(weights_source: str | Path, data: str | None = None,
                     data_dir: str | None = None, weights_dir: str | Path | None = None,
-                    batch_size: int = 256, use_cache: bool = True) -> FrozenFeatures:
+                    batch_size: int = 256, use_cache: bool = True,
+                    check_task: Callable[[str], None] | None = None) -> FrozenFeatures:
     """The train and test features of `data` under the weights (any format `load_pretrained`
     reads), from the cache when they were extracted before. The data defaults to a training
-    checkpoint's own, as for `vitkit eval`."""
+    checkpoint's own, as for `vitkit eval`. `check_task` is given the weights' task kind
+    before any image is read (a protocol for one kind refuses the others there)."""
     weights = read_weights(weights_source, weights_dir)
     model = build_model(weights)
     config = model.config
+    if check_task is not None:
+        check_task(model.task.kind if getattr(model, "task", None) else "classification")
     data_dir = data_for(weights, data, data_dir, SPLITS[0], None)[1]  # looked up (and said) once
     sources = {split: data_for(weights, data, data_dir, split, None) for split in SPLITS}
     for split, (named, _, limit) in sources.items():
@@ -204,14 +222,18 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
         return dataclasses.replace(_read_cache(path, name, weights.path), task=task)
     arrays, classes = {}, []
     for split, (split_data, split_dir, limit) in sources.items():
-        dataset, _ = split_to_evaluate(weights, split_data, split_dir, split, limit,
-                                       config.img_size, config.in_chans)
+        dataset, _ = split_to_evaluate(
+            weights, split_data, split_dir, split, limit, config.img_size, config.in_chans,
+            check_first=None if task is not None and task.kind != "classification" else
+            lambda feed, data=split_data: check_class_labels(feed, data, "frozen features "
+                                                             "are read per class"))
         if tuple(dataset.image_size) != tuple(config.img_size):
             log.info("the %s images are %dx%d and the model takes %dx%d: resizing them "
                      "(bilinear, antialiased when shrinking), as fine-tuning does", split_data,
                      *dataset.image_size, *config.img_size)
         x, y = extract_features(model, dataset, weights.preprocess, config.img_size, batch_size)
         _check_split(y, split_data, split)
+        _check_finite(x, weights_source, split_data, split)
         arrays[split] = (x, y)
         classes = classes or list(dataset.classes)
     features = FrozenFeatures(*arrays["train"], *arrays["test"], classes,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vitkit.errors import ConfigError, InputError
-from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix
+from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix, classification_split
 
 BIAS_FEATURE = 100.0
 STD_EPSILON = 1e-5
@@ -88,8 +88,10 @@ def fewshot_lsr_predictions(x_train: ArrayLike, y_train: ArrayLike, x_test: Arra
 def fewshot_lsr_accuracy(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike,
                          y_test: ArrayLike, num_classes: int, l2_reg: float = PAPER_L2) -> float:
     """Test accuracy of ridge regression fitted on (x_train, y_train): numpy or torch in."""
+    x_train, y_train, x_test, y_test = classification_split(x_train, y_train, x_test, y_test,
+                                                            num_classes)
     predictions = fewshot_lsr_predictions(x_train, y_train, x_test, num_classes, l2_reg)
-    return float(np.mean(predictions == as_labels(y_test)))
+    return float(np.mean(predictions == y_test))
 
 
 def sample_shots(labels: np.ndarray, shots: list[int] | tuple[int, ...], seed: int,
@@ -97,10 +99,15 @@ def sample_shots(labels: np.ndarray, shots: list[int] | tuple[int, ...], seed: i
                  ) -> dict[int, np.ndarray]:
     """For each shot count, `shots` training indices per class, drawn as big_vision does: one
     permutation of each class's indices per seed (numpy Generator(seed)), the first `shots`
-    taken, so a larger shot count extends a smaller one."""
+    taken, so a larger shot count extends a smaller one. A class without training images
+    (labels that skip a number, a class only the test split has) draws none, as big_vision's
+    empty permutation does: it is never predicted."""
     labels = as_labels(labels)
     counts = np.bincount(labels, minlength=num_classes)
-    smallest = int(np.argmin(counts))
+    present = np.flatnonzero(counts)
+    if len(present) == 0:
+        raise InputError("the training split has no labelled images to draw shots from")
+    smallest = int(present[np.argmin(counts[present])])
     if max(shots) > counts[smallest]:
         name = class_names[smallest] if class_names and smallest < len(class_names) else \
             f"class {smallest}"
@@ -149,8 +156,11 @@ def fewshot_curve(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike,
                   class_names: list[str] | None = None) -> FewShotResult:
     """Few-shot accuracy for each shot count and seed 0..seeds-1, on the whole test split."""
     check_l2(l2_reg)
-    x_train, x_test = as_matrix(x_train), as_matrix(x_test)
-    y_train, y_test = as_labels(y_train), as_labels(y_test)
+    if seeds < 1 or not shots or min(shots) < 1:
+        raise ConfigError(f"few-shot needs shot counts >= 1 (e.g. 1, 5, 10, 25) and at least "
+                          f"one seed, got shots {list(shots)} and seeds {seeds}")
+    x_train, y_train, x_test, y_test = classification_split(x_train, y_train, x_test, y_test,
+                                                            num_classes)
     shots = sorted(set(shots))
     accuracies: dict[int, list[float]] = {n: [] for n in shots}
     for seed in range(seeds):

@@ -47,11 +47,13 @@ def _fewshot_one(weights: str | Path, data: str | None, data_dir: str | None,
                  shots: tuple[int, ...], seeds: int, l2_reg: float,
                  weights_dir: str | Path | None
                  ) -> tuple[FrozenFeatures, FewShotResult, dict[str, Any]]:
-    features = frozen_features(weights, data, data_dir, weights_dir)
-    if features.kind != "classification":
-        raise InputError(f"fewshot draws images per class, and {weights} is a {features.kind} "
-                         "model: use vitkit probe, which fits a linear probe of its targets "
-                         "on the frozen features")
+    def classes_only(kind: str) -> None:
+        if kind != "classification":
+            raise InputError(f"fewshot draws images per class, and {weights} is a {kind} "
+                             "model: use vitkit probe, which fits a linear probe of its "
+                             "targets on the frozen features")
+
+    features = frozen_features(weights, data, data_dir, weights_dir, check_task=classes_only)
     result = fewshot_curve(features.train_x, features.train_y, features.test_x,
                            features.test_y, features.num_classes, shots, seeds, l2_reg,
                            features.classes)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from vitkit.errors import ConfigError
-from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix
+from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix, classification_split
 
 KNN_K = 20
 KNN_TEMPERATURE = 0.07
@@ -31,6 +31,8 @@ def knn_predictions(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike,
                     chunk: int = 1024) -> np.ndarray:
     """Predicted test labels (the class with the largest summed vote), in float64."""
     check_temperature(temperature)
+    if k < 1:
+        raise ConfigError(f"kNN needs k >= 1 neighbours, got {k}; DINO's is {KNN_K}")
     train = torch.nn.functional.normalize(torch.from_numpy(as_matrix(x_train)), dim=1)
     test = torch.nn.functional.normalize(torch.from_numpy(as_matrix(x_test)), dim=1)
     labels = torch.from_numpy(as_labels(y_train))
@@ -54,5 +56,7 @@ def knn_accuracy(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike, y_te
                  num_classes: int, k: int = KNN_K, temperature: float = KNN_TEMPERATURE
                  ) -> float:
     """Top-1 accuracy of the weighted kNN classifier on the test set."""
+    x_train, y_train, x_test, y_test = classification_split(x_train, y_train, x_test, y_test,
+                                                            num_classes)
     predictions = knn_predictions(x_train, y_train, x_test, num_classes, k, temperature)
-    return float(np.mean(predictions == as_labels(y_test)))
+    return float(np.mean(predictions == y_test))

@@ -25,7 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.errors import InputError
-from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix, standardize
+from vitkit.evaluation.arrays import (
+    ArrayLike,
+    as_labels,
+    as_matrix,
+    classification_split,
+    standardize,
+)
 from vitkit.runtime import set_threads
 
 WEIGHT_DECAYS = tuple(float(v) for v in np.logspace(-5, 0, 6))  # 1e-5 ... 1
@@ -151,8 +157,8 @@ def linear_probe(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike, y_te
     """Pick the weight decay on a held-out 10% (ties: the larger decay), refit on the whole
     training split, score on the test split. Features are standardised with the statistics of
     the split each probe is fitted on."""
-    x_train, x_test = as_matrix(x_train), as_matrix(x_test)
-    y_train, y_test = as_labels(y_train), as_labels(y_test)
+    x_train, y_train, x_test, y_test = classification_split(x_train, y_train, x_test, y_test,
+                                                            num_classes)
     if np.bincount(y_train).max(initial=0) < 2:
         raise InputError("the linear probe needs at least two training images of some class "
                          "to hold one out for choosing the weight decay: use more training data")

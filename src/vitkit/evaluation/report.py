@@ -58,12 +58,7 @@ def _check_fits(dataset: EvaluationFeed, num_classes: int,
                         f"takes {in_chans}: evaluate on data with {in_chans} channel(s)")
     if dataset.labels is None:
         return  # a stream's labels are known only as it is read
-    if not _class_labels(dataset.labels):
-        raise DataError(f"{data} has {_describe_targets(dataset.labels)} but the model is a "
-                        f"classifier (task=classification, {num_classes} classes): evaluate "
-                        "on data with integer class labels: a folder of class sub-folders "
-                        "(or whose targets.csv has one column of class indices 0, 1, ...), "
-                        "digits, cifar10, or arrays whose targets are integers")
+    check_class_labels(dataset, data, f"{num_classes} classes")
     top = int(dataset.labels.max())
     if top >= num_classes:
         raise DataError(f"{data} has labels up to {top} but the model has {num_classes} "
@@ -206,6 +201,17 @@ def match_classes(data_classes: list[str], model_classes: list[str] | None,
     log.info("the %s classes are matched to the model's by name (%d of its %d)", data,
              len(data_classes), len(model_classes))
     return mapping
+
+
+def check_class_labels(dataset: EvaluationFeed, data: str, classes: str) -> None:
+    """Refuse a split whose targets are not integer class labels for a classifier (its
+    `classes` in words); a stream's labels are known only as it is read."""
+    if dataset.labels is not None and not _class_labels(dataset.labels):
+        raise DataError(f"{data} has {_describe_targets(dataset.labels)} but the model is a "
+                        f"classifier (task=classification, {classes}): evaluate "
+                        "on data with integer class labels: a folder of class sub-folders "
+                        "(or whose targets.csv has one column of class indices 0, 1, ...), "
+                        "digits, cifar10, or arrays whose targets are integers")
 
 
 def _class_labels(labels: torch.Tensor) -> bool:

@@ -35,17 +35,29 @@ MAX_HEAD_DIM = 32
 TRANSPOSED_BELOW = 16
 
 
-def use_chunked_attention(qkv: torch.Tensor, num_heads: int, dropout: float) -> bool:
-    """Whether the chunked path serves this call: CPU training in fp32/fp64 (a backward pass
-    will follow), no attention dropout, at most MAX_TOKENS tokens and MAX_HEAD_DIM per head,
-    not under autocast (its own attention lowering stays in charge). Under `torch.compile` the
-    op is traced whole; its chunks are counted from the batch size, so a graph holds for one
-    batch size (`compile=true` compiles static shapes anyway)."""
-    return (qkv.device.type == "cpu" and qkv.requires_grad and torch.is_grad_enabled()
+def use_chunked_attention(qkv: torch.Tensor, num_heads: int, dropout: float,
+                          training: bool = True) -> bool:
+    """Whether the chunked path serves this call: CPU training (`training`, the module's
+    mode, and a backward pass to follow) in fp32/fp64, no attention dropout, at most
+    MAX_TOKENS tokens and MAX_HEAD_DIM per head, not under autocast (its own attention
+    lowering stays in charge). Not under torch.func transforms (vmap, grad, jacrev: the op has
+    no rules for them), nor while torch.export or torch.jit traces (an exported graph keeps
+    SDPA, which loads without vitkit). Under `torch.compile` the op is traced whole; its
+    chunks are counted from the batch size, so a graph holds for one batch size
+    (`compile=true` compiles static shapes anyway)."""
+    return (training and qkv.device.type == "cpu" and qkv.requires_grad
+            and torch.is_grad_enabled()
             and dropout == 0.0 and qkv.dtype in (torch.float32, torch.float64)
             and qkv.shape[1] <= MAX_TOKENS and qkv.shape[-1] // 3 // num_heads <= MAX_HEAD_DIM
             and not torch.is_autocast_enabled("cpu")
-            and not torch.jit.is_tracing())
+            and not torch.jit.is_tracing() and not torch.compiler.is_exporting()
+            and not _under_torch_func())
+
+
+def _under_torch_func() -> bool:
+    """Whether a torch.func transform (vmap, grad, jacrev, ...) is active; never asked while
+    torch.compile traces (its own functional tracing is not one, and the op is kept there)."""
+    return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
 
 
 def chunked_attention(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -43,7 +43,8 @@ class Attention(nn.Module):
         batch, tokens, width = x.shape
         qkv = self.qkv(x)
         dropout = self.attn_dropout if self.training else 0.0
-        if not return_attention and use_chunked_attention(qkv, self.num_heads, dropout):
+        if not return_attention and use_chunked_attention(qkv, self.num_heads, dropout,
+                                                          self.training):
             return self.proj_drop(self.proj(chunked_attention(qkv, self.num_heads))), None
         qkv = qkv.view(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, D_h)

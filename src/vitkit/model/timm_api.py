@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitkit.config import POOLS, TIMM_POOLS
 from vitkit.errors import ConfigError
+from vitkit.preprocess import preprocess_for
 
 INTERMEDIATE_FORMATS = ("NCHW", "NLC")  # forward_intermediates: token maps or token lists
 
@@ -182,17 +183,17 @@ class TimmModelAPI:
     def pretrained_cfg(self) -> dict[str, Any]:
         """timm's description of the input the model expects, made afresh on each read from
         the config and `preprocess` (its resize, crop, interpolation; mean and std for 8-bit
-        pictures, the scale timm's ToTensor assumes). Keys vitkit cannot tell (url, license,
-        architecture) are left out. Unlike timm's, it follows `set_image_size`."""
-        config, pre = self.config, self.preprocess
+        pictures, the scale timm's ToTensor assumes), or without one the official
+        preprocessing that predict, eval and save_pretrained then use. Keys vitkit cannot tell
+        (url, license, architecture) are left out. Unlike timm's, it follows `set_image_size`."""
+        config, pre = self.config, preprocess_for(self)  # the official one when none is set
         cfg: dict[str, Any] = {"input_size": (config.in_chans, *config.img_size),
                                "fixed_input_size": not config.dynamic_img_size}
-        if pre is not None:
-            squash = pre.resize_mode == "squash"  # timm's "squash" at crop_pct 1: a plain resize
-            cfg.update(interpolation=pre.interpolation, crop_pct=1.0 if squash else pre.crop_pct,
-                       crop_mode="squash" if squash else "center")
-            if pre.scale == 255.0:
-                cfg.update(mean=pre.mean, std=pre.std)
+        squash = pre.resize_mode == "squash"  # timm's "squash": each side to size / crop_pct
+        cfg.update(interpolation=pre.interpolation, crop_pct=pre.crop_pct,
+                   crop_mode="squash" if squash else "center")
+        if pre.scale == 255.0:
+            cfg.update(mean=pre.mean, std=pre.std)
         cfg.update(num_classes=config.num_classes, pool_size=None,
                    first_conv=self.first_conv_name(), classifier="head")
         if self.class_names is not None and len(self.class_names) == config.num_classes:

@@ -262,6 +262,13 @@ class VisionTransformer(TimmModelAPI, nn.Module):
     def check_input(self, images: torch.Tensor) -> None:
         """Refuse a tensor whose rank, channels or size do not fit, saying how to fix it."""
         cfg = self.config
+        if not isinstance(images, torch.Tensor):
+            raise InputError(
+                f"expected a tensor of images shaped (batch, channels, height, width), got a "
+                f"{type(images).__name__}: make one from PIL images with "
+                "vitkit.preprocess.preprocess_for(model)(images), which resizes and normalises "
+                "them as the model expects")
+        self._check_dtype(images)
         if images.dim() != 4:
             hint = " Add a batch dimension with images.unsqueeze(0)." if images.dim() == 3 else ""
             raise InputError(f"expected images shaped (batch, channels, height, width), got a "
@@ -289,6 +296,20 @@ class VisionTransformer(TimmModelAPI, nn.Module):
                 f"{width - width % patch or patch}) (position embeddings of pretrained weights "
                 "are resampled on load), or call model.set_dynamic_img_size() to take any "
                 "size the stem accepts.")
+
+    def _check_dtype(self, images: torch.Tensor) -> None:
+        """Refuse integer pixels (not normalised yet) and floats of another type than the
+        weights' outside autocast, where torch's error speaks of bias types."""
+        if not images.is_floating_point():
+            raise InputError(
+                f"the images are {images.dtype}, not normalised floats: normalise them as the "
+                "model expects with vitkit.preprocess.preprocess_for(model).normalize(images) "
+                "(0-255 pixels to the model's mean and std)")
+        weights = next(self.parameters()).dtype
+        if images.dtype != weights and not torch.is_autocast_enabled(images.device.type):
+            raise InputError(f"the images are {images.dtype} but the model's weights are "
+                             f"{weights}: call images.to({weights}) (or model.to(the images' "
+                             "dtype))")
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names that weight decay should skip (tokens and positions)."""

@@ -20,6 +20,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vitkit.config import ViTConfig
 from vitkit.data.augment import BatchAugment
+from vitkit.errors import ConfigError
 from vitkit.files import working_folder
 from vitkit.inference.precision import Precision, slow_bf16, training_precision
 from vitkit.model.vit import VisionTransformer
@@ -123,6 +124,10 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     """Everything a run of `cfg` needs, from its checkpoint when `resume` names one
     (`train_data`/`test_data`: data to use instead of the config's source)."""
     device, info = join_devices(cfg)
+    if cfg.batch_size < info.world_size:  # each step would be skipped: nothing trained
+        raise ConfigError(f"batch_size={cfg.batch_size} is the global batch, shared by "
+                          f"{info.world_size} processes, so some would get no image: set "
+                          f"batch_size={info.world_size} or more")
     if avoid_cudnn_attention(device):
         log.info("cuDNN attention off for training: its bf16 backward gave NaN gradients on an "
                  "H100 (flash and memory-efficient attention serve instead; docs/speed.md)")

@@ -90,6 +90,7 @@ class TrainStep:
             images = resize_random_crop(images, size, cfg.resize_crop, self.generator)
         else:
             images = resize_batch(images, size)
+        per_rank = len(images) / self.info.world_size  # DDP averages ranks' gradients
         if self.info.enabled:
             images = shard(images, self.info.rank, self.info.world_size)
             targets = shard(targets, self.info.rank, self.info.world_size)
@@ -97,7 +98,7 @@ class TrainStep:
         targets = targets.to(self.device, non_blocking=True)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        total = self._forward_backward(images, targets)
+        total = self._forward_backward(images, targets, per_rank)
         # The total norm before clipping; with clip_grad=0 the factor is 1 (grads unchanged).
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or math.inf)
         outcome = StepOutcome(total / len(images), float(norm))
@@ -110,9 +111,13 @@ class TrainStep:
             self.ema.update_parameters(self.model)
         return outcome
 
-    def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor) -> float:
-        """Gradients of the batch's mean loss, accumulated over `accum_steps` micro-batches
-        (DDP syncs them once, at the last); the loss summed over the batch."""
+    def _forward_backward(self, images: torch.Tensor, targets: torch.Tensor,
+                          per_rank: float) -> float:
+        """Gradients of the global batch's mean loss, accumulated over `accum_steps`
+        micro-batches (DDP syncs them once, at the last); the loss summed over this rank's
+        images. Each rank's sum is divided by the global batch over the ranks (`per_rank`),
+        not by its own share, so that DDP's average of the ranks' gradients is the global
+        mean where the shares differ by one (an odd batch on 2 ranks: 16 and 17 images)."""
         micro_images = images.chunk(self.cfg.accum_steps)
         micro_targets = targets.chunk(self.cfg.accum_steps)
         total = 0.0
@@ -122,7 +127,7 @@ class TrainStep:
             sync = nullcontext() if last or not self.info.enabled else self.train_model.no_sync()
             with sync, autocast_context(self.device, self.amp_dtype)():
                 loss = self.task.loss(self.train_model(x).float(), y)
-                (loss * len(x) / len(images)).backward()
+                (loss * len(x) / per_rank).backward()
             total += loss.item() * len(x)
         self.compile_clock.stop()
         return total

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from vitkit.errors import CheckpointError
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess, preprocess_for
 from vitkit.weights import formats
@@ -51,12 +54,29 @@ def save_pretrained(model: VisionTransformer, directory: str | Path,
     `model.eval_tta` its training run evaluated with, and the position-embedding resampling
     `model.pos_interpolation` of the weights it was loaded from: a folder converted from an
     .npz resizes as vit_jax does, one from a timm file as timm does)."""
+    model = unwrapped(model)
+    if any(param.is_meta for param in model.parameters()):
+        raise CheckpointError("the model is on the meta device, so it holds no weights to "
+                              "save: load some first (load_pretrained, or model.to_empty("
+                              "device='cpu') and then initialise or load_state_dict)")
     class_names = class_names if class_names is not None else model.class_names
     return formats.vitkit.write(model.state_dict(), model.config,
                                 preprocess or preprocess_for(model), directory, class_names,
                                 model.weights_kind, getattr(model, "task", None),
                                 getattr(model, "eval_tta", "none"),
                                 getattr(model, "pos_interpolation", None))
+
+
+def unwrapped(model: torch.nn.Module) -> VisionTransformer:
+    """The vitkit model inside `torch.compile`'s wrapper (`_orig_mod`) or DDP's and
+    DataParallel's (`module`), whose state dicts prefix every key; refused when none is."""
+    inner: torch.nn.Module | None = model
+    while inner is not None and not isinstance(inner, VisionTransformer):
+        inner = getattr(inner, "_orig_mod", None) or getattr(inner, "module", None)
+    if inner is None:
+        raise CheckpointError(f"save_pretrained takes a vitkit VisionTransformer (or one "
+                              f"compiled or wrapped in DDP), not {type(model).__name__}")
+    return inner
 
 
 __all__ = ["ORIGINS", "POS_INTERPOLATIONS", "WeightsRecord", "build_model",

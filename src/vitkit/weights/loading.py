@@ -29,7 +29,7 @@ def load_state_dict_checked(model: nn.Module, state_dict: dict[str, torch.Tensor
                          f"{len(expected['head.weight'])}): load_pretrained(path, "
                          f"num_classes={len(expected['head.weight'])}) reads the rest with a "
                          "new head")
-        if any(k == "pos_embed" for k in mismatched):
+        if any(line.startswith("pos_embed:") for line in mismatched):
             lines.append("  the position grid differs: load with load_pretrained(path, "
                          "img_size=...), which resamples the position embeddings")
     if missing:

@@ -9,7 +9,9 @@ token) is the paper's pre-logits layer.
 from __future__ import annotations
 
 import json
+import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,11 +19,13 @@ import torch
 from vitkit.config import HEADS_BY_WIDTH, ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_value
-from vitkit.preprocess import Preprocess, official_preprocess
+from vitkit.preprocess import Preprocess, crop_fraction, official_preprocess
 from vitkit.tasks import TaskSpec, distinct_output_names
 from vitkit.weights.formats.base import ReadOptions, training_image_size
 from vitkit.weights.formats.sniff import Found, missing_weights
 from vitkit.weights.record import WeightsRecord, check_config_fits
+
+log = logging.getLogger("vitkit.weights")
 
 _RENAMES = [
     (r"embeddings\.cls_token", "cls_token"),
@@ -294,6 +298,41 @@ def _folder_preprocess(found: Found, config: ViTConfig) -> Preprocess:
     for key, value in settings.items():
         check_value(Preprocess, key, value, f"image_{key}", what="preprocess")
     resample = data.get("resample", 2)
-    return Preprocess(img_size=config.img_size, **settings,
+    return Preprocess(img_size=config.img_size, **settings, **_crop(data, config, path),
                       interpolation=_RESAMPLE.get(resample, "bilinear")
                       if isinstance(resample, int) else "bilinear")
+
+
+def _sides(value: Any) -> tuple[int | None, int | None]:
+    """(height, width) of a processor's `size` / `crop_size`: an int, or a dict of height and
+    width; (shortest_edge, None) for {"shortest_edge": N}; (None, None) otherwise."""
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, dict) and isinstance(value.get("shortest_edge"), int):
+        return value["shortest_edge"], None
+    if isinstance(value, dict) and all(isinstance(value.get(k), int) for k in ("height", "width")):
+        return value["height"], value["width"]
+    return None, None
+
+
+def _crop(data: dict[str, Any], config: ViTConfig, path: Path) -> dict[str, Any]:
+    """The resize mode and crop_pct of a processor that resizes, then centre-crops the model's
+    size (`do_center_crop`, as DeiT's: 256x256, then 224): "squash" to `size`, or the shorter
+    side to `shortest_edge`. None of it without a centre crop (ViT's processors resize
+    straight to the model's size). Its crop offsets are floored, as transformers' are."""
+    if not data.get("do_center_crop") or data.get("do_resize") is False:
+        return {}
+    (crop_h, crop_w), (size_h, size_w) = _sides(data.get("crop_size")), _sides(data.get("size"))
+    if (crop_h, crop_w) != tuple(config.img_size) or size_h is None:
+        log.warning("%s: its centre crop (crop_size %s of size %s) does not crop the model's "
+                    "%dx%d; images are resized to the model's size instead", path,
+                    data.get("crop_size"), data.get("size"), *config.img_size)
+        return {}
+    if size_w is None:  # {"shortest_edge": N}: the shorter side to N, then the crop
+        return {"resize_mode": "shorter_side", "crop_offset": "floor",
+                "crop_pct": crop_fraction(min(crop_h, crop_w), size_h)}
+    if size_h * crop_w != size_w * crop_h:
+        log.warning("%s: its resize (%dx%d) and crop (%dx%d) differ in shape; the crop is "
+                    "taken as a fraction of the height", path, size_h, size_w, crop_h, crop_w)
+    return {"resize_mode": "squash", "crop_offset": "floor",
+            "crop_pct": crop_fraction(crop_h, size_h)}

@@ -145,14 +145,22 @@ def _first_line(exc: BaseException) -> str:
 
 def state_dict_of(obj: Any) -> dict[str, torch.Tensor] | None:
     """The tensors of a state dict, unwrapped from {"state_dict"|"model"|"module": ...} and
-    "module." prefixes; None when `obj` holds none."""
+    wrappers' key prefixes ("module.", "_orig_mod."); None when `obj` holds none."""
     if not isinstance(obj, dict):
         return None
     for key in ("state_dict", "model", "module", "model_state"):
         if isinstance(obj.get(key), dict):
             return state_dict_of(obj[key])
     tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
-    return {k.removeprefix("module."): v for k, v in tensors.items()} or None
+    return {_bare_key(k): v for k, v in tensors.items()} or None
+
+
+def _bare_key(key: str) -> str:
+    """A parameter name without the prefixes wrappers add: DDP's and DataParallel's
+    "module.", torch.compile's "_orig_mod." (in any order, as wrappers nest)."""
+    while key.startswith(("module.", "_orig_mod.")):
+        key = key.partition(".")[2]
+    return key
 
 
 @dataclass

@@ -278,9 +278,24 @@ def _read_folder(found: Found, options: ReadOptions) -> WeightsRecord:
                 "mean": cfg.get("mean", IMAGENET_MEAN), "std": cfg.get("std", IMAGENET_STD)}
     for key, value in settings.items():
         check_value(Preprocess, key, value, f"pretrained_cfg.{key}", what="preprocess")
-    preprocess = Preprocess(img_size=config.img_size, resize_mode="shorter_side", **settings)
+    preprocess = Preprocess(img_size=config.img_size, resize_mode=_resize_mode(cfg, found),
+                            **settings)
     return WeightsRecord(config, state_dict, preprocess, "timm",
                          _label_names(meta, cfg, config.num_classes), path=weights)
+
+
+def _resize_mode(cfg: dict[str, Any], found: Found) -> str:
+    """Preprocess's resize mode for timm's `crop_mode`: "center" (the default) is
+    "shorter_side", "squash" is "squash" (each side to size / crop_pct, then the crop);
+    "border" (pad rather than crop) has no equivalent: read as "center", with a warning."""
+    mode = cfg.get("crop_mode", "center")
+    if mode == "squash":
+        return "squash"
+    if mode not in ("center", None):
+        log.warning("%s: timm's crop_mode %r has no vitkit equivalent; images are resized and "
+                    "centre-cropped (crop_mode 'center') instead", found.path / "config.json",
+                    mode)
+    return "shorter_side"
 
 
 def _input_size(cfg: dict[str, Any]) -> tuple[int, int] | None:
