@@ -176,6 +176,14 @@ def test_an_odd_global_batch_under_torchrun_equals_one_process(tmp_path):
     assert main(["train", "digits", *overrides, "--out", str(tmp_path / "single")]) == 0
     ddp, single = _weights(tmp_path / "ddp" / "last.pt"), _weights(tmp_path / "single" / "last.pt")
     assert max((ddp[k] - single[k]).abs().max().item() for k in single) <= 1e-4
+    # every image counted once over the ranks (each counted the global batch: 2 x 264), and
+    # the train loss is the global batch's mean
+    positions = [load_checkpoint(tmp_path / run / "last.pt")["position"] for run in
+                 ("ddp", "single")]
+    assert positions[0]["epoch_images"] == positions[1]["epoch_images"] == 8 * 33
+    losses = [json.loads((tmp_path / run / "metrics.jsonl").read_text().splitlines()[-1])
+              ["train_loss"] for run in ("ddp", "single")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     ran = subprocess.run([*command, "total_steps=2", "batch_size=1", "progress=false",
                           "threads=1", "--out", str(tmp_path / "one")], env=env,
                          capture_output=True, text=True, timeout=300)

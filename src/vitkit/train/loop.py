@@ -135,9 +135,9 @@ def run_loop(run: Run) -> TrainResult:
                 step_tokens = run.plan.tokens(tuple(run.model.config.img_size))
                 pos.step += 1  # a skipped step uses up its batch and schedule position
                 pos.batch = batch_index + 1
-                if outcome.updated:
-                    epoch_loss += outcome.loss * len(labels)
-                    epoch_images += len(labels)
+                if outcome.updated:  # this rank's images: the sum over ranks counts each once
+                    epoch_loss += outcome.loss * outcome.images
+                    epoch_images += outcome.images
                 diverged = guard.observe(outcome, pos.step, pos.epoch + pos.batch / per_epoch,
                                          lr)
                 if diverged is not None:  # last.pt keeps the checkpoint from before it

@@ -30,12 +30,14 @@ MAX_ADVISED_LR = 0.01
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """One optimizer step: the batch's mean loss, the total gradient norm before clipping,
-    and whether the optimizer updated the weights."""
+    """One optimizer step: the mean loss over this rank's images, the total gradient norm
+    before clipping, whether the optimizer updated the weights, and how many images this
+    rank trained on (its share of the global batch under torchrun)."""
 
     loss: float
     grad_norm: float
     updated: bool = True
+    images: int = 0
 
     @property
     def finite(self) -> bool:

@@ -101,7 +101,7 @@ class TrainStep:
         total = self._forward_backward(images, targets, per_rank)
         # The total norm before clipping; with clip_grad=0 the factor is 1 (grads unchanged).
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or math.inf)
-        outcome = StepOutcome(total / len(images), float(norm))
+        outcome = StepOutcome(total / len(images), float(norm), images=len(images))
         if broadcast_flag(not outcome.finite, self.info):  # checked before the update
             self.optimizer.zero_grad(set_to_none=True)
             return replace(outcome, updated=False)
