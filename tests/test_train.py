@@ -1,6 +1,7 @@
 """Training end to end: accuracy on real data, exact resume, DDP equivalence, budgets,
 signals and the errors a user meets first."""
 
+import contextlib
 import json
 import os
 import signal
@@ -190,6 +191,102 @@ def test_an_odd_global_batch_under_torchrun_equals_one_process(tmp_path):
     assert ran.returncode != 0
     assert "batch_size=1 is the global batch, shared by 2 processes" in ran.stderr
     assert "set batch_size=2 or more" in ran.stderr
+
+
+def run_job(command: list[str], env: dict[str, str], timeout: float = 150
+            ) -> subprocess.CompletedProcess:
+    """A torchrun job: one that hangs fails the test, and every process of it is killed
+    (a plain timeout kills torchrun alone and leaves its workers running)."""
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [*_descendants(job.pid), job.pid]:  # torchrun's workers have sessions
+            with contextlib.suppress(ProcessLookupError):  # of their own
+                os.kill(pid, signal.SIGKILL)
+        job.communicate()
+        pytest.fail(f"the torchrun job still ran after {timeout} s: it hung")
+    return subprocess.CompletedProcess(command, job.returncode, out, err)
+
+
+def _descendants(pid: int) -> list[int]:
+    listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                            text=True).stdout.split()
+    children = [int(child) for child in listed]
+    return children + [grandchild for child in children for grandchild in _descendants(child)]
+
+
+FAILING_RANK_DRIVER = """
+import os, sys
+from vitkit.cli import main
+from vitkit.train.setup import Run
+saved = Run.save
+def save(self, name):
+    if os.environ["RANK"] == "0" and name == "last":
+        raise OSError("the disk is full (a test)")
+    return saved(self, name)
+Run.save = save
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failure_on_one_rank_ends_the_job_instead_of_hanging(tmp_path):
+    """Rank 0 alone failing (its checkpoint write: a full disk) waited in the final barrier
+    while rank 1 went on into the next step's all-reduce: the job hung until gloo's 30-minute
+    timeout, silently. The failing rank now leaves at once, rank 1's collective fails, and
+    it says that another process ended."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(FAILING_RANK_DRIVER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ran = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", str(driver), "train", "digits", "epochs=3",
+                   "test_limit=40", "progress=false", "threads=1",
+                   "--out", str(tmp_path / "run")], env)
+    assert ran.returncode != 0 and "the disk is full (a test)" in ran.stderr
+    assert "another process of this torchrun job ended" in ran.stderr
+
+
+SIGNALLED_RANK_DRIVER = """
+import os, signal, sys
+from vitkit.cli import main
+from vitkit.train.setup import Run
+from vitkit.train.step import TrainStep
+WHEN = sys.argv.pop(1)
+def signal_rank_1():
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGTERM)
+saved, step = Run.save, TrainStep.__call__
+def save(self, name):
+    if WHEN == "save" and name == "last":
+        signal_rank_1()
+    return saved(self, name)
+def call(self, images, labels, lr, position):
+    if WHEN == "step" and position.step == 5:
+        signal_rank_1()
+    return step(self, images, labels, lr, position)
+Run.save, TrainStep.__call__ = save, call
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("when", ["step", "save"])
+def test_a_signal_to_one_rank_stops_every_rank(tmp_path, when):
+    """SIGTERM to rank 1 alone mid-epoch: it skipped the evaluation while rank 0 ran it (its
+    reason "stopped by another rank"), and the two waited in different collectives for ever;
+    one that landed during the epoch-end save (Ctrl-C's timing in a trial) let rank 1 stop
+    while rank 0 went on into the next epoch. The ranks decide together now: both stop, the
+    signalled one with 143, and last.pt resumes."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(SIGNALLED_RANK_DRIVER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ran = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", str(driver), when, "train", "digits",
+                   "epochs=3", "test_limit=40", "progress=false", "threads=1",
+                   "--out", str(tmp_path / "run")], env)
+    assert "exitcode  : 143" in ran.stderr, ran.stderr[-3000:]  # rank 1: 128 + SIGTERM
+    position = load_checkpoint(tmp_path / "run" / "last.pt")["position"]
+    assert 0 < position["step"] < 3 * 22
 
 
 def _noisy_folder(root: Path) -> Path:

@@ -35,7 +35,7 @@ from vitkit.arguments import (
     positive_int,
 )
 from vitkit.config import SIZES, ViTConfig
-from vitkit.errors import VitkitError, out_of_memory_message
+from vitkit.errors import VitkitError, lost_peer_message, out_of_memory_message
 from vitkit.fieldtypes import parse_text
 from vitkit.version import __version__
 
@@ -570,7 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
         return 0
     except (MemoryError, RuntimeError) as exc:  # out of memory: the input asked too much
-        message = out_of_memory_message(exc)
+        message = out_of_memory_message(exc) or lost_peer_message(exc)
         if message is None:
             traceback.print_exc()
             print(BUG_REPORT.format(verb=args.verb), file=sys.stderr)

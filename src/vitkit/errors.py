@@ -97,3 +97,18 @@ def out_of_memory_message(exc: BaseException) -> str | None:
     return (f"out of memory ({cause}): this machine cannot hold it; lower the batch size or "
             "the image size (--batch-size, --img-size, or batch_size= / model.img_size= for "
             "training)")
+
+
+# What gloo and NCCL say when another process of the job has gone.
+LOST_PEER_WORDS = ("Connection closed by peer", "Connection reset by peer",
+                   "NCCL communicator was aborted")
+
+
+def lost_peer_message(exc: BaseException) -> str | None:
+    """One line for a collective that failed because another torchrun process ended (its
+    own error says why); None for other errors."""
+    if not any(w in str(exc) for w in LOST_PEER_WORDS):
+        return None
+    return ("another process of this torchrun job ended (its own message above says why), "
+            "so this one stops too")
+

@@ -24,12 +24,19 @@ from vitkit.inference.tta import with_tta
 from vitkit.tasks import PRIMARY_METRIC
 from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
-from vitkit.train.distributed import barrier, broadcast_flag, cleanup, sum_over_ranks
+from vitkit.train.distributed import (
+    DistInfo,
+    barrier,
+    broadcast_flag,
+    cleanup,
+    sum_over_ranks,
+)
 from vitkit.train.nonfinite import DIVERGED_CHECKPOINT, NonFiniteGuard
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.rundir import prepare_run_dir
 from vitkit.train.schedule import SCHEDULES
 from vitkit.train.setup import Run, build_run
+from vitkit.train.stopping import StopRequest
 
 log = logging.getLogger("vitkit.train")
 
@@ -121,9 +128,9 @@ def run_loop(run: Run) -> TrainResult:
     elif info.is_main:
         log.info("%s", run.plan.describe(pos.step, pos.total_steps, cfg.batch_size,
                                          cfg.accum_steps, run.warmup_steps, cfg.time_budget))
-    bar = None
+    bar, failed = None, True
     try:
-        while pos.step < pos.total_steps and not stop.reason:
+        while pos.step < pos.total_steps and not any_rank_stopping(stop, info):
             bar = _progress_bar(run, per_epoch)
             epoch_loss, epoch_images = 0.0, 0  # this rank's, in this process
             carried = (pos.epoch_loss, pos.epoch_images) if pos.batch else (0.0, 0)
@@ -172,9 +179,9 @@ def run_loop(run: Run) -> TrainResult:
             pos.epoch_loss, pos.epoch_images = (0.0, 0) if epoch_done else (loss_sum, images)
             if epoch_done and not stop.reason:  # before the evaluation: a budget spent here
                 clock.refit_after_epoch(pos)   # ends the run at this step, evaluated once
-            evaluated = False
-            if not stop.signalled() and (scheduled or pos.step >= pos.total_steps
-                                         or stop.reason):
+            evaluated = False  # a signalled rank skips it, so every rank does (together)
+            if not broadcast_flag(stop.signalled(), info) and (
+                    scheduled or pos.step >= pos.total_steps or stop.reason):
                 with clock.timing_evaluation():
                     final = evaluate_and_log(run, loss_sum / max(images, 1),
                                              images_here / max(train_seconds, 1e-9),
@@ -193,17 +200,29 @@ def run_loop(run: Run) -> TrainResult:
         if stop.signalled():
             log.warning("%s: saved %s; continue with --resume", stop.reason,
                         run.out_dir / "last.pt")
+        failed = False
     finally:
         if bar is not None:  # an error (a divergence) is then printed on a line of its own
             bar.close()
         stop.release_signals()
         run.data.feed.close()
-        barrier(info)
+        if not failed:  # a rank that fails alone leaves at once: waiting here for ranks that
+            barrier(info)  # went on to their next collective hung the job; theirs fails now
         if recorder is not None:
             recorder.close()
         cleanup(info)
     return TrainResult(run.out_dir, pos, final, stop.reason, info.is_main,
                        run.model.config.num_classes, run.task.kind, cfg.tta)
+
+
+def any_rank_stopping(stop: StopRequest, info: DistInfo) -> bool:
+    """Whether any rank has a reason to stop, asked of every rank at once before an epoch: a
+    signal that lands during rank 0's save, after the in-loop check, stops them all (rank 1
+    had gone on into the next step's collective, and the job hung)."""
+    if broadcast_flag(bool(stop.reason), info):
+        stop.reason = stop.reason or "stopped by another rank"
+        return True
+    return False
 
 
 def evaluate_and_log(run: Run, train_loss: float, images_per_s: float,
