@@ -244,3 +244,16 @@ def test_timm_tags_of_no_official_file_say_where_timms_file_is(capsys):
     err = capsys.readouterr().err
     assert "Did you mean" not in err and "hf-hub:timm/vit_small_patch16_224.augreg_in1k" in err
     assert count_parameters("vit_base_patch16_224") == 86_567_656
+
+
+def test_a_missing_weights_file_named_like_timm_is_still_a_missing_file(tmp_path, capsys):
+    """timm's tagged-name advice is for names, not files: a missing
+    "vit_base_patch16_224.safetensors" is "no such file" (the advice named a Hub repository
+    hf-hub:timm/vit_base_patch16_224.safetensors, which does not exist)."""
+    for name in ("vit_base_patch16_224.safetensors", "vit_small.pt", "vit_b16.npz"):
+        with pytest.raises(WeightsNotFoundError, match="no such file or folder"):
+            load_pretrained(str(tmp_path / name), download=False)
+        assert main(["summary", name]) == 2
+        err = capsys.readouterr().err
+        assert "timm's name" not in err and "hf-hub:timm" not in err, err
+

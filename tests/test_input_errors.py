@@ -66,3 +66,17 @@ def test_pixels_other_dtypes_and_lists_are_explained_and_the_advice_works(model)
     assert model(preprocess_for(model)(images)).shape == (2, 10)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts: not refused
         assert model(torch.randn(1, 3, 224, 224)).shape == (1, 10)
+
+
+def test_int64_pixels_get_advice_that_works_and_rank_comes_first(model):
+    """torch.randint gives int64: the advice must convert them to uint8 first (normalize takes
+    uint8 or floats), and a 3-D uint8 tensor is told to add the batch dimension."""
+    from vitkit.preprocess import preprocess_for
+
+    pixels = torch.randint(0, 256, (1, 3, 224, 224))
+    with pytest.raises(InputError, match=r"normalize\(images\.to\(torch\.uint8\)\)"):
+        model(pixels)
+    assert model(preprocess_for(model).normalize(pixels.to(torch.uint8))).shape == (1, 10)
+    with pytest.raises(InputError, match=r"images\.unsqueeze\(0\)"):
+        model(torch.zeros(3, 224, 224, dtype=torch.uint8))
+

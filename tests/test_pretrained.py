@@ -158,6 +158,17 @@ def test_hf_processor_that_resizes_then_centre_crops_gives_its_pixels(tmp_path, 
         assert _max_diff(model.preprocess([picture]), theirs) <= 1e-5
 
 
+def test_the_default_crop_offset_is_left_out_of_saved_files(tmp_path):
+    """Files written with the default crop offset read in versions before crop_offset
+    existed (they refuse unknown preprocess keys); a Hugging Face folder's "floor" is kept."""
+    folder = save_pretrained(vitkit.create_model("Ti/16", img_size=32, depth=1), tmp_path / "a")
+    saved = json.loads((folder / "config.json").read_text())
+    assert "crop_offset" not in json.dumps(saved)
+    floor = Preprocess(img_size=32, resize_mode="squash", crop_pct=0.875, crop_offset="floor")
+    assert Preprocess.from_dict(floor.to_dict()) == floor
+    assert Preprocess.from_dict(Preprocess(img_size=32).to_dict()).crop_offset == "round"
+
+
 def test_hf_vit_model_pooler_is_pre_logits(tmp_path):
     reference = randomise(ViTModel(_hf_config(hidden_act="gelu_pytorch_tanh")))
     reference.save_pretrained(tmp_path / "hf")

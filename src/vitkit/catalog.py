@@ -118,7 +118,7 @@ def unknown_name_error(text: str, weights: bool) -> VitkitError:
     or folder: runs/digit; did you mean runs/digits?". A short name: the closest few names
     (checkpoint names only when the caller wants `weights`), never the whole list, and the
     command that lists them."""
-    timm_advice = hub.timm_tag_advice(text)
+    timm_advice = None if looks_like_path(text) else hub.timm_tag_advice(text)
     if timm_advice is not None:
         return WeightsNotFoundError(timm_advice) if weights else ConfigError(timm_advice)
     if looks_like_path(text):

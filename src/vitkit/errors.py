@@ -16,6 +16,7 @@ not fit is a `CheckpointError` whatever its format.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -107,7 +108,8 @@ LOST_PEER_WORDS = ("Connection closed by peer", "Connection reset by peer",
 def lost_peer_message(exc: BaseException) -> str | None:
     """One line for a collective that failed because another torchrun process ended (its
     own error says why); None for other errors."""
-    if not any(w in str(exc) for w in LOST_PEER_WORDS):
+    under_torchrun = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1  # torchrun sets it
+    if not under_torchrun or not any(w in str(exc) for w in LOST_PEER_WORDS):
         return None
     return ("another process of this torchrun job ended (its own message above says why), "
             "so this one stops too")

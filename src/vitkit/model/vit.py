@@ -267,13 +267,13 @@ class VisionTransformer(TimmModelAPI, nn.Module):
                 f"expected a tensor of images shaped (batch, channels, height, width), got a "
                 f"{type(images).__name__}: make one from PIL images with "
                 "vitkit.preprocess.preprocess_for(model)(images), which resizes and normalises "
-                "them as the model expects")
-        self._check_dtype(images)
+                "them as the model expects (a numpy array: torch.from_numpy(array))")
         if images.dim() != 4:
             hint = " Add a batch dimension with images.unsqueeze(0)." if images.dim() == 3 else ""
             raise InputError(f"expected images shaped (batch, channels, height, width), got a "
                              f"tensor of rank {images.dim()} with shape {tuple(images.shape)}."
                              + hint)
+        self._check_dtype(images)
         channels, height, width = images.shape[1:]
         if channels != cfg.in_chans:
             raise InputError(
@@ -301,9 +301,10 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         """Refuse integer pixels (not normalised yet) and floats of another type than the
         weights' outside autocast, where torch's error speaks of bias types."""
         if not images.is_floating_point():
+            pixels = "images" if images.dtype == torch.uint8 else "images.to(torch.uint8)"
             raise InputError(
                 f"the images are {images.dtype}, not normalised floats: normalise them as the "
-                "model expects with vitkit.preprocess.preprocess_for(model).normalize(images) "
+                f"model expects with vitkit.preprocess.preprocess_for(model).normalize({pixels}) "
                 "(0-255 pixels to the model's mean and std)")
         weights = next(self.parameters()).dtype
         if images.dtype != weights and not torch.is_autocast_enabled(images.device.type):

@@ -86,7 +86,9 @@ def warn_if_renamed(kept: list[str], data: list[str]) -> None:
                     "are named otherwise than the data's classes (output %d: %r in the "
                     "weights, %r in the data): each output is trained as the data's class "
                     "of its index. Keep new_head=true for a new head, or order the data's "
-                    "classes as the weights' are", len(pairs), len(kept), i, old, new)
+                    "classes as the weights' are (unless both name the same classes in other "
+                    "words, as ImageNet's synset folders and its label words do)",
+                    len(pairs), len(kept), i, old, new)
 
 
 def config_from_run(state: TrainCheckpoint) -> tuple[ViTConfig, Preprocess]:

@@ -167,8 +167,11 @@ def run_loop(run: Run) -> TrainResult:
                     break
             if bar is not None:
                 bar.close()
-            if broadcast_flag(bool(stop.reason), info):  # a signal may land after the check
-                stop.reason = stop.reason or "stopped by another rank"  # in the loop
+            # one decision for every rank, taken once: a signal may land after the check in
+            # the loop, or later in this epoch's end, on one rank only
+            stopping = broadcast_flag(bool(stop.reason), info)
+            if stopping:
+                stop.reason = stop.reason or "stopped by another rank"
             train_seconds = clock.end_epoch()
             loss_here, images_here = sum_over_ranks(epoch_loss, epoch_images, info)
             loss_sum, images = carried[0] + loss_here, carried[1] + images_here
@@ -177,11 +180,11 @@ def run_loop(run: Run) -> TrainResult:
             if epoch_done:  # before the evaluation, so a best.pt it saves resumes past it
                 pos.epoch, pos.batch = pos.epoch + 1, 0
             pos.epoch_loss, pos.epoch_images = (0.0, 0) if epoch_done else (loss_sum, images)
-            if epoch_done and not stop.reason:  # before the evaluation: a budget spent here
+            if epoch_done and not stopping:  # before the evaluation: a budget spent here
                 clock.refit_after_epoch(pos)   # ends the run at this step, evaluated once
             evaluated = False  # a signalled rank skips it, so every rank does (together)
             if not broadcast_flag(stop.signalled(), info) and (
-                    scheduled or pos.step >= pos.total_steps or stop.reason):
+                    scheduled or pos.step >= pos.total_steps or stopping):
                 with clock.timing_evaluation():
                     final = evaluate_and_log(run, loss_sum / max(images, 1),
                                              images_here / max(train_seconds, 1e-9),

@@ -74,7 +74,7 @@ class EngineOptions:
         compiled = ""
         if self.compile:
             compiled = (" (not compiled: ONNX Runtime's int8 session runs outside torch)"
-                        if runs_in_onnxruntime(precision, int8_engine)
+                        if runs_in_onnxruntime(precision, int8_engine or self.int8_engine)
                         else " (torch.compile, frozen weights)")
         parts = [self.engine + compiled]
         if precision == "bf16":
