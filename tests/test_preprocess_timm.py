@@ -19,11 +19,17 @@ SHAPES = [(40, 50), (50, 40), (37, 91), (300, 301), (33, 33), (97, 64), (31, 200
 @pytest.mark.parametrize("size", [32, 224, (32, 48), (40, 24)])
 @pytest.mark.parametrize("crop_pct", [0.875, 0.9, 0.95, 1.0])
 def test_shorter_side_and_centre_crop_equal_timms_eval_transform(size, crop_pct):
-    rng = np.random.default_rng(0)
+    assert_equal_to_timm(size, crop_pct, "center", "shorter_side", seed=0)
+
+
+def assert_equal_to_timm(size: int | tuple[int, int], crop_pct: float, crop_mode: str,
+                         resize_mode: str, seed: int) -> None:
+    """vitkit's `resize_mode` and timm's `crop_mode` give the same pixels on every SHAPE."""
+    rng = np.random.default_rng(seed)
     hw = size if isinstance(size, tuple) else (size, size)
     reference = create_transform(input_size=(3, *hw), interpolation="bicubic", crop_pct=crop_pct,
-                                 crop_mode="center", mean=(0.5,) * 3, std=(0.5,) * 3)
-    ours = Preprocess(img_size=size, resize_mode="shorter_side", crop_pct=crop_pct,
+                                 crop_mode=crop_mode, mean=(0.5,) * 3, std=(0.5,) * 3)
+    ours = Preprocess(img_size=size, resize_mode=resize_mode, crop_pct=crop_pct,
                       interpolation="bicubic")
     for shape in SHAPES:
         image = Image.fromarray((rng.random((*shape, 3)) * 255).astype(np.uint8))
@@ -35,15 +41,7 @@ def test_shorter_side_and_centre_crop_equal_timms_eval_transform(size, crop_pct)
 def test_squash_with_a_crop_equals_timms_squash_crop_mode(size, crop_pct):
     """timm's crop_mode "squash": each side to floor(size / crop_pct), then the centre crop
     (the whole frame at crop_pct 1). vitkit's "squash" ignored crop_pct."""
-    rng = np.random.default_rng(1)
-    hw = size if isinstance(size, tuple) else (size, size)
-    reference = create_transform(input_size=(3, *hw), interpolation="bicubic", crop_pct=crop_pct,
-                                 crop_mode="squash", mean=(0.5,) * 3, std=(0.5,) * 3)
-    ours = Preprocess(img_size=size, resize_mode="squash", crop_pct=crop_pct,
-                      interpolation="bicubic")
-    for shape in SHAPES:
-        image = Image.fromarray((rng.random((*shape, 3)) * 255).astype(np.uint8))
-        assert (ours([image])[0] - reference(image)).abs().max().item() <= 1e-6, shape
+    assert_equal_to_timm(size, crop_pct, "squash", "squash", seed=1)
 
 
 def test_a_timm_folder_with_crop_mode_squash_is_read_as_squash(tmp_path):
