@@ -1,5 +1,5 @@
 """bf16 autocast against fp32 for the training step, by model width: the evidence behind
-`amp=auto` (`vitkit.inference.precision.training_precision`: bf16 on a CPU with AMX, or
+`amp=auto` (`vitkit.train.amp.training_precision`: bf16 on a CPU with AMX, or
 with AVX512-BF16 where a bf16 matmul also measures >= 1.3x fp32, for models at least 128
 wide).
 
@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from vitkit.catalog import create_model
 from vitkit.runtime import configure_cpu, cpu_description
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 MODELS = {
     "tutorial (patch 4, width 48, 4 layers)": dict(
@@ -62,13 +67,15 @@ def step_seconds(name: str, reps: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    configure_cpu()
-    print(cpu_description())
-    print(f"{'model':<44}{'fp32 img/s':>12}{'bf16 img/s':>12}{'bf16 / fp32':>13}")
-    for name in MODELS:
-        fp32, bf16 = step_seconds(name, args.reps)
-        print(f"{name:<44}{128 / fp32:>12.0f}{128 / bf16:>12.0f}{fp32 / bf16:>12.2f}x")
+    with readme_tables.recording("amp_step.py", args.write_readme):
+        configure_cpu()
+        print(cpu_description())
+        print(f"{'model':<44}{'fp32 img/s':>12}{'bf16 img/s':>12}{'bf16 / fp32':>13}")
+        for name in MODELS:
+            fp32, bf16 = step_seconds(name, args.reps)
+            print(f"{name:<44}{128 / fp32:>12.0f}{128 / bf16:>12.0f}{fp32 / bf16:>12.2f}x")
 
 
 if __name__ == "__main__":

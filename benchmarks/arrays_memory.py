@@ -32,6 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
+
 TARGET_MB = 100
 SIZE = 64
 MODEL = {"width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64, "patch_size": 8,
@@ -184,46 +187,50 @@ def main(argv: list[str] | None = None) -> int:
                         "the large set read into memory (data_mode=memory)")
     parser.add_argument("--mode", default="stream", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    readme_tables.add_flag(parser)
     args = parser.parse_args(argv)
     if args.child:
         child(args)
         return 0
-    args.steps = args.steps or args.large // args.batch
-    root = args.root.resolve()
-    if Path(__file__).resolve().parent.parent in [root, *root.parents]:
-        parser.error(f"--root {root} is inside the repository: pick a folder outside it")
-    print(cpu_line(), flush=True)
-    image_mb = SIZE * SIZE * 4 / 1024**2
-    print(f"sets: {args.small:,} and {args.large:,} single-channel {SIZE}x{SIZE} float32 "
-          f"fields ({args.small * image_mb:,.0f} MB and {args.large * image_mb:,.0f} MB of "
-          f"images), each as numpy.savez .npz and as a .npy folder, in {root}", flush=True)
-    folders = {count: write_sets(root, count, args.held_out) for count in
-               (args.small, args.large)}
-    print(f"training: {args.steps} steps of batch {args.batch} (one epoch of the large set; "
-          f"{args.steps * args.batch / args.small:.0f} epochs of the small one), data_mode="
-          f"stream, {'vitkit train' if args.via == 'cli' else 'vitkit feed + tiny ViT loop'}, "
-          "integer class targets (the memory measured is the data path's)\n", flush=True)
-    print(f"{'layout':<8}{'samples':>9}{'records':>15}{'peak RSS':>11}{'RSS at end':>12}"
-          f"{'seconds':>9}  loss first -> last 10 steps")
-    verdicts = []
-    for layout in ("npz", "npy"):
-        runs = {}
-        for count in (args.small, args.large):
-            runs[count] = run = measure(folders[count][layout], args)
-            losses = (f"{run['loss_first']:.3f} -> {run['loss_last']:.3f}"
-                      if "loss_first" in run else "")
-            print(f"{layout:<8}{count:>9,}{run['records']:>15}{_mb(run['peak']):>11}"
-                  f"{_mb(run['rss_end']):>12}{run['seconds']:>9.1f}  {losses}", flush=True)
-        growth = runs[args.large]["peak"] - runs[args.small]["peak"]
-        ok = abs(growth) < TARGET_MB * 1024**2
-        verdicts.append(ok)
-        print(f"{layout:<8}{'10x':>9}{'difference':>15}{_mb(growth):>11}   target < "
-              f"{TARGET_MB} MB: {'PASS' if ok else 'FAIL'}", flush=True)
-    if not args.no_control and args.via == "loop":
-        run = measure(folders[args.large]["npy"], args, mode="memory")
-        print(f"control: the {args.large:,}-sample .npy set read into memory (data_mode=memory, "
-              f"{run['records']}) peaks at {_mb(run['peak'])}: the measure sees the data")
-    return 0 if all(verdicts) else 1
+    name = "arrays_memory.py" + (" --via cli" if args.via == "cli" else "")
+    with readme_tables.recording(name, args.write_readme, argv=argv):
+        args.steps = args.steps or args.large // args.batch
+        root = args.root.resolve()
+        if Path(__file__).resolve().parent.parent in [root, *root.parents]:
+            parser.error(f"--root {root} is inside the repository: pick a folder outside it")
+        print(cpu_line(), flush=True)
+        image_mb = SIZE * SIZE * 4 / 1024**2
+        print(f"sets: {args.small:,} and {args.large:,} single-channel {SIZE}x{SIZE} float32 "
+              f"fields ({args.small * image_mb:,.0f} MB and {args.large * image_mb:,.0f} MB of "
+              f"images), each as numpy.savez .npz and as a .npy folder, in {root}", flush=True)
+        folders = {count: write_sets(root, count, args.held_out) for count in
+                   (args.small, args.large)}
+        print(f"training: {args.steps} steps of batch {args.batch} (one epoch of the large set; "
+              f"{args.steps * args.batch / args.small:.0f} epochs of the small one), data_mode="
+              f"stream, {'vitkit train' if args.via == 'cli' else 'vitkit feed + tiny ViT loop'}, "
+              "integer class targets (the memory measured is the data path's)\n", flush=True)
+        print(f"{'layout':<8}{'samples':>9}{'records':>15}{'peak RSS':>11}{'RSS at end':>12}"
+              f"{'seconds':>9}  loss first -> last 10 steps")
+        verdicts = []
+        for layout in ("npz", "npy"):
+            runs = {}
+            for count in (args.small, args.large):
+                runs[count] = run = measure(folders[count][layout], args)
+                losses = (f"{run['loss_first']:.3f} -> {run['loss_last']:.3f}"
+                          if "loss_first" in run else "")
+                print(f"{layout:<8}{count:>9,}{run['records']:>15}{_mb(run['peak']):>11}"
+                      f"{_mb(run['rss_end']):>12}{run['seconds']:>9.1f}  {losses}", flush=True)
+            growth = runs[args.large]["peak"] - runs[args.small]["peak"]
+            ok = abs(growth) < TARGET_MB * 1024**2
+            verdicts.append(ok)
+            print(f"{layout:<8}{'10x':>9}{'difference':>15}{_mb(growth):>11}   target < "
+                  f"{TARGET_MB} MB: {'PASS' if ok else 'FAIL'}", flush=True)
+        if not args.no_control and args.via == "loop":
+            run = measure(folders[args.large]["npy"], args, mode="memory")
+            print(f"control: the {args.large:,}-sample .npy set read into memory "
+                  f"(data_mode=memory, {run['records']}) peaks at {_mb(run['peak'])}: the "
+                  "measure sees the data")
+        return 0 if all(verdicts) else 1
 
 
 if __name__ == "__main__":

@@ -13,14 +13,19 @@ training step; benchmarks/step_ablation.py measures the step.)
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from vitkit.model.chunked_attention import chunked_attention
 from vitkit.runtime import cpu_description
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 Attend = Callable[[torch.Tensor], torch.Tensor]  # qkv (B, T, 3, H, D) -> attention output
 
@@ -70,19 +75,21 @@ def time_ms(attend: Attend, shape: tuple[int, int, int, int], train: bool, reps:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    print(cpu_description())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"median of {args.reps} calls")
-    print(f"{'shape':<50}{'pass':<11}{'SDPA ms':>9}{'explicit ms':>13}{'chunked ms':>12}")
-    for label, shape in SHAPES:
-        for train in (True, False):
-            sdpa_ms = time_ms(fused, shape, train, args.reps)
-            explicit_ms = time_ms(explicit, shape, train, args.reps)
-            chunked_ms = f"{time_ms(chunked, shape, train, args.reps):.2f}" if train else "-"
-            print(f"{label:<50}{'fwd + bwd' if train else 'forward':<11}{sdpa_ms:>9.2f}"
-                  f"{explicit_ms:>13.2f}{chunked_ms:>12}", flush=True)
+    with readme_tables.recording("attention.py", args.write_readme):
+        torch.manual_seed(0)
+        print(cpu_description())
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+              f"median of {args.reps} calls")
+        print(f"{'shape':<50}{'pass':<11}{'SDPA ms':>9}{'explicit ms':>13}{'chunked ms':>12}")
+        for label, shape in SHAPES:
+            for train in (True, False):
+                sdpa_ms = time_ms(fused, shape, train, args.reps)
+                explicit_ms = time_ms(explicit, shape, train, args.reps)
+                chunked_ms = f"{time_ms(chunked, shape, train, args.reps):.2f}" if train else "-"
+                print(f"{label:<50}{'fwd + bwd' if train else 'forward':<11}{sdpa_ms:>9.2f}"
+                      f"{explicit_ms:>13.2f}{chunked_ms:>12}", flush=True)
 
 
 if __name__ == "__main__":

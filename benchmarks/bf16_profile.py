@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -20,6 +22,9 @@ from torch.profiler import ProfilerActivity, profile
 from vitkit import create_model
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
 from vitkit.runtime import configure_cpu, cpu_description
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 
 def runners(batch: int) -> dict[str, Callable[[], object]]:
@@ -49,35 +54,37 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--reps", type=int, default=5)
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    configure_cpu(args.threads)
-    print(cpu_description(), flush=True)
-    peaks = {dtype: MatmulPeak(args.threads, dtype=dtype)
-             for dtype in (torch.float32, torch.bfloat16)}
-    for peak in peaks.values():
-        peak.sample(5)
-    fp32_peak, bf16_peak = (peak.gflops for peak in peaks.values())
-    print(f"matmul peak: fp32 {fp32_peak:.0f} GFLOP/s, bf16 {bf16_peak:.0f} GFLOP/s "
-          f"({bf16_peak / fp32_peak:.2f}x)")
-    rows = runners(args.batch)
-    for run in rows.values():
-        run()  # warm up
-    times: dict[str, list[float]] = {label: [] for label in rows}
-    order = list(rows)
-    for rep in range(args.reps):
-        for label in order[rep % len(order):] + order[:rep % len(order)]:
-            times[label].append(timed(rows[label]))
-    base = statistics.median(times["fp32"])
-    print(f"ViT-B/16 at 224, batch {args.batch}, medians of {args.reps} rotating rounds")
-    for label, samples in times.items():
-        median = statistics.median(samples)
-        print(f"  {label:<32}{args.batch / median:>8.2f} images/s {base / median:>6.2f}x")
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        for _ in range(2):
-            rows["bf16 autocast"]()
-    print("top operators of two bf16 autocast batches (self CPU time):")
-    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=12,
-                                        max_name_column_width=40))
+    with readme_tables.recording("bf16_profile.py", args.write_readme):
+        configure_cpu(args.threads)
+        print(cpu_description(), flush=True)
+        peaks = {dtype: MatmulPeak(args.threads, dtype=dtype)
+                 for dtype in (torch.float32, torch.bfloat16)}
+        for peak in peaks.values():
+            peak.sample(5)
+        fp32_peak, bf16_peak = (peak.gflops for peak in peaks.values())
+        print(f"matmul peak: fp32 {fp32_peak:.0f} GFLOP/s, bf16 {bf16_peak:.0f} GFLOP/s "
+              f"({bf16_peak / fp32_peak:.2f}x)")
+        rows = runners(args.batch)
+        for run in rows.values():
+            run()  # warm up
+        times: dict[str, list[float]] = {label: [] for label in rows}
+        order = list(rows)
+        for rep in range(args.reps):
+            for label in order[rep % len(order):] + order[:rep % len(order)]:
+                times[label].append(timed(rows[label]))
+        base = statistics.median(times["fp32"])
+        print(f"ViT-B/16 at 224, batch {args.batch}, medians of {args.reps} rotating rounds")
+        for label, samples in times.items():
+            median = statistics.median(samples)
+            print(f"  {label:<32}{args.batch / median:>8.2f} images/s {base / median:>6.2f}x")
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            for _ in range(2):
+                rows["bf16 autocast"]()
+        print("top operators of two bf16 autocast batches (self CPU time):")
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=12,
+                                            max_name_column_width=40))
 
 
 if __name__ == "__main__":

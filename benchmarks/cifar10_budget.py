@@ -6,6 +6,7 @@ the accuracy each reached and when, and draws both accuracy-vs-minutes curves in
 
     python benchmarks/cifar10_budget.py --data-dir ../shared/data/cifar10/cifar-10-batches-bin
     python benchmarks/cifar10_budget.py --report runs/budget/cifar10 runs/budget/cifar10-tutorial
+    python benchmarks/cifar10_budget.py --report RUN ... --write-readme --machine "AMD EPYC (...)"
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.85)
 
@@ -74,23 +78,27 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=3600, help="seconds per run")
     parser.add_argument("--recipes", default="cifar10,cifar10-tutorial")
     parser.add_argument("--out", type=Path, default=Path("runs/budget"))
-    parser.add_argument("--png", type=Path, default=Path("docs/cifar10_budget.png"))
+    parser.add_argument("--png", type=Path, default=Path("docs/recipes/cifar10_budget.png"))
     parser.add_argument("--report", nargs="+", type=Path, metavar="RUN_DIR",
                         help="only report on finished runs")
+    parser.add_argument("--machine", help="with --write-readme and --report: the CPU the runs "
+                        "trained on, as their log's first line names it (default: this one)")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    from vitkit.runtime import cpu_description
+    with readme_tables.recording("cifar10_budget.py", args.write_readme, machine=args.machine):
+        run_dirs = args.report
+        if not run_dirs:  # training here: this machine's CPU line (a report's runs name theirs)
+            from vitkit.runtime import cpu_description
 
-    print(cpu_description(), flush=True)
-    run_dirs = args.report
-    if not run_dirs:
-        if not args.data_dir:
-            parser.error("--data-dir is required to run (or pass --report RUN_DIR ...)")
-        run_dirs = []
-        for recipe in args.recipes.split(","):
-            out = args.out / recipe
-            run(recipe, args.data_dir, args.budget, out)
-            run_dirs.append(out)
-    print(report(run_dirs, args.png))
+            print(cpu_description(), flush=True)
+            if not args.data_dir:
+                parser.error("--data-dir is required to run (or pass --report RUN_DIR ...)")
+            run_dirs = []
+            for recipe in args.recipes.split(","):
+                out = args.out / recipe
+                run(recipe, args.data_dir, args.budget, out)
+                run_dirs.append(out)
+        print(report(run_dirs, args.png))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
+
 TARGET_RSS_GROWTH = 200 * 1024**2
 MEAN_AREA = 400 * 300  # generated images: about 400x300 pixels
 JPEG_QUALITY = 90
@@ -347,85 +350,90 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 2,000; quick 400)")
     parser.add_argument("--reps", type=int, help="repetitions per loader (default 5; quick 2)")
     parser.add_argument("--step-reps", type=int, help="timed model steps (default 3; quick 1)")
+    readme_tables.add_flag(parser)
     args = parser.parse_args(argv)
-    quick = args.quick
-    root = (args.root or Path("/tmp/vitkit-bench-jpegs" + ("-quick" if quick else ""))).resolve()
-    count = args.count or (2_000 if quick else 50_000)
-    val_count = args.val_count or (200 if quick else 1_000)
-    subset = args.subset or count // 5
-    model = args.model or ("Ti/16" if quick else "S/16")
-    train_steps = args.train_steps or (2 if quick else 12)
-    images = args.images or (400 if quick else 2_000)
-    reps = args.reps or (2 if quick else 5)
-    step_reps = args.step_reps or (1 if quick else 3)
-    if not args.cifar_dir:
-        parser.error("pass --cifar-dir or set VITKIT_CIFAR10_DIR (the CIFAR-10 binary folder)")
-    if Path(__file__).resolve().parent.parent in [root, *root.parents]:
-        parser.error(f"--root {root} is inside the repository: pick a folder outside it")
+    name = "data_loading.py" + (" --quick" if args.quick else "")
+    with readme_tables.recording(name, args.write_readme, argv=argv):
+        quick = args.quick
+        default_root = Path("/tmp/vitkit-bench-jpegs" + ("-quick" if quick else ""))
+        root = (args.root or default_root).resolve()
+        count = args.count or (2_000 if quick else 50_000)
+        val_count = args.val_count or (200 if quick else 1_000)
+        subset = args.subset or count // 5
+        model = args.model or ("Ti/16" if quick else "S/16")
+        train_steps = args.train_steps or (2 if quick else 12)
+        images = args.images or (400 if quick else 2_000)
+        reps = args.reps or (2 if quick else 5)
+        step_reps = args.step_reps or (1 if quick else 3)
+        if not args.cifar_dir:
+            parser.error("pass --cifar-dir or set VITKIT_CIFAR10_DIR (the CIFAR-10 binary folder)")
+        if Path(__file__).resolve().parent.parent in [root, *root.parents]:
+            parser.error(f"--root {root} is inside the repository: pick a folder outside it")
 
-    from vitkit.runtime import cpu_description
+        from vitkit.runtime import cpu_description
 
-    print(cpu_description(), flush=True)
-    cores = len(os.sched_getaffinity(0))
-    print(f"{count:,} training + {val_count:,} held-out JPEGs in {root}, {cores} CPU cores, "
-          f"batch {args.batch}, {args.workers} loader workers, {args.size}px; load average "
-          f"{os.getloadavg()[0]:.1f} at the start", flush=True)
-    seconds = generate(root, count, val_count, args.cifar_dir, max(cores, 1))
-    print(f"generation: {f'{seconds:.0f} s' if seconds else 'cached'}", flush=True)
-    small = subset_folder(root, subset)
+        print(cpu_description(), flush=True)
+        cores = len(os.sched_getaffinity(0))
+        print(f"{count:,} training + {val_count:,} held-out JPEGs in {root}, {cores} CPU cores, "
+              f"batch {args.batch}, {args.workers} loader workers, {args.size}px; load average "
+              f"{os.getloadavg()[0]:.1f} at the start", flush=True)
+        seconds = generate(root, count, val_count, args.cifar_dir, max(cores, 1))
+        print(f"generation: {f'{seconds:.0f} s' if seconds else 'cached'}", flush=True)
+        small = subset_folder(root, subset)
 
-    recipe = {"model": {"variant": args.train_model, "img_size": args.size, "num_classes": 10},
-              "data": "folder", "data_mode": "stream", "workers": args.workers,
-              "batch_size": args.batch, "total_steps": train_steps, "warmup_steps": 1,
-              "test_limit": 2 * args.batch, "progress": False, "augment": {"crop_padding": 0}}
-    runs = {}
-    for label, folder in ((f"{count_files(small / 'train'):,} files", small),
-                          (f"{count_files(root / 'train'):,} files", root)):
-        runs[label] = train_peak_rss(folder, recipe, root / "runs" / folder.name)
-        print(f"  trained {train_steps} steps on {label} in {runs[label][2]:.0f} s", flush=True)
+        recipe = {"model": {"variant": args.train_model, "img_size": args.size, "num_classes": 10},
+                  "data": "folder", "data_mode": "stream", "workers": args.workers,
+                  "batch_size": args.batch, "total_steps": train_steps, "warmup_steps": 1,
+                  "test_limit": 2 * args.batch, "progress": False, "augment": {"crop_padding": 0}}
+        runs = {}
+        for label, folder in ((f"{count_files(small / 'train'):,} files", small),
+                              (f"{count_files(root / 'train'):,} files", root)):
+            runs[label] = train_peak_rss(folder, recipe, root / "runs" / folder.name)
+            print(f"  trained {train_steps} steps on {label} in {runs[label][2]:.0f} s", flush=True)
 
-    rates = time_loaders(root / "train", args.size, args.batch, args.workers, images, reps)
-    step_rate = train_step_rate(model, args.size, args.batch, step_reps)
+        rates = time_loaders(root / "train", args.size, args.batch, args.workers, images, reps)
+        step_rate = train_step_rate(model, args.size, args.batch, step_reps)
 
-    (small_tree, small_own, _), (large_tree, large_own, _) = runs.values()
-    growth = large_tree - small_tree
-    print(f"\nPeak memory of `vitkit train data=folder data_mode=stream "
-          f"model={args.train_model}` ({train_steps} steps, batch {args.batch}, "
-          f"workers={args.workers})")
-    print(f"{'training set':<16}{'process tree (summed RSS)':>28}{'training process':>20}")
-    for label, (tree, own, _) in runs.items():
-        print(f"{label:<16}{_mb(tree):>28}{_mb(own):>20}")
-    verdict = "PASS" if abs(growth) < TARGET_RSS_GROWTH else "FAIL"
-    print(f"{'difference':<16}{_mb(growth):>28}{_mb(large_own - small_own):>20}   "
-          f"target < {_mb(TARGET_RSS_GROWTH)}: {verdict}")
+        (small_tree, small_own, _), (large_tree, large_own, _) = runs.values()
+        growth = large_tree - small_tree
+        print(f"\nPeak memory of `vitkit train data=folder data_mode=stream "
+              f"model={args.train_model}` ({train_steps} steps, batch {args.batch}, "
+              f"workers={args.workers})")
+        print(f"{'training set':<16}{'process tree (summed RSS)':>28}{'training process':>20}")
+        for label, (tree, own, _) in runs.items():
+            print(f"{label:<16}{_mb(tree):>28}{_mb(own):>20}")
+        verdict = "PASS" if abs(growth) < TARGET_RSS_GROWTH else "FAIL"
+        print(f"{'difference':<16}{_mb(growth):>28}{_mb(large_own - small_own):>20}   "
+              f"target < {_mb(TARGET_RSS_GROWTH)}: {verdict}")
 
-    print(f"\nLoaders at {args.size}px, batch {args.batch}, {args.workers} workers, uint8 out, "
-          f"no flip; medians of {reps} alternating repetitions of {images:,} images "
-          "(min-max of images/s in brackets; CPU = loader processes' CPU time per image)")
-    print(f"{'path':<7}{'loader':<25}{'images/s':>9}{'(min-max)':>12}{'vs tv':>7}"
-          f"{'CPU ms/img':>12}{'vs tv':>7}")
-    best_train = 0.0
-    for path, by_name in rates.items():
-        speed = {name: statistics.median(r for r, _ in runs) for name, runs in by_name.items()}
-        cpu = {name: statistics.median(c for _, c in runs) for name, runs in by_name.items()}
-        tv = "torchvision ImageFolder"
-        for name, runs in by_name.items():
-            spread = f"({min(r for r, _ in runs):.0f}-{max(r for r, _ in runs):.0f})"
-            print(f"{path:<7}{name:<25}{speed[name]:>9.0f}{spread:>12}"
-                  f"{speed[name] / speed[tv]:>6.2f}x{cpu[name]:>12.2f}{_ratio(cpu[tv], cpu[name])}")
-        if path == "train":
-            best_train = speed["vitkit StreamFeed"]
-    print("(vs tv: vitkit's speed / torchvision's, and torchvision's CPU time / vitkit's: above "
-          "1 is better for vitkit)")
+        print(f"\nLoaders at {args.size}px, batch {args.batch}, {args.workers} workers, uint8 out, "
+              f"no flip; medians of {reps} alternating repetitions of {images:,} images "
+              "(min-max of images/s in brackets; CPU = loader processes' CPU time per image)")
+        print(f"{'path':<7}{'loader':<25}{'images/s':>9}{'(min-max)':>12}{'vs tv':>7}"
+              f"{'CPU ms/img':>12}{'vs tv':>7}")
+        best_train = 0.0
+        for path, by_name in rates.items():
+            speed = {name: statistics.median(r for r, _ in runs) for name, runs in by_name.items()}
+            cpu = {name: statistics.median(c for _, c in runs) for name, runs in by_name.items()}
+            tv = "torchvision ImageFolder"
+            for name, runs in by_name.items():
+                spread = f"({min(r for r, _ in runs):.0f}-{max(r for r, _ in runs):.0f})"
+                print(f"{path:<7}{name:<25}{speed[name]:>9.0f}{spread:>12}"
+                      f"{speed[name] / speed[tv]:>6.2f}x{cpu[name]:>12.2f}"
+                      f"{_ratio(cpu[tv], cpu[name])}")
+            if path == "train":
+                best_train = speed["vitkit StreamFeed"]
+        print("(vs tv: vitkit's speed / torchvision's, and torchvision's CPU time / vitkit's: "
+              "above 1 is better for vitkit)")
 
-    keeps_up = "PASS" if best_train >= step_rate else "FAIL"
-    print(f"\n{model} training step (fp32, forward + backward + AdamW, batch {args.batch}): "
-          f"{step_rate:.1f} images/s; vitkit's training loader: {best_train:.0f} images/s "
-          f"({best_train / step_rate:.1f}x the model): {keeps_up}")
-    own_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(f"(largest child process of this script, getrusage: {_mb(own_children)}; load "
-          f"average {os.getloadavg()[0]:.1f} at the end)")
-    return 0
+        keeps_up = "PASS" if best_train >= step_rate else "FAIL"
+        print(f"\n{model} training step (fp32, forward + backward + AdamW, batch {args.batch}): "
+              f"{step_rate:.1f} images/s; vitkit's training loader: {best_train:.0f} images/s "
+              f"({best_train / step_rate:.1f}x the model): {keeps_up}")
+        own_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        print(f"(largest child process of this script, getrusage: {_mb(own_children)}; load "
+              f"average {os.getloadavg()[0]:.1f} at the end)")
+        return 0
 
 
 if __name__ == "__main__":

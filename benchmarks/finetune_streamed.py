@@ -32,6 +32,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
+
 JPEG_QUALITY = 90
 RUNS = ("folder", "hf", "scratch")
 
@@ -261,25 +264,27 @@ def main() -> None:
     parser.add_argument("--pretrain-steps", type=int, help="CIFAR-10 pre-training steps")
     parser.add_argument("--quick", action="store_true", help="a few images, a tiny model")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    if not args.data_dir:
-        parser.error("--data-dir (or VITKIT_CIFAR10_DIR) must name cifar-10-batches-bin")
-    settings = QUICK if args.quick else FULL
-    if args.budget is not None:
-        settings = replace(settings, budget=args.budget)
-    if args.pretrain_steps is not None:
-        warmup = max(args.pretrain_steps // 16, 1)
-        settings = replace(settings, pretrain_args=(f"total_steps={args.pretrain_steps}",
-                                                    f"warmup_steps={warmup}"))
-    root = args.root / "quick" if args.quick else args.root
-    from vitkit.runtime import cpu_description
+    with readme_tables.recording("finetune_streamed.py", args.write_readme):
+        if not args.data_dir:
+            parser.error("--data-dir (or VITKIT_CIFAR10_DIR) must name cifar-10-batches-bin")
+        settings = QUICK if args.quick else FULL
+        if args.budget is not None:
+            settings = replace(settings, budget=args.budget)
+        if args.pretrain_steps is not None:
+            warmup = max(args.pretrain_steps // 16, 1)
+            settings = replace(settings, pretrain_args=(f"total_steps={args.pretrain_steps}",
+                                                        f"warmup_steps={warmup}"))
+        root = args.root / "quick" if args.quick else args.root
+        from vitkit.runtime import cpu_description
 
-    print(cpu_description(), flush=True)
-    print("settings:", json.dumps(asdict(settings)), flush=True)
-    rows = run_all(args.data_dir, root, settings, args.init, tuple(args.runs.split(",")))
-    print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        print(cpu_description(), flush=True)
+        print("settings:", json.dumps(asdict(settings)), flush=True)
+        rows = run_all(args.data_dir, root, settings, args.init, tuple(args.runs.split(",")))
+        print(table(rows))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

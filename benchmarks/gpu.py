@@ -9,7 +9,8 @@ defaults), the same weights (timm's, copied into vitkit) and the same input tens
 rounds alternate between the libraries (vitkit, timm, vitkit, timm, ...) and medians are
 reported; CUDA events time each call after a synchronise.
 
-    python benchmarks/gpu.py [--rounds 7] [--out gpu.json] [--skip-compile]
+    python benchmarks/gpu.py [--rounds 7] [--out gpu.json] [--skip-compile] [--write-readme]
+    python benchmarks/gpu.py --report gpu.json [--write-readme]   # the table of a saved run
 
 Needs a CUDA GPU and timm. Nothing here runs in the test suite.
 """
@@ -20,8 +21,10 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import timm.models.vision_transformer as timm_vit
 import torch
@@ -32,6 +35,9 @@ from vitkit import VisionTransformer
 from vitkit.runtime import cpu_description
 from vitkit.weights import load_state_dict_checked
 from vitkit.weights.formats.timm import config_from_timm_model
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 
 def timm_b16(img: int = 224, classes: int = 1000) -> torch.nn.Module:
@@ -140,12 +146,43 @@ def throughput(device: torch.device, train: bool, batch: int, rounds: int, compi
     }
 
 
+def table(report: dict) -> str:
+    """The run's parity and throughput, as benchmarks/README.md shows them."""
+    versions = f"torch {report['torch']}, timm {report['timm']}, Python {report['python']}"
+    p = report["parity"]
+    lines = [f"{report['gpu']} (capability {'.'.join(map(str, report['capability']))}), {versions}",
+             f"parity (B/16 at 224, batch 16, max |logit difference|): fp32 "
+             f"{p['fp32_max_abs_diff']:.1e} (logit range {p['logit_range']:.1f}), both bf16 "
+             f"{p['bf16_vitkit_vs_timm_bf16']:.1e}, vitkit bf16 vs fp32 "
+             f"{p['bf16_vitkit_vs_fp32']:.1e}, flash forced vs default "
+             f"{p['flash_forced_vs_default_bf16']:.1e}",
+             f"{'task':<68}{'vitkit':>8}{'no shortcut':>12}{'timm':>8}{'ratio':>7}"
+             f"{'no shortcut':>12}",
+             "(images/s; ratios over timm; no shortcut: vitkit with its class-token shortcut off)"]
+    for row in report["throughput"]:
+        ips = row["images_per_s"]
+        lines.append(f"{row['task']:<68}{ips['vitkit']:>8.0f}{ips['vitkit_full_path']:>12.0f}"
+                     f"{ips['timm']:>8.0f}{row['vitkit_over_timm']:>7.2f}"
+                     f"{row['vitkit_full_path_over_timm']:>12.2f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--report", type=Path, metavar="JSON",
+                        help="print the table of a run saved with --out, measuring nothing")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        print(table(saved))
+        if args.write_readme:
+            readme_tables.write_table("gpu.py", table(saved), machine=saved["gpu"],
+                                      command="python benchmarks/gpu.py")
+        return
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU")
     device = torch.device("cuda")
@@ -169,16 +206,13 @@ def main() -> None:
             print(json.dumps(result), flush=True)
     report["throughput"] = results
     report["seconds"] = time.perf_counter() - started
-    print(f"\n{'task':<72}{'vitkit':>8}{'no shortcut':>12}{'timm':>8}{'ratio':>7}"
-          f"{'no shortcut':>12}   (images/s; ratios over timm)")
-    for row in results:
-        ips = row["images_per_s"]
-        print(f"{row['task']:<72}{ips['vitkit']:>8.0f}{ips['vitkit_full_path']:>12.0f}"
-              f"{ips['timm']:>8.0f}{row['vitkit_over_timm']:>7.2f}"
-              f"{row['vitkit_full_path_over_timm']:>12.2f}")
+    print("\n" + table(report))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
+    if args.write_readme:
+        readme_tables.write_table("gpu.py", table(report), machine=report["gpu"],
+                                  command=readme_tables.command_line("gpu.py"))
 
 
 if __name__ == "__main__":

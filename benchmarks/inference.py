@@ -3,7 +3,7 @@
 Speed (`--speed`): ViT-B/16 at 224, batch 8, random weights, every configuration in this one
 process (the same threads and allocator setting for all: `vitkit.runtime.configure_cpu`), timed
 in rotating order, one call per configuration per round; medians. Rows: timm fp32, vitkit fp32,
-vitkit int8 by each engine of `vitkit.inference.quantize` (torch's x86 kernels, oneDNN, ONNX
+vitkit int8 by each engine of `vitkit.inference.int8_engines` (torch's x86 kernels, oneDNN, ONNX
 Runtime; `--int8` runs the fastest of them, measured), ToMe at several r, int8 + ToMe by each
 engine that merges tokens, bf16 autocast, `--precision bf16` as the verbs run it on the CPU (a
 bf16 copy of the model, prepacked; alone and with ToMe; and unpacked), `--precision auto` as
@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import copy
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -38,11 +39,15 @@ import torch
 
 from vitkit import apply_token_merging, create_model
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
+from vitkit.inference.int8_engines import available_engines
 from vitkit.inference.int8_ranges import describe_scheme
 from vitkit.inference.merging import merge_schedule
-from vitkit.inference.quantize import available_engines, quantize_int8
+from vitkit.inference.quantize import quantize_int8
 from vitkit.runtime import configure_cpu, cpu_description
 from vitkit.summary import forward_flops, token_count
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 Runner = Callable[[], object]
 
@@ -115,10 +120,10 @@ def _compiled_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runne
 
 def _bf16_copy_rows(model, images: torch.Tensor, r: int) -> dict[str, tuple[Runner, int]]:
     """`--precision bf16` as the verbs run it on the CPU (a bf16 copy of the model, no
-    autocast, its linear weights prepacked for oneDNN: `vitkit.inference.precision.bf16_copy`),
+    autocast, its linear weights prepacked for oneDNN: `vitkit.inference.bf16.bf16_copy`),
     alone and with ToMe r, and the copy unpacked (what prepacking gains)."""
+    from vitkit.inference.bf16 import bf16_copy
     from vitkit.inference.packed_linear import prepacking_available
-    from vitkit.inference.precision import bf16_copy
 
     rows = {"vitkit --precision bf16 (bf16 copy)" + _merged_label(merge):
             (_call(bf16_copy(merged_model), images), merge)
@@ -218,9 +223,11 @@ def speed(args: argparse.Namespace) -> None:
 
 def accuracy(args: argparse.Namespace) -> None:
     from vitkit.catalog import read_weights
-    from vitkit.evaluation.classify import evaluate
+    from vitkit.evaluation.loop import evaluate
     from vitkit.evaluation.splits import data_for, split_to_evaluate
-    from vitkit.inference.precision import bf16_copy
+    from vitkit.inference.bf16 import bf16_copy
+    from vitkit.inference.predictor import Predictor
+    from vitkit.tasks import make_task
     from vitkit.weights import build_model
 
     configure_cpu(args.threads)
@@ -230,8 +237,8 @@ def accuracy(args: argparse.Namespace) -> None:
         config = model.config
         data, data_dir, limit = data_for(weights, None, args.data_dir, "test", None)
         data_dir = data_dir or args.data_dir
-        dataset = split_to_evaluate(weights, data, data_dir, "test", limit, config.img_size,
-                                    config.in_chans)
+        dataset, _ = split_to_evaluate(weights, data, data_dir, "test", limit,
+                                       config.img_size, config.in_chans)
         patches = config.seq_len - config.num_prefix_tokens
         rs = [r for r in (1, 2, 4, 8, 16) if r <= patches // 2]
         print(f"\n{source}: {data} test, {config.seq_len} tokens, depth {config.depth}")
@@ -245,15 +252,16 @@ def accuracy(args: argparse.Namespace) -> None:
             apply_token_merging(model, r)
             if module is None:
                 module = quantize_int8(model)
-            evaluate(module, dataset, config.num_classes, weights.preprocess, args.batch_eval,
-                     image_size=config.img_size)  # warm-up pass
+            predictor = Predictor.from_model(module, preprocess=weights.preprocess,
+                                             image_size=config.img_size)
+            task = make_task(weights.task)
+            evaluate(predictor, dataset, task, batch_size=args.batch_eval)  # warm-up pass
             start = time.perf_counter()
-            result = evaluate(module, dataset, config.num_classes, weights.preprocess,
-                              args.batch_eval, image_size=config.img_size)
+            result = evaluate(predictor, dataset, task, batch_size=args.batch_eval)
             rate = result.count / (time.perf_counter() - start)
             base = base or rate
             end = _tokens_left(config.seq_len, config.num_prefix_tokens, config.depth, r)
-            print(f"{label:<22}{end:>18}{100 * result.top1:>8.2f}%{rate:>10.0f}"
+            print(f"{label:<22}{end:>18}{100 * result.metrics['top1']:>8.2f}%{rate:>10.0f}"
                   f"{rate / base:>9.2f}x")
             apply_token_merging(model, 0)
 
@@ -283,15 +291,19 @@ def main() -> None:
                              "weights), alone and with the largest ToMe r")
     parser.add_argument("--no-bf16", action="store_true",
                         help="leave out the bf16 autocast row (slow where bf16 is emulated)")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    if not (args.speed or args.accuracy):
-        parser.error("ask for --speed and/or --accuracy WEIGHTS ...")
-    configure_cpu(args.threads)
-    print(cpu_description(), flush=True)
-    if args.speed:
-        speed(args)
-    if args.accuracy:
-        accuracy(args)
+    name = ("inference.py" + " --speed" * args.speed + " --accuracy" * bool(args.accuracy)
+            + " --compile" * args.compile)
+    with readme_tables.recording(name, args.write_readme):
+        if not (args.speed or args.accuracy):
+            parser.error("ask for --speed and/or --accuracy WEIGHTS ...")
+        configure_cpu(args.threads)
+        print(cpu_description(), flush=True)
+        if args.speed:
+            speed(args)
+        if args.accuracy:
+            accuracy(args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ B/16's four bf16 linear layers (qkv, proj, fc1, fc2), prepacked for oneDNN as `-
 bf16` runs them on the CPU, at the unmerged row count (batch x 197 tokens) in each of the twelve
 layers, against the row counts that ToMe r leaves each layer; then the bf16 copy of B/16 with
 and without ToMe r, and fp32. One process, rotating rounds, medians. On a Zen 4 EPYC the
-linears' time falls with the rows; on AMX hosts it did not (docs/runs/cpu-amx). `--per-rows`
+linears' time falls with the rows; on AMX hosts it did not (benchmarks/README.md). `--per-rows`
 adds the four linears at each row count alone, to show how their time follows the rows.
 The first two rows share four layers between the calls; `--row-hints` adds ToMe's rows with a
 layer of its own per call, as in the model (48 weights to stream, not 4), packed by default
@@ -19,16 +19,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from vitkit import create_model
+from vitkit.inference.bf16 import bf16_copy
 from vitkit.inference.merging import apply_token_merging, merge_schedule
 from vitkit.inference.packed_linear import PackedLinear, prepacking_available
-from vitkit.inference.precision import bf16_copy
 from vitkit.runtime import configure_cpu, cpu_description
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 
 def linear_calls(calls: list[tuple[int, int, int]], own_layers: bool = False,
@@ -78,59 +83,61 @@ def main() -> None:
                         help="also time the four linears at each row count alone")
     parser.add_argument("--row-hints", action="store_true",
                         help="also time ToMe's rows with each linear packed for its rows")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    if not prepacking_available():
-        raise SystemExit("this CPU or torch cannot run prepacked bf16 linears (x86 oneDNN)")
-    configure_cpu(args.threads)
-    print(cpu_description(), flush=True)
+    with readme_tables.recording("merged_linears.py", args.write_readme):
+        if not prepacking_available():
+            raise SystemExit("this CPU or torch cannot run prepacked bf16 linears (x86 oneDNN)")
+        configure_cpu(args.threads)
+        print(cpu_description(), flush=True)
 
-    model = create_model("B/16").eval()
-    config = model.config
-    tokens = [config.seq_len, *merge_schedule(config, args.merge, config.seq_len)]
-    rows = [args.batch * t for t in tokens]
-    full = block_calls(config.width, config.mlp_dim, rows[:1] * config.depth,
-                       rows[:1] * config.depth)
-    merged = block_calls(config.width, config.mlp_dim, rows[:-1], rows[1:])
-    images = torch.randn(args.batch, config.in_chans, *config.img_size)
-    bf16_model = bf16_copy(model)
-    merged_model = bf16_copy(apply_token_merging(create_model("B/16").eval(), args.merge))
-    runs = {f"linears, {rows[0]} rows each": linear_calls(full),
-            f"linears, ToMe {args.merge}'s rows ({rows[-1]}-{rows[0]})": linear_calls(merged),
-            "B/16 fp32": lambda: model(images),
-            "B/16 bf16 copy": lambda: bf16_model(images),
-            f"B/16 bf16 copy + ToMe {args.merge}": lambda: merged_model(images)}
-    flops = {label: linear_flops(calls)
-             for label, calls in zip(list(runs)[:2], (full, merged), strict=True)}
-    if args.row_hints:
-        for hints in (False, True):
-            label = (f"linears, ToMe {args.merge}'s rows, {len(merged)} layers"
-                     + (", packed per rows" if hints else ""))
-            runs[label] = linear_calls(merged, own_layers=True, row_hints=hints)
-            flops[label] = linear_flops(merged)
-    if args.per_rows:
-        for m in sorted(set(rows), reverse=True):
-            one = block_calls(config.width, config.mlp_dim, [m], [m])
-            runs[f"linears at {m} rows"] = linear_calls(one)
-            flops[f"linears at {m} rows"] = linear_flops(one)
-    seconds: dict[str, list[float]] = {label: [] for label in runs}
-    with torch.inference_mode():
-        for run in runs.values():
-            run()
-        for _ in range(args.rounds):
-            for label, run in runs.items():
-                begin = time.perf_counter()
+        model = create_model("B/16").eval()
+        config = model.config
+        tokens = [config.seq_len, *merge_schedule(config, args.merge, config.seq_len)]
+        rows = [args.batch * t for t in tokens]
+        full = block_calls(config.width, config.mlp_dim, rows[:1] * config.depth,
+                           rows[:1] * config.depth)
+        merged = block_calls(config.width, config.mlp_dim, rows[:-1], rows[1:])
+        images = torch.randn(args.batch, config.in_chans, *config.img_size)
+        bf16_model = bf16_copy(model)
+        merged_model = bf16_copy(apply_token_merging(create_model("B/16").eval(), args.merge))
+        runs = {f"linears, {rows[0]} rows each": linear_calls(full),
+                f"linears, ToMe {args.merge}'s rows ({rows[-1]}-{rows[0]})": linear_calls(merged),
+                "B/16 fp32": lambda: model(images),
+                "B/16 bf16 copy": lambda: bf16_model(images),
+                f"B/16 bf16 copy + ToMe {args.merge}": lambda: merged_model(images)}
+        flops = {label: linear_flops(calls)
+                 for label, calls in zip(list(runs)[:2], (full, merged), strict=True)}
+        if args.row_hints:
+            for hints in (False, True):
+                label = (f"linears, ToMe {args.merge}'s rows, {len(merged)} layers"
+                         + (", packed per rows" if hints else ""))
+                runs[label] = linear_calls(merged, own_layers=True, row_hints=hints)
+                flops[label] = linear_flops(merged)
+        if args.per_rows:
+            for m in sorted(set(rows), reverse=True):
+                one = block_calls(config.width, config.mlp_dim, [m], [m])
+                runs[f"linears at {m} rows"] = linear_calls(one)
+                flops[f"linears at {m} rows"] = linear_flops(one)
+        seconds: dict[str, list[float]] = {label: [] for label in runs}
+        with torch.inference_mode():
+            for run in runs.values():
                 run()
-                seconds[label].append(time.perf_counter() - begin)
-    medians = {label: statistics.median(values) for label, values in seconds.items()}
-    print(f"batch {args.batch}, medians of {args.rounds} rotating rounds")
-    for label, median in medians.items():
-        rate = (f"{flops[label] / median / 1e9:6.0f} GFLOP/s" if label in flops
-                else f"{medians['B/16 fp32'] / median:5.2f}x fp32")
-        print(f"{label:52s} {median * 1e3:8.1f} ms  {rate}")
-    full_time, merged_time = list(medians.values())[:2]
-    labels = list(flops)[:2]
-    print(f"ToMe {args.merge}'s rows: {flops[labels[1]] / flops[labels[0]]:.2f}x the linears' "
-          f"FLOPs in {merged_time / full_time:.2f}x their time")
+            for _ in range(args.rounds):
+                for label, run in runs.items():
+                    begin = time.perf_counter()
+                    run()
+                    seconds[label].append(time.perf_counter() - begin)
+        medians = {label: statistics.median(values) for label, values in seconds.items()}
+        print(f"batch {args.batch}, medians of {args.rounds} rotating rounds")
+        for label, median in medians.items():
+            rate = (f"{flops[label] / median / 1e9:6.0f} GFLOP/s" if label in flops
+                    else f"{medians['B/16 fp32'] / median:5.2f}x fp32")
+            print(f"{label:52s} {median * 1e3:8.1f} ms  {rate}")
+        full_time, merged_time = list(medians.values())[:2]
+        labels = list(flops)[:2]
+        print(f"ToMe {args.merge}'s rows: {flops[labels[1]] / flops[labels[0]]:.2f}x the linears' "
+              f"FLOPs in {merged_time / full_time:.2f}x their time")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ from PIL import Image
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+
+import readme_tables  # noqa: E402
 from vitkit.runtime import cpu_description  # noqa: E402
 
 MODES = {"on": ["--max-batch", "16", "--max-wait-ms", "5"], "off": ["--max-batch", "1"]}
@@ -146,56 +149,58 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="turns of each level (default 2)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed requests per server")
     parser.add_argument("--threads", type=int, help="the server's torch threads")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
+    with readme_tables.recording("serve.py", args.write_readme):
 
-    print(cpu_description())
-    with tempfile.TemporaryDirectory() as folder:
-        weights = Path(args.weights) if args.weights else _default_weights(Path(folder))
-        servers = {}
-        try:
-            for mode, flags in MODES.items():
-                servers[mode] = _start(weights, flags, args.threads)
-            info = httpx.get(f"{servers['on'][1]}/api/model").json()
-            image = _image(max(info["img_size"]))
-            for _, url in servers.values():
-                _load(url, 4, args.warmup, args.seconds, image)
-            rss = {mode: [_rss_mb(process.pid)] for mode, (process, _) in servers.items()}
-            rounds: dict[tuple[str, int], list[dict]] = {}
-            turn = 0
-            for _ in range(args.rounds):
-                for clients in CLIENTS:
-                    order = list(MODES) if turn % 2 == 0 else list(MODES)[::-1]
-                    turn += 1
-                    for mode in order:
-                        rounds.setdefault((mode, clients), []).append(
-                            _load(servers[mode][1], clients, args.requests, args.seconds, image))
-            for mode, (process, _) in servers.items():
-                rss[mode].append(_rss_mb(process.pid))
-        finally:
-            for process, _ in servers.values():
-                process.send_signal(signal.SIGTERM)
-                process.wait(60)
-    results = {key: _pooled(value) for key, value in rounds.items()}
-    name = info["name"] if args.weights else "Ti/16 (random weights)"
-    print(f"model {name} ({info['config']['width']} wide, {info['depth']} layers, "
-          f"{info['img_size'][0]}x{info['img_size'][1]}, {info['precision']}); one image per "
-          f"request; batching on = --max-batch 16 --max-wait-ms 5, off = --max-batch 1; at most "
-          f"{args.requests} requests or {args.seconds:g} s per level in each of {args.rounds} "
-          "alternating rounds")
-    print(f"{'batching':<9}{'clients':>8}{'requests':>9}{'errors':>7}{'req/s':>8}"
-          f"{'images/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'on/off req/s':>14}{'on/off p50':>11}")
-    for clients in CLIENTS:
-        for mode in MODES:
-            row = results[mode, clients]
-            off = results["off", clients]
-            speedup, latency = row["rps"] / off["rps"], row["p50"] / off["p50"]
-            ratios = f"{speedup:>13.2f}x{latency:>10.2f}x" if mode == "on" else ""
-            print(f"{mode:<9}{clients:>8}{row['requests']:>9}{row['errors']:>7}"
-                  f"{row['rps']:>8.1f}{row['rps']:>9.1f}{row['p50']:>8.1f}{row['p99']:>8.1f}"
-                  f"{ratios}")
-    print("server resident memory after the warm-up -> after every level: " + ", ".join(
-        f"batching {mode} {before:.0f} -> {after:.0f} MB" for mode, (before, after)
-        in rss.items()))
+        print(cpu_description())
+        with tempfile.TemporaryDirectory() as folder:
+            weights = Path(args.weights) if args.weights else _default_weights(Path(folder))
+            servers = {}
+            try:
+                for mode, flags in MODES.items():
+                    servers[mode] = _start(weights, flags, args.threads)
+                info = httpx.get(f"{servers['on'][1]}/api/model").json()
+                image = _image(max(info["img_size"]))
+                for _, url in servers.values():
+                    _load(url, 4, args.warmup, args.seconds, image)
+                rss = {mode: [_rss_mb(process.pid)] for mode, (process, _) in servers.items()}
+                rounds: dict[tuple[str, int], list[dict]] = {}
+                turn = 0
+                for _ in range(args.rounds):
+                    for clients in CLIENTS:
+                        order = list(MODES) if turn % 2 == 0 else list(MODES)[::-1]
+                        turn += 1
+                        for mode in order:
+                            rounds.setdefault((mode, clients), []).append(_load(
+                                servers[mode][1], clients, args.requests, args.seconds, image))
+                for mode, (process, _) in servers.items():
+                    rss[mode].append(_rss_mb(process.pid))
+            finally:
+                for process, _ in servers.values():
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(60)
+        results = {key: _pooled(value) for key, value in rounds.items()}
+        name = info["name"] if args.weights else "Ti/16 (random weights)"
+        print(f"model {name} ({info['config']['width']} wide, {info['depth']} layers, "
+              f"{info['img_size'][0]}x{info['img_size'][1]}, {info['precision']}); one image per "
+              "request; batching on = --max-batch 16 --max-wait-ms 5, off = --max-batch 1; "
+              f"at most {args.requests} requests or {args.seconds:g} s per level in each of "
+              f"{args.rounds} alternating rounds")
+        print(f"{'batching':<9}{'clients':>8}{'requests':>9}{'errors':>7}{'req/s':>8}"
+              f"{'images/s':>9}{'p50 ms':>8}{'p99 ms':>8}{'on/off req/s':>14}{'on/off p50':>11}")
+        for clients in CLIENTS:
+            for mode in MODES:
+                row = results[mode, clients]
+                off = results["off", clients]
+                speedup, latency = row["rps"] / off["rps"], row["p50"] / off["p50"]
+                ratios = f"{speedup:>13.2f}x{latency:>10.2f}x" if mode == "on" else ""
+                print(f"{mode:<9}{clients:>8}{row['requests']:>9}{row['errors']:>7}"
+                      f"{row['rps']:>8.1f}{row['rps']:>9.1f}{row['p50']:>8.1f}{row['p99']:>8.1f}"
+                      f"{ratios}")
+        print("server resident memory after the warm-up -> after every level: " + ", ".join(
+            f"batching {mode} {before:.0f} -> {after:.0f} MB" for mode, (before, after)
+            in rss.items()))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,9 @@ from vitkit.model.chunked_attention import TRANSPOSED_BELOW, use_chunked_attenti
 from vitkit.runtime import configure_cpu, cpu_description
 from vitkit.train.config import load_train_config
 from vitkit.train.optim import build_adamw
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 TASKS = {  # name: (create_model settings, batch size)
     "tutorial": (dict(img_size=32, patch_size=4, width=48, depth=4, num_heads=4, mlp_dim=192,
@@ -62,53 +67,56 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="steps per timed repetition")
     parser.add_argument("--plain", action="store_true",
                         help="plain process settings (no configure_cpu), as a harness has them")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    if not args.plain:
-        configure_cpu()
-    print(cpu_description(), flush=True)
-    torch.manual_seed(0)
-    model, batch = build(args.task)
-    optimizer = build_adamw(model, lr=1e-3, weight_decay=0.05)
-    images = torch.randn(batch, 3, *model.config.img_size)
-    labels = torch.randint(0, model.config.num_classes, (batch,))
-    shortcut = model.pools_class_token_only
+    name = f"step_ablation.py --task {args.task}" + (" --plain" if args.plain else "")
+    with readme_tables.recording(name, args.write_readme):
+        if not args.plain:
+            configure_cpu()
+        print(cpu_description(), flush=True)
+        torch.manual_seed(0)
+        model, batch = build(args.task)
+        optimizer = build_adamw(model, lr=1e-3, weight_decay=0.05)
+        images = torch.randn(batch, 3, *model.config.img_size)
+        labels = torch.randint(0, model.config.num_classes, (batch,))
+        shortcut = model.pools_class_token_only
 
-    def configure(setting: tuple[bool, bool, bool]) -> None:
-        use_shortcut, use_chunked, use_transposed = setting
-        model.pools_class_token_only = shortcut if use_shortcut else (lambda: False)
-        vitkit.model.layers.use_chunked_attention = use_chunked_attention if use_chunked \
-            else (lambda qkv, num_heads, dropout, training=True: False)
-        vitkit.model.chunked_attention.TRANSPOSED_BELOW = TRANSPOSED_BELOW if use_transposed \
-            else 0
+        def configure(setting: tuple[bool, bool, bool]) -> None:
+            use_shortcut, use_chunked, use_transposed = setting
+            model.pools_class_token_only = shortcut if use_shortcut else (lambda: False)
+            vitkit.model.layers.use_chunked_attention = use_chunked_attention if use_chunked \
+                else (lambda qkv, num_heads, dropout, training=True: False)
+            vitkit.model.chunked_attention.TRANSPOSED_BELOW = TRANSPOSED_BELOW if use_transposed \
+                else 0
 
-    def step() -> None:
-        F.cross_entropy(model(images), labels).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        def step() -> None:
+            F.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-    for setting in CONFIGS.values():
-        configure(setting)
-        step()
-    seconds: dict[str, list[float]] = {label: [] for label in CONFIGS}
-    labels_in_order = list(CONFIGS)
-    for rep in range(args.reps):
-        shift = rep % len(labels_in_order)
-        for label in labels_in_order[shift:] + labels_in_order[:shift]:
-            configure(CONFIGS[label])
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            seconds[label].append((time.perf_counter() - start) / args.steps)
-    configure((True, True, True))
-    base = statistics.median(seconds[labels_in_order[0]])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.task} step, "
-          f"batch {batch}, {model.config.seq_len} tokens, class-token pool: "
-          f"{shortcut()}; {'plain settings' if args.plain else 'configure_cpu'}; medians of "
-          f"{args.reps} x {args.steps} steps, rotating")
-    print(f"{'configuration':<36}{'ms/step':>9}{'images/s':>10}{'speed-up':>10}")
-    for label, values in seconds.items():
-        median = statistics.median(values)
-        print(f"{label:<36}{1e3 * median:>9.1f}{batch / median:>10.0f}{base / median:>9.2f}x")
+        for setting in CONFIGS.values():
+            configure(setting)
+            step()
+        seconds: dict[str, list[float]] = {label: [] for label in CONFIGS}
+        labels_in_order = list(CONFIGS)
+        for rep in range(args.reps):
+            shift = rep % len(labels_in_order)
+            for label in labels_in_order[shift:] + labels_in_order[:shift]:
+                configure(CONFIGS[label])
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    step()
+                seconds[label].append((time.perf_counter() - start) / args.steps)
+        configure((True, True, True))
+        base = statistics.median(seconds[labels_in_order[0]])
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.task} step, "
+              f"batch {batch}, {model.config.seq_len} tokens, class-token pool: "
+              f"{shortcut()}; {'plain settings' if args.plain else 'configure_cpu'}; medians of "
+              f"{args.reps} x {args.steps} steps, rotating")
+        print(f"{'configuration':<36}{'ms/step':>9}{'images/s':>10}{'speed-up':>10}")
+        for label, values in seconds.items():
+            median = statistics.median(values)
+            print(f"{label:<36}{1e3 * median:>9.1f}{batch / median:>10.0f}{base / median:>9.2f}x")
 
 
 if __name__ == "__main__":

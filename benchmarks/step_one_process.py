@@ -37,10 +37,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from vitkit.runtime import cpu_description
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 # name: (batch, patch, width, depth, heads, classes), 32x32 images, MLP 4 x width
 TASKS = {"tutorial": (256, 4, 48, 4, 4, 10), "train": (128, 4, 192, 6, 3, 10)}
@@ -97,14 +101,15 @@ def measure(task: str, reps: int, iters: int, compile: bool = False) -> dict[str
 
 
 def _without_processes(argv: list[str]) -> list[str]:
-    """`argv` less its --processes option (as "--processes N" or "--processes=N")."""
+    """`argv` less its --processes option (as "--processes N" or "--processes=N") and less
+    --write-readme (the parent writes the table of all the processes)."""
     kept, skip = [], False
     for arg in argv:
         if skip:
             skip = False
         elif arg == "--processes":
             skip = True
-        elif not arg.startswith("--processes="):
+        elif not arg.startswith("--processes=") and arg != readme_tables.FLAG:
             kept.append(arg)
     return kept
 
@@ -144,29 +149,34 @@ def main() -> None:
                         help="torch.compile both models (default mode, static shapes) first")
     parser.add_argument("--processes", type=int, default=1, metavar="N",
                         help="repeat the measurement in N fresh processes, one after the other")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    if args.processes > 1:
-        in_processes(args.processes, _without_processes(sys.argv[1:]))
-        return
-    if args.set_threads:
-        torch.set_num_threads(args.set_threads)
-    print(cpu_description(), flush=True)
-    if args.runtime:
-        from vitkit.runtime import configure_cpu
+    name = "step_one_process.py" + "".join(f" --{flag.replace('_', '-')}" for flag in
+                                           ("runtime", "set_threads", "compile")
+                                           if getattr(args, flag))
+    with readme_tables.recording(name, args.write_readme):
+        if args.processes > 1:
+            in_processes(args.processes, _without_processes(sys.argv[1:]))
+            return
+        if args.set_threads:
+            torch.set_num_threads(args.set_threads)
+        print(cpu_description(), flush=True)
+        if args.runtime:
+            from vitkit.runtime import configure_cpu
 
-        configure_cpu()
-    print(f"one process, {torch.get_num_threads()} threads, "
-          f"{'vitkit runtime' if args.runtime else 'plain settings'}"
-          f"{', torch.set_num_threads called' if args.set_threads else ''}"
-          f"{', both models compiled' if args.compile else ''}, "
-          "torch.optim.AdamW for "
-          f"both, medians of {args.reps} interleaved rounds of {args.iters} steps")
-    for task in args.tasks.split(","):
-        seconds = measure(task, args.reps, args.iters, args.compile)
-        batch = TASKS[task][0]
-        ours, theirs = seconds["vitkit"], seconds["timm"]
-        print(f"{task:<9} vitkit {ours * 1e3:7.1f} ms ({batch / ours:6.0f} img/s)  timm "
-              f"{theirs * 1e3:7.1f} ms  vitkit/timm {theirs / ours:.2f}x", flush=True)
+            configure_cpu()
+        print(f"one process, {torch.get_num_threads()} threads, "
+              f"{'vitkit runtime' if args.runtime else 'plain settings'}"
+              f"{', torch.set_num_threads called' if args.set_threads else ''}"
+              f"{', both models compiled' if args.compile else ''}, "
+              "torch.optim.AdamW for "
+              f"both, medians of {args.reps} interleaved rounds of {args.iters} steps")
+        for task in args.tasks.split(","):
+            seconds = measure(task, args.reps, args.iters, args.compile)
+            batch = TASKS[task][0]
+            ours, theirs = seconds["vitkit"], seconds["timm"]
+            print(f"{task:<9} vitkit {ours * 1e3:7.1f} ms ({batch / ours:6.0f} img/s)  timm "
+                  f"{theirs * 1e3:7.1f} ms  vitkit/timm {theirs / ours:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

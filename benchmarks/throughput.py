@@ -35,13 +35,18 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from vitkit.inference.benchmark.peak import MatmulPeak, timed
 from vitkit.runtime import cpu_description, set_threads
+
+sys.path.append(str(Path(__file__).resolve().parent))  # readme_tables, for importers
+import readme_tables
 
 LIBRARIES = ("vitkit", "timm", "hf", "timm+runtime")
 COMPILED = ("vitkit+compile", "timm+compile")  # opt-in: each compiles for tens of seconds
@@ -271,24 +276,27 @@ def main() -> None:
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     parser.add_argument("--processes", type=int, default=1, metavar="N",
                         help="repeat the measurement with N fresh sets of worker processes")
+    readme_tables.add_flag(parser)
     args = parser.parse_args()
-    set_threads(args.threads)
-    print(cpu_description(), flush=True)
-    peak = MatmulPeak(args.threads)
-    peak.sample(10)
-    runs = []
-    for index in range(args.processes):
-        timings = measure(args.libraries.split(","), args.tasks.split(","), args.threads,
-                          args.reps, peak)
-        runs.append(timings)
-        heading = f"set of workers {index + 1} of {args.processes}: " if args.processes > 1 else ""
-        print(f"{heading}torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
-              f"{peak.gflops:.0f} GFLOP/s (2048x2048, best of {peak.samples} timed before and "
-              "between the repetitions); MFU = matmul FLOPs / time / peak\n")
-        for name, (times, first) in timings.items():
-            print("\n".join(report(TASKS[name], times, first, peak.gflops)), "\n", flush=True)
-    if args.processes > 1:
-        print("\n".join(summary(runs)), flush=True)
+    with readme_tables.recording("throughput.py", args.write_readme):
+        set_threads(args.threads)
+        print(cpu_description(), flush=True)
+        peak = MatmulPeak(args.threads)
+        peak.sample(10)
+        runs = []
+        for index in range(args.processes):
+            timings = measure(args.libraries.split(","), args.tasks.split(","), args.threads,
+                              args.reps, peak)
+            runs.append(timings)
+            heading = (f"set of workers {index + 1} of {args.processes}: "
+                       if args.processes > 1 else "")
+            print(f"{heading}torch {torch.__version__}, {args.threads} threads, fp32 matmul peak "
+                  f"{peak.gflops:.0f} GFLOP/s (2048x2048, best of {peak.samples} timed before and "
+                  "between the repetitions); MFU = matmul FLOPs / time / peak\n")
+            for name, (times, first) in timings.items():
+                print("\n".join(report(TASKS[name], times, first, peak.gflops)), "\n", flush=True)
+        if args.processes > 1:
+            print("\n".join(summary(runs)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """bf16 on a CPU that has AVX512-BF16 but no AMX: measured, not assumed.
 
 An Emerald Rapids Xeon that shows `avx512_bf16` and no AMX flags ran a bf16 matmul at 0.5x
-fp32 and the width-192 training step at 0.55x (docs/runs/cpu-xeon-no-amx), where a Zen 4
+fp32 and the width-192 training step at 0.55x (benchmarks/README.md), where a Zen 4
 EPYC with the same flag runs it 1.5-1.7x faster. amp=auto measures such a CPU once (remembered
 per machine), the ranks of a run agree, and a resume keeps the precision its run chose.
 Asked for bf16 there, `--precision bf16` and `amp=bf16` run it and say it is likely slower.
@@ -16,9 +16,10 @@ import torch
 
 import vitkit
 from vitkit.files import cache_root
-from vitkit.inference import precision as precision_module
-from vitkit.inference.precision import choose_precision, training_precision
+from vitkit.inference import cpu_probes
+from vitkit.inference.precision import choose_precision
 from vitkit.train import setup as train_setup
+from vitkit.train.amp import training_precision
 from vitkit.train.checkpoint import read_checkpoint
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import run_loop
@@ -34,8 +35,8 @@ def _matmul_measures(monkeypatch, speedup: float) -> list[int]:
     widths measured are listed in the list returned."""
     measured: list[int] = []
     (cache_root() / "precision.json").unlink(missing_ok=True)  # nothing remembered
-    monkeypatch.setattr(precision_module, "fast_bf16_cpu", lambda flags=None: "avx512_bf16")
-    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup",
+    monkeypatch.setattr(cpu_probes, "cpu_model_and_flags", lambda: ("Xeon (mock)", AVX512_BF16))
+    monkeypatch.setattr(cpu_probes, "_bf16_matmul_speedup",
                         lambda width: measured.append(width) or speedup)
     return measured
 
@@ -65,7 +66,7 @@ def test_the_matmul_is_sized_to_about_a_gflop(monkeypatch, width, rows):
     monkeypatch.setattr(torch, "randn", lambda *size, **kwargs: shapes.append(size)
                         or randn(*size, **kwargs))
     state = torch.get_rng_state()
-    speedup = precision_module._bf16_matmul_speedup(width)
+    speedup = cpu_probes._bf16_matmul_speedup(width)
     assert shapes == [(rows, width), (width, 4 * width)]
     assert 0 < speedup < 100  # measured on this CPU
     # its own generator: a resume that measures leaves the restored random state as it is

@@ -105,7 +105,7 @@ def test_benchmark_on_onnxruntime_reports_the_same_measurements(capsys):
 
 
 def test_benchmark_int8_runs_the_quantized_model(capsys):
-    from vitkit.inference.quantize import available_engines
+    from vitkit.inference.int8_engines import available_engines
 
     result = run_json(capsys, "cifar10-tutorial", "--int8", *FAST)
     engine = result["engine"].split("int8 (", 1)[1].split(" engine)")[0]  # the one measured fastest

@@ -164,12 +164,12 @@ def test_every_verb_reports_bad_input_in_one_line(argv, tmp_path, capsys):
 
 
 def test_an_unexpected_exception_keeps_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
-    import vitkit.cli
+    import vitkit.cli.models
 
     def broken(args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(vitkit.cli, "cmd_models", broken)
+    monkeypatch.setattr(vitkit.cli.models, "run", broken)
     code, _, err = run(capsys, "models")
     assert code == 1
     assert "Traceback" in err and "RuntimeError: boom" in err

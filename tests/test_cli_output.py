@@ -41,13 +41,14 @@ def test_hugging_face_warnings_print_once(tmp_path):
         import logging
         import datasets, huggingface_hub  # their loggers have handlers of their own
         import vitkit.cli as cli
+        import vitkit.cli.models
 
         def warn(args):
             logging.getLogger("huggingface_hub.file_download").warning("hub warning")
             logging.getLogger("datasets.load").warning("datasets warning")
             logging.getLogger("vitkit.weights").info("vitkit info")
 
-        cli.cmd_models = warn
+        vitkit.cli.models.run = warn
         raise SystemExit(cli.main(["models"]))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -258,7 +258,7 @@ def test_a_folder_of_some_of_the_models_classes_is_scored_by_their_names(run, tm
 
 def test_a_class_name_the_model_gives_twice_is_scored_by_position_with_a_warning(caplog):
     """ImageNet's label lists name "crane" (and "maillot") twice: no one output to match."""
-    from vitkit.evaluation.report import match_classes
+    from vitkit.tasks import match_classes
 
     with caplog.at_level(logging.WARNING):
         assert match_classes(["crane", "tench"], ["tench", "crane", "goldfish", "crane"],

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import vitkit
+from vitkit.inference.bf16 import bf16_copy
 from vitkit.inference.merging import apply_token_merging
 from vitkit.inference.packed_linear import PackedLinear, prepacking_available
-from vitkit.inference.precision import Precision, apply_precision, bf16_copy
+from vitkit.inference.precision import Precision, apply_precision
 
 pytestmark = pytest.mark.skipif(not prepacking_available(),
                                 reason="oneDNN runs no bf16 linear on this CPU")

@@ -18,15 +18,13 @@ import vitkit
 from vitkit.cli import main
 from vitkit.data.sources import open_source
 from vitkit.errors import ConfigError
+from vitkit.inference import autotune, cpu_probes, int8_choice
 from vitkit.inference import precision as precision_module
-from vitkit.inference.precision import (
-    Precision,
-    apply_precision,
-    autocast_context,
-    choose_precision,
-    fast_bf16_cpu,
-)
-from vitkit.inference.quantize import available_engines, quantize_int8
+from vitkit.inference.bf16 import autocast_context
+from vitkit.inference.cpu_probes import fast_bf16_cpu
+from vitkit.inference.int8_engines import available_engines
+from vitkit.inference.precision import Precision, apply_precision, choose_precision
+from vitkit.inference.quantize import quantize_int8
 from vitkit.runtime import cpu_description
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import run_loop
@@ -58,7 +56,7 @@ def test_auto_on_a_bf16_cpu_times_bf16_against_int8_and_keeps_the_fastest(
     oneDNN's int8 3.7x; another AMX machine measured bf16 3.8x. Neither wins by rule."""
     calls: list = []
     model, batch = tiny(), torch.randn(2, 3, 16, 16)
-    monkeypatch.setattr(precision_module, "_timings",
+    monkeypatch.setattr(int8_choice, "best_times",
                         _fake_timings({"bf16": 2.5, "torch": 2.1, "onednn": 3.7}, calls))
     amx = frozenset({"amx_bf16"})
     chosen = choose_precision("auto", CPU, model, batch, flags=amx)
@@ -67,11 +65,11 @@ def test_auto_on_a_bf16_cpu_times_bf16_against_int8_and_keeps_the_fastest(
         assert chosen.name == "int8" and chosen.engine == "onednn"
         assert "bf16 2.50x" in chosen.reason and "onednn 3.70x" in chosen.reason
     assert "AMX" in chosen.reason
-    monkeypatch.setattr(precision_module, "_timings",
+    monkeypatch.setattr(int8_choice, "best_times",
                         _fake_timings({"bf16": 3.8, "torch": 2.1, "onednn": 2.0}, calls))
     other = choose_precision("auto", CPU, model, torch.randn(3, 3, 16, 16), flags=amx)
     assert other.name == "bf16" and other.engine is None and "bf16 is 3.8x fp32" in other.reason
-    monkeypatch.setattr(precision_module, "_timings", _fake_timings({"bf16": 0.5}, calls))
+    monkeypatch.setattr(int8_choice, "best_times", _fake_timings({"bf16": 0.5}, calls))
     slow = choose_precision("auto", CPU, model, torch.randn(5, 3, 16, 16), flags=amx,
                             int8_engine="torch")
     assert slow.name == "fp32" and "the fastest, int8 (torch), only 1.00x" in slow.reason
@@ -88,12 +86,12 @@ def test_on_amx_int8_replaces_bf16_only_when_clearly_faster(
         pytest.skip("needs oneDNN's int8 engine")
     calls: list = []
     speeds = {"bf16": 2.78, "torch": 2.16, "onednn": 3.50}
-    monkeypatch.setattr(precision_module, "_timings", _fake_timings(speeds, calls))
+    monkeypatch.setattr(int8_choice, "best_times", _fake_timings(speeds, calls))
     amx, avx512_bf16 = frozenset({"amx_bf16"}), frozenset({"avx512f", "avx512_bf16"})
     chosen = choose_precision("auto", CPU, model, torch.randn(2, 3, 16, 16), flags=amx)
     assert chosen.name == "bf16", chosen.reason
     assert "int8 replaces bf16 only at 1.3x its speed here" in chosen.reason
-    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup", lambda width: 4.0)
+    monkeypatch.setattr(cpu_probes, "_bf16_matmul_speedup", lambda width: 4.0)
     other = choose_precision("auto", CPU, model, torch.randn(3, 3, 16, 16), flags=avx512_bf16)
     assert other.name == "int8" and other.engine == "onednn"  # no preference without AMX
     speeds["onednn"] = 3.7  # 1.33x bf16: int8 on AMX too
@@ -102,7 +100,7 @@ def test_on_amx_int8_replaces_bf16_only_when_clearly_faster(
 
 
 def _fake_timings(speed: dict[str, float], calls: list) -> object:
-    """A stand-in for precision._timings: each runner's seconds are 1 / its speed (fp32: 1)."""
+    """A stand-in for autotune.best_times: each runner's seconds are 1 / its speed (fp32: 1)."""
     def timings(runners):
         calls.append(sorted(runners))
         return {name: 1.0 / speed.get(name, 1.0) for name in runners}
@@ -118,9 +116,9 @@ def test_auto_times_every_path_in_inference_mode_as_the_verbs_run_it() -> None:
         return lambda: seen[name].append(torch.is_inference_mode_enabled())
 
     with torch.enable_grad():
-        seconds = precision_module._timings({name: runner(name) for name in seen})
+        seconds = autotune.best_times({name: runner(name) for name in seen})
     assert set(seconds) == {"fp32", "bf16"} and all(value >= 0 for value in seconds.values())
-    assert all(len(modes) >= precision_module.WARMUP_CALLS + precision_module.ROUNDS
+    assert all(len(modes) >= autotune.WARMUP_CALLS + autotune.ROUNDS
                for modes in seen.values())
     assert all(all(modes) for modes in seen.values())
 
@@ -128,7 +126,7 @@ def test_auto_times_every_path_in_inference_mode_as_the_verbs_run_it() -> None:
 def test_auto_without_fast_bf16_measures_and_remembers(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list = []
     # every int8 engine slower than fp32 here
-    monkeypatch.setattr(precision_module, "_timings",
+    monkeypatch.setattr(int8_choice, "best_times",
                         _fake_timings({"torch": 0.9, "onednn": 0.8, "onnxruntime": 0.7,
                                        "torchao": 0.5, "int8": 0.9}, calls))
     model, batch = tiny(), torch.randn(2, 3, 16, 16)
@@ -138,7 +136,7 @@ def test_auto_without_fast_bf16_measures_and_remembers(monkeypatch: pytest.Monke
     again = choose_precision("auto", CPU, model, batch, flags=frozenset({"avx2"}))
     assert again.name == "fp32" and "measured before" in again.reason
     assert len(calls) == measured  # remembered: nothing timed again
-    monkeypatch.setattr(precision_module, "_timings",
+    monkeypatch.setattr(int8_choice, "best_times",
                         _fake_timings({"torch": 2.0, "int8": 2.0}, calls))
     other_batch = choose_precision("auto", CPU, model, torch.randn(4, 3, 16, 16),
                                    flags=frozenset({"avx2"}))
@@ -151,7 +149,7 @@ def test_int8_engine_is_the_fastest_measured_remembered_and_pinnable(
     if "onednn" not in available_engines():
         pytest.skip("this torch build has no oneDNN quantized engine")
     calls: list = []
-    monkeypatch.setattr(precision_module, "_timings",
+    monkeypatch.setattr(int8_choice, "best_times",
                         _fake_timings({"torch": 1.5, "onednn": 2.5, "onnxruntime": 2.0}, calls))
     model, batch = tiny(), torch.randn(2, 3, 16, 16)
     chosen = choose_precision("int8", CPU, model, batch)
@@ -240,7 +238,7 @@ def test_bf16_on_the_cpu_is_a_bf16_copy_that_answers_in_float32_as_autocast_does
 
 def test_bf16_asked_on_a_cpu_without_bf16_hardware_runs_and_says_it_may_be_slower(
         monkeypatch) -> None:
-    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
+    monkeypatch.setattr(cpu_probes, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
     slow = choose_precision("bf16", CPU, flags=frozenset({"avx2", "fma"}))
     assert slow.name == "bf16"
     assert "no bf16 matmuls in hardware" in slow.reason and "--precision auto" in slow.reason
@@ -280,7 +278,7 @@ def _eval(run: Path, out: Path, *flags: str) -> dict:
 
 def _amx_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pretend this CPU has AMX (the choice only: the bf16 arithmetic runs as it does here)."""
-    monkeypatch.setattr(precision_module, "cpu_model_and_flags", lambda: ("Xeon (mock)", AMX))
+    monkeypatch.setattr(cpu_probes, "cpu_model_and_flags", lambda: ("Xeon (mock)", AMX))
 
 
 def test_eval_in_bf16_keeps_the_top1_and_records_the_precision(run, tmp_path, monkeypatch,
@@ -295,7 +293,7 @@ def test_eval_in_bf16_keeps_the_top1_and_records_the_precision(run, tmp_path, mo
     assert (tmp_path / "eval" / "eval-digits-test-bf16.json").is_file()
     assert (tmp_path / "eval" / "eval-digits-test.json").is_file()  # fp32's report is kept
     _amx_cpu(monkeypatch)  # and bf16 measured fastest there
-    monkeypatch.setattr(precision_module, "_timings",
+    monkeypatch.setattr(int8_choice, "best_times",
                         _fake_timings({"bf16": 3.0, "torch": 2.0, "onednn": 2.5}, []))
     auto = _eval(run, tmp_path / "eval", "--precision", "auto", "--merge-tokens", "1")
     assert auto["precision"] == "bf16" and "AMX" in auto["precision_reason"]
@@ -356,7 +354,7 @@ def test_benchmark_auto_says_what_it_chose_and_on_which_cpu(capsys, monkeypatch)
         assert "no fast bf16 on this CPU; int8 engines measured" in choice
         assert "at batch 4" in choice
     _amx_cpu(monkeypatch)
-    monkeypatch.setattr(precision_module, "_timings", _fake_timings({"bf16": 3.0}, []))
+    monkeypatch.setattr(int8_choice, "best_times", _fake_timings({"bf16": 3.0}, []))
     assert main(["benchmark", "cifar10-tutorial", *FAST_BENCHMARK, "--precision", "auto",
                  "--merge-tokens", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -379,7 +377,7 @@ def test_benchmark_auto_says_what_it_chose_and_on_which_cpu(capsys, monkeypatch)
 ])
 def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, expected, caplog,
                                                        monkeypatch):
-    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
+    monkeypatch.setattr(cpu_probes, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
     with caplog.at_level(logging.INFO, logger="vitkit"):
         dtype = amp_dtype("auto", torch.device(device), width, flags)
     assert (dtype == torch.bfloat16) == (expected == "bf16")
@@ -389,7 +387,7 @@ def test_amp_auto_decides_by_the_machine_and_the_width(device, flags, width, exp
 
 
 def test_amp_bf16_on_a_cpu_without_bf16_hardware_trains_in_bf16_and_warns(caplog, monkeypatch):
-    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
+    monkeypatch.setattr(cpu_probes, "_bf16_matmul_speedup", lambda width: 4.3)  # Zen 4
     with caplog.at_level(logging.INFO, logger="vitkit"):
         assert amp_dtype("bf16", CPU, 192, NO_AMX) == torch.bfloat16
     assert "precision bf16 (amp=bf16; this CPU has no bf16 matmuls in hardware" in caplog.text
@@ -402,7 +400,7 @@ def test_amp_bf16_on_a_cpu_without_bf16_hardware_trains_in_bf16_and_warns(caplog
 
 
 def test_amp_auto_on_amx_is_a_rule_and_times_nothing(monkeypatch):
-    monkeypatch.setattr(precision_module, "_bf16_matmul_speedup",
+    monkeypatch.setattr(cpu_probes, "_bf16_matmul_speedup",
                         lambda width: pytest.fail("amp=auto timed a matmul"))
     assert amp_dtype("auto", CPU, 192, AMX) == torch.bfloat16
     assert amp_dtype("auto", CPU, 64, AVX512_BF16) is None  # narrow: fp32 by the width rule
@@ -441,7 +439,7 @@ def test_the_shipped_recipes_train_in_fp32_on_a_cpu_without_amx():
 
 
 def test_training_on_cuda_turns_cudnn_attention_off_and_the_cpu_leaves_it_alone():
-    """cuDNN's bf16 attention backward gave NaN gradients on an H100 (docs/runs/cifar10-gpu-h100);
+    """cuDNN's bf16 attention backward gave NaN gradients on an H100 (docs/recipes/cifar10.md);
     the switch is process-wide, so only a CUDA run flips it (no GPU is needed to set it)."""
     from vitkit.runtime import avoid_cudnn_attention
 
@@ -463,7 +461,7 @@ def test_auto_times_more_rounds_while_the_two_fastest_paths_are_close(monkeypatc
     """Three rounds tell clearly different paths apart; two within 25% get more rounds (up to
     MAX_ROUNDS), so a busy moment during one path's three calls does not pick the slower."""
     clock = [0.0]
-    monkeypatch.setattr(precision_module.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
 
     def path(*seconds: float) -> tuple[list[int], object]:
         calls = [0]
@@ -476,14 +474,14 @@ def test_auto_times_more_rounds_while_the_two_fastest_paths_are_close(monkeypatc
 
     # int8 was slowed in its first three calls, then runs 0.9 s; bf16 always 1.0 s
     (fp32_calls, fp32), (_, bf16), (_, int8) = path(3.0), path(1.0), path(1.1, 1.1, 1.1, 0.9)
-    best = precision_module._timings({"fp32": fp32, "bf16": bf16, "onednn": int8})
+    best = autotune.best_times({"fp32": fp32, "bf16": bf16, "onednn": int8})
     assert best == pytest.approx({"fp32": 3.0, "bf16": 1.0, "onednn": 0.9})
-    assert fp32_calls[0] == 1 + precision_module.MAX_ROUNDS  # 0.9 vs 1.0 stays close
+    assert fp32_calls[0] == 1 + autotune.MAX_ROUNDS  # 0.9 vs 1.0 stays close
     # far apart after three rounds: no more
     (fp32_calls, fp32), (_, bf16), (_, int8) = path(3.0), path(1.0), path(2.0)
-    assert precision_module._timings({"fp32": fp32, "bf16": bf16, "onednn": int8}) == \
+    assert autotune.best_times({"fp32": fp32, "bf16": bf16, "onednn": int8}) == \
         pytest.approx({"fp32": 3.0, "bf16": 1.0, "onednn": 2.0})
-    assert fp32_calls[0] == 1 + precision_module.ROUNDS
+    assert fp32_calls[0] == 1 + autotune.ROUNDS
 
 
 def _random_head(model: torch.nn.Module, std: float) -> torch.nn.Module:
@@ -511,7 +509,7 @@ def test_a_remembered_engine_that_cannot_run_this_model_is_measured_again(
     monkeypatch.setattr(onnx_int8, "check_onnx_int8", lambda *args, **kwargs: (0.0, 1.0))
     monkeypatch.setattr(precision_module, "fast_bf16_cpu", lambda flags=None: None)
     calls: list = []
-    monkeypatch.setattr(precision_module, "_timings", _fake_timings(
+    monkeypatch.setattr(int8_choice, "best_times", _fake_timings(
         {"torch": 2.0, "onednn": 1.6, "onnxruntime": 3.0, "torchao": 1.2}, calls))
     batch = torch.randn(2, 3, 16, 16)
     large, model = _random_head(tiny(), 1e4), _random_head(tiny(), 0.2)
@@ -557,7 +555,7 @@ def test_a_choice_measured_now_that_cannot_run_is_refused_once(
                         lambda *args, **kwargs: applied.append(args[1]) or apply(*args, **kwargs))
     monkeypatch.setattr(precision_module, "fast_bf16_cpu", lambda flags=None: None)  # int8 only
     calls: list = []
-    monkeypatch.setattr(precision_module, "_timings", _fake_timings({}, calls))
+    monkeypatch.setattr(int8_choice, "best_times", _fake_timings({}, calls))
     model, batch = _random_head(tiny(), 0.2), torch.randn(2, 3, 16, 16)
     for requested in ("int8", "auto"):
         with pytest.raises(VitkitError, match=r"cannot run this model: .*Use another int8 "
@@ -576,7 +574,7 @@ def test_when_no_int8_engine_can_run_the_model_auto_runs_fp32_and_int8_says_so(
     def cannot(model: torch.nn.Module, engine: str) -> torch.nn.Module:
         raise VitkitError(f"{engine} cannot run it")
 
-    monkeypatch.setattr(precision_module, "quantize_int8", cannot)
+    monkeypatch.setattr(int8_choice, "quantize_by_engine", cannot)
     monkeypatch.setattr(precision_module, "fast_bf16_cpu", lambda flags=None: None)
     model, batch = tiny(), torch.randn(2, 3, 16, 16)
     chosen = choose_precision("auto", CPU, model, batch)
@@ -592,7 +590,7 @@ def test_when_no_int8_engine_can_run_the_model_auto_runs_fp32_and_int8_says_so(
     assert run_in_precision("auto", CPU, model, batch)[2].name == "fp32"  # or auto
     with pytest.raises(VitkitError, match="torch cannot run it"):  # a pinned engine: its error
         choose_precision("auto", CPU, model, batch, int8_engine="torch")
-    monkeypatch.setattr(precision_module, "available_engines", lambda: ["torch"])  # one alone
+    monkeypatch.setattr(int8_choice, "available_engines", lambda: ["torch"])  # one alone
     assert choose_precision("auto", CPU, model, batch).name == "fp32"
     with pytest.raises(ConfigError, match="no int8 engine can run this model: torch not timed"):
         choose_precision("int8", CPU, model, batch)

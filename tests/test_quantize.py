@@ -16,7 +16,8 @@ from vitkit import ConfigError, ExportError, apply_token_merging, load_pretraine
 from vitkit.cli import main
 from vitkit.data.sources import open_source
 from vitkit.export import check_onnx_int8, export_onnx_int8, read_metadata
-from vitkit.inference.quantize import available_engines, quantize_int8
+from vitkit.inference.int8_engines import available_engines
+from vitkit.inference.quantize import quantize_int8
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import run_loop
 from vitkit.train.setup import build_run
@@ -366,7 +367,7 @@ def test_the_onnxruntime_engine_refuses_an_unfaithful_graph_and_auto_passes_it_b
     fp32 = _logits(model, images)  # the fix, followed: torch's engine
     int8 = _logits(quantize_int8(model, "torch"), images)
     assert (fp32.argmax(1) == int8.argmax(1)).double().mean() >= MIN_AGREEMENT
-    from vitkit.inference.precision import choose_int8_engine
+    from vitkit.inference.int8_choice import choose_int8_engine
 
     engine, reason = choose_int8_engine(model, images[:8])  # every engine timed but that one
     assert engine in available_engines() and engine != "onnxruntime"

@@ -22,7 +22,8 @@ import torch
 
 import vitkit
 from vitkit.arguments import output_file
-from vitkit.cli import FIGURE_SUFFIXES, main
+from vitkit.cli import main
+from vitkit.cli.benchmark import FIGURE_SUFFIXES
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
 from vitkit.tasks import TaskSpec

@@ -381,7 +381,7 @@ def test_a_signal_saves_a_checkpoint_that_resumes_and_exits_128_plus_it(tmp_path
 
 def test_a_signal_stops_an_evaluation_midway(tmp_path, monkeypatch):
     """SIGINT does not wait for the evaluation to end: it stops at the next test batch."""
-    import vitkit.evaluation.classify as metrics
+    import vitkit.evaluation.loop as metrics
 
     original = metrics.eval_batches
 

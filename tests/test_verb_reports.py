@@ -7,7 +7,8 @@ import pytest
 
 from vitkit.cli import build_parser
 from vitkit.export import default_output_path
-from vitkit.inference.quantize import DEFAULT, int8_engine
+from vitkit.inference.int8_engines import DEFAULT
+from vitkit.inference.quantize import int8_engine
 from vitkit.report import Report
 from vitkit.train.recipe import finetune_config, run_config
 

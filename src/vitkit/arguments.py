@@ -1,6 +1,6 @@
 """The flags several verbs share, and their value types: one definition each, so `--int8`,
-`--precision`, `--merge-tokens` or a positive integer mean the same on every verb (cli.py and
-serve/command.py build their parsers from here)."""
+`--precision`, `--merge-tokens` or a positive integer mean the same on every verb (the verb
+modules of `vitkit.cli` and serve/command.py build their parsers from here)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ import argparse
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vitkit.fieldtypes import parse_size
 from vitkit.files import names_folder
 
+if TYPE_CHECKING:
+    from vitkit.inference.predictor import InferenceOptions
+
 __all__ = ["EAGER_INT8", "INT8_HELP", "add_inference_arguments", "add_int8_arguments",
            "add_merge_tokens_argument", "add_precision_argument", "add_tta_argument",
-           "add_weights_argument", "image_count", "int8_engine", "int_at_least",
+           "add_weights_argument", "image_count", "inference_options", "int8_engine",
+           "int_at_least",
            "non_negative_float", "non_negative_int", "output_file", "output_folder",
            "parse_img_size", "positive_float", "positive_int"]
 
@@ -152,7 +157,7 @@ def add_int8_arguments(parser: argparse.ArgumentParser, engine: str,
                        eager: bool = True) -> None:
     """--int8, one meaning on every verb: int8 weights for the engine the verb runs; with
     `eager` (a PyTorch engine) also --int8-engine, the implementation (implies --int8)."""
-    from vitkit.inference.quantize import AUTO, ENGINES
+    from vitkit.inference.int8_engines import AUTO, ENGINES
 
     parser.add_argument("--int8", action="store_true", help=INT8_HELP.format(engine=engine))
     if eager:
@@ -166,6 +171,15 @@ def int8_engine(args: argparse.Namespace) -> str | None:
     from vitkit.inference.quantize import int8_engine as engine_for
 
     return engine_for(args.int8, args.int8_engine)
+
+
+def inference_options(args: argparse.Namespace) -> InferenceOptions:
+    """The `InferenceOptions` the inference flags ask for (--precision, --int8 and
+    --int8-engine, --merge-tokens, --tta); the verb's library call sets the batch auto
+    measures at. A contradiction (--int8 with another --precision) is refused here."""
+    from vitkit.inference.predictor import InferenceOptions
+
+    return InferenceOptions(args.precision, int8_engine(args), args.merge_tokens, args.tta)
 
 
 def add_merge_tokens_argument(parser: argparse.ArgumentParser, note: str = "") -> None:

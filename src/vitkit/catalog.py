@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch
 
 from vitkit.config import (
+    SIZES,
     TUTORIAL_TASKS,
     ViTConfig,
     is_variant_name,
@@ -31,7 +32,9 @@ from vitkit.config import (
 )
 from vitkit.errors import CheckpointError, ConfigError, VitkitError, WeightsNotFoundError
 from vitkit.fieldtypes import closest_path, did_you_mean
+from vitkit.files import cache_root
 from vitkit.model.vit import VisionTransformer
+from vitkit.report import Report
 from vitkit.weights import build_model, read_local
 from vitkit.weights.formats import hf_hub, hub
 from vitkit.weights.formats.hub import NamedCheckpoint
@@ -191,7 +194,7 @@ def create_model(name_or_config: ConfigSource = "B/16", device: str | torch.devi
     with torch.device(device or "cpu"):
         model = VisionTransformer(config)
     if config.name in TUTORIAL_TASKS:
-        model.task = TaskSpec(TUTORIAL_TASKS[config.name])
+        model.info = model.info.replace(task=TaskSpec(TUTORIAL_TASKS[config.name]))
     return model
 
 
@@ -268,6 +271,60 @@ def checkpoint_rows() -> list[NamedCheckpoint]:
     return hub.checkpoint_table()
 
 
-__all__ = ["ModelRow", "Named", "all_names", "checkpoint_rows", "config_of",
-           "count_parameters", "create_model", "load_pretrained", "load_weights",
-           "looks_like_path", "lookup", "model_rows", "read_weights", "unknown_name_error"]
+def models_report(checkpoints: bool = False) -> Report:
+    """`vitkit models`: the variants and tutorial models with their sizes, then the named
+    official checkpoints and where they are cached; with `checkpoints`, `checkpoints_report`."""
+    if checkpoints:
+        return checkpoints_report()
+    models = model_rows()
+    lines = [f"{'name':<18}{'layers':>7}{'width':>7}{'MLP':>7}{'heads':>7}{'image':>9}"
+             f"{'params':>15}"]
+    for model in models:
+        cfg = model.config
+        image = f"{cfg.img_size[0]}" if cfg.img_size[0] == cfg.img_size[1] else \
+            f"{cfg.img_size[0]}x{cfg.img_size[1]}"
+        lines.append(f"{model.name:<18}{cfg.depth:>7}{cfg.width:>7}{cfg.mlp_dim:>7}"
+                     f"{cfg.num_heads:>7}{image:>9}{model.params:>15,}")
+    lines.append(f"\nAny size {'/'.join(SIZES)} with any patch size parses too (e.g. 'L/8', "
+                 "'Ti/4'); change anything with keyword overrides.")
+    rows, cache = checkpoint_rows(), cache_root()
+    original = [row for row in rows if not row.augreg]
+    lines.append("\nNamed official checkpoints (load_pretrained(NAME), or NAME wherever a "
+                 f"command takes weights; cached in {cache}, or put the file in "
+                 "--weights-dir):")
+    lines += [f"  {row.name:<24}{row.url}" for row in original]
+    lines.append(f"  ... and {len(rows) - len(original)} AugReg checkpoints (e.g. "
+                 "B/16-augreg-i21k-i1k-384): `vitkit models --checkpoints` lists every name "
+                 "with its URL and ImageNet top-1.\nHub repositories load as hf-hub:ORG/NAME "
+                 "(e.g. hf-hub:google/vit-base-patch16-224).")
+    data = {"models": [{"name": model.name, "layers": model.config.depth,
+                        "width": model.config.width, "mlp_dim": model.config.mlp_dim,
+                        "heads": model.config.num_heads,
+                        "img_size": list(model.config.img_size), "params": model.params}
+                       for model in models],
+            "checkpoints": [row.name for row in rows], "cache": str(cache)}
+    return Report("\n".join(lines), data)
+
+
+def checkpoints_report() -> Report:
+    """`vitkit models --checkpoints`: every named checkpoint with its expected ImageNet top-1
+    (and where that figure comes from) and its URL."""
+    rows = checkpoint_rows()
+    width = max(len(row.name) for row in rows) + 2
+    lines = [f"{'name':<{width}}{'top-1 %':>8}  {'source':<11}url"]
+    for row in rows:
+        top1 = f"{row.top1:.2f}" if row.top1 is not None else "-"
+        lines.append(f"{row.name:<{width}}{top1:>8}  {row.top1_source or '-':<11}{row.url}")
+    lines.append("\ntop-1: ImageNet-2012 validation; 'timm' = timm's results-imagenet.csv (its "
+                 "own evaluation of the same weights), 'vit README' = the official README's "
+                 "expected figure; '-' = no published figure. i21k checkpoints have a "
+                 "21,843-way ImageNet-21k head.")
+    data = {"checkpoints": [{"name": row.name, "top1": row.top1,
+                             "top1_source": row.top1_source, "url": row.url} for row in rows]}
+    return Report("\n".join(lines), data)
+
+
+__all__ = ["ModelRow", "Named", "all_names", "checkpoint_rows", "checkpoints_report",
+           "config_of", "count_parameters", "create_model", "load_pretrained", "load_weights",
+           "looks_like_path", "lookup", "model_rows", "models_report", "read_weights",
+           "unknown_name_error"]

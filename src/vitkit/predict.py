@@ -15,7 +15,9 @@ searched for images only: name array files one by one (a shell glob: fields/*.np
 
 What a prediction says is the model's task (`vitkit.tasks.task_of`): classification, the
 top-k classes; regression, the values in the targets' units (de-standardised) under the
-target names; multi-label, the labels at or above 0.5 and every label's probability.
+target names; multi-label, the labels at or above 0.5 and every label's probability. The model
+runs as eval and serve run it: through one `vitkit.inference.predictor.Predictor` (its token
+merging, precision and test-time augmentation).
 
 Weights trained on the embedded digits (a vitkit run with data=digits) expect light strokes on
 a black background: the report says so, and an image that looks dark on light is warned about.
@@ -26,8 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,102 +38,35 @@ import torch
 from vitkit.data.arrayfiles import (
     ARRAY_EXTENSIONS,
     PICTURE_REFUSED,
-    ArrayImages,
+    array_items,
     image_file_refusal,
     is_array_file,
     read_array_images,
 )
-from vitkit.data.augment import resize_batch
-from vitkit.data.classnames import imagenet_class_names
 from vitkit.data.images import decode_image
 from vitkit.data.sources.digits import INPUT_NOTE, INVERTED_WARNING, looks_inverted
 from vitkit.data.sources.folder import IMAGE_EXTENSIONS
-from vitkit.errors import ConfigError, InputError
-from vitkit.inference.precision import (
-    Precision,
-    requested_precision,
-    run_in_precision,
-)
-from vitkit.inference.tta import check_tta, recorded_tta, warn_if_never_flipped, with_tta
+from vitkit.data.transforms import to_model_size
+from vitkit.errors import InputError
+from vitkit.inference.prediction import Prediction, check_topk, fill_predictions
+from vitkit.inference.predictor import InferenceOptions, Predictor, class_names_for
+from vitkit.inference.tta import check_tta
 from vitkit.model.vit import VisionTransformer
-from vitkit.preprocess import Preprocess, preprocess_for
-from vitkit.tasks import Task, task_of
+from vitkit.preprocess import Preprocess
+from vitkit.tasks import value_names
 
+# Prediction, fill_predictions and class_names_for live below the verbs
+# (`vitkit.inference.prediction`, `vitkit.inference.predictor`); array_items in
+# `vitkit.data.arrayfiles`. They stay importable from here.
 __all__ = ["Prediction", "Predictions", "array_items", "class_names_for", "expand_inputs",
-           "fill_predictions", "in_precision", "input_batch", "output_names", "predict",
-           "predict_files", "read_inputs", "run_batch"]
+           "fill_predictions", "output_names", "predict", "predict_files", "predict_with",
+           "read_inputs"]
 
 log = logging.getLogger(__name__)
+PARTIAL_EXIT_STATUS = 1  # some inputs could not be read, the others were predicted
 
 
-@dataclass
-class Prediction:
-    """What the model says of one image, or why it could not be read.
-
-    Classification: the top-k classes (`labels`, `indices`, `probs`, most probable first).
-    Other tasks: `report`, the task's `describe` of the image (regression: "values" in the
-    targets' units; multi-label: "probs" per label and the "labels" at or above 0.5), and
-    `names`, the output names the model stores (None: unnamed outputs).
-    """
-
-    path: str
-    labels: list[str] = field(default_factory=list)
-    indices: list[int] = field(default_factory=list)
-    probs: list[float] = field(default_factory=list)
-    error: str | None = None
-    task: str = "classification"
-    report: dict[str, Any] = field(default_factory=dict)
-    names: list[str] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def to_dict(self) -> dict[str, Any]:
-        """{"path", "topk": [{"label", "index", "prob"}, ...]} (classification), {"path",
-        "values", "names"} (regression), {"path", "probs": {label: p}, "labels"}
-        (multi-label), or {"path", "error"}."""
-        if self.error is not None:
-            return {"path": self.path, "error": self.error}
-        if self.task == "regression":
-            return {"path": self.path, "values": self.report["values"], "names": self.names}
-        if self.task == "multilabel":
-            return {"path": self.path, "probs": self.report["probs"],
-                    "labels": self.report["labels"]}
-        return {"path": self.path, "topk": [
-            {"label": label, "index": index, "prob": prob}
-            for label, index, prob in zip(self.labels, self.indices, self.probs, strict=True)]}
-
-    def format(self) -> str:
-        """One line: "path: label (12.34%), ..." (classification and multi-label),
-        "path: name=value, ..." (regression) or "path: error: ..."."""
-        if self.error is not None:
-            return f"{self.path}: error: {self.error}"
-        if self.task == "regression":
-            values = self.report["values"]
-            shown = output_names(self.names, len(values))
-            return f"{self.path}: " + ", ".join(f"{name}={value:.4g}"
-                                                for name, value in zip(shown, values,
-                                                                       strict=True))
-        if self.task == "multilabel":
-            probs = self.report["probs"]
-            if not self.report["labels"]:
-                top = max(probs, key=probs.__getitem__)
-                return (f"{self.path}: no label at 50% or more (highest: {top} "
-                        f"{100 * probs[top]:.2f}%)")
-            return f"{self.path}: " + ", ".join(f"{label} ({100 * probs[label]:.2f}%)"
-                                                for label in self.report["labels"])
-        top = ", ".join(f"{label} ({100 * prob:.2f}%)"
-                        for label, prob in zip(self.labels, self.probs, strict=True))
-        return f"{self.path}: {top}"
-
-
-def output_names(names: Sequence[str] | None, count: int) -> list[str]:
-    """How regression outputs are shown: the stored names, else "value" (one output) or
-    "value[j]"."""
-    if names and len(names) >= count:
-        return list(names[:count])
-    return ["value"] if count == 1 else [f"value[{j}]" for j in range(count)]
+output_names = value_names  # how regression outputs are shown ("value", "value[j]")
 
 
 @dataclass
@@ -160,6 +94,18 @@ class Predictions:
             return (f"none of the {len(bad)} file(s) could be read as an image; check they are "
                     "valid image files")
         return f"none of the {len(bad)} input(s) could be read ({bad[0].path}: {bad[0].error})"
+
+    def outcome(self) -> tuple[int, str | None]:
+        """How `vitkit predict` ends once the rows are printed: (0, None) when every input was
+        predicted; (PARTIAL_EXIT_STATUS, the line naming the files that could not be read)
+        when only some were; InputError (`none_read_message`) when none could."""
+        failed = self.failed
+        if len(failed) == len(self.results):
+            raise InputError(self.none_read_message())
+        if failed:
+            return PARTIAL_EXIT_STATUS, (f"{len(failed)} of {len(self.results)} files could not "
+                                         "be read: " + ", ".join(failed))
+        return 0, None
 
     def format(self) -> str:
         return "\n".join([*(result.format() for result in self.results),
@@ -232,21 +178,6 @@ def _unique(files: list[Path]) -> list[Path]:
     return unique
 
 
-def class_names_for(model: VisionTransformer) -> list[str]:
-    """`model.class_names` (the checkpoint's), else ImageNet-1k/21k names by head size, else
-    "class N". A head larger than the stored names (a 10-way head trained on 3 classes) keeps
-    the names and calls the outputs past them "class N"."""
-    num_classes = model.config.num_classes
-    if num_classes <= 0:
-        raise ConfigError("this model has no classification head (num_classes=0), so it "
-                          "cannot predict classes; load weights that include a head, or "
-                          "fine-tune one first")
-    names = list(model.class_names or [])
-    if 0 < len(names) <= num_classes:
-        return names + [f"class {i}" for i in range(len(names), num_classes)]
-    return imagenet_class_names(num_classes) or [f"class {i}" for i in range(num_classes)]
-
-
 def _open(path: Path, preprocess: Preprocess) -> torch.Tensor | str:
     """(C, H, W) uint8 tensor of one file, or a short reason it could not be read (or cannot
     go to this model: a picture for a model trained on arrays, `image_file_refusal`)."""
@@ -256,28 +187,10 @@ def _open(path: Path, preprocess: Preprocess) -> torch.Tensor | str:
     decoded = decode_image(path, preprocess.channels)
     if decoded.image is None:
         return f"cannot read image ({decoded.reason}); {decoded.fix}"
-    return preprocess.to_uint8(decoded.image)
+    return to_model_size(decoded.image, preprocess)
 
 
 Item = tuple[str, "torch.Tensor | str"]
-
-
-def array_items(arrays: ArrayImages, preprocess: Preprocess) -> Iterator[Item]:
-    """("file.npy[i]", (C, H, W) image at the model's size) per image of an array file read
-    by `read_array_images`, or (that name, why the image cannot be used: NaN or inf)."""
-    size = tuple(arrays.array.shape[-2:])
-    if size != tuple(preprocess.img_size):
-        log.info("%s: images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
-                 "antialiased when shrinking)", arrays.path, *size, *preprocess.img_size)
-    for index in range(len(arrays)):
-        try:
-            image = arrays.tensor(index, index + 1)
-        except InputError as exc:
-            yield arrays.name(index), str(exc)
-            continue
-        if size != tuple(preprocess.img_size):
-            image = resize_batch(image.float(), preprocess.img_size)
-        yield arrays.name(index), image[0]
 
 
 def _array_items(path: Path, preprocess: Preprocess) -> Iterator[Item]:
@@ -312,42 +225,6 @@ def _chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
         yield chunk
 
 
-def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One (B, C, H, W) batch: uint8 when every image is, else float32 (uint8 values kept)."""
-    if all(image.dtype == torch.uint8 for image in images):
-        return torch.stack(list(images))
-    return torch.stack([image.float() for image in images])
-
-
-def input_batch(images: Sequence[torch.Tensor], preprocess: Preprocess,
-                like: torch.Tensor) -> torch.Tensor:
-    """The model's input for (C, H, W) images at its size: stacked, normalised by
-    `preprocess`, on the device and in the dtype of `like` (a parameter of the model)."""
-    batch = preprocess.normalize(stack_images(images))
-    return batch.to(device=like.device, dtype=like.dtype)
-
-
-def run_batch(runner: torch.nn.Module, context: Callable[[], AbstractContextManager],
-              batch: torch.Tensor) -> torch.Tensor:
-    """The outputs of `runner` (the model in its precision, `in_precision`) on `batch`."""
-    with torch.inference_mode(), context():
-        return runner(batch)
-
-
-def fill_predictions(rows: Sequence[Prediction], outputs: torch.Tensor, task: Task,
-                     names: list[str] | None, k: int) -> None:
-    """Put the outputs of a batch into its rows: top-k classes (`k` of them, `names` the
-    class names), or the task's report."""
-    if task.kind == "classification":
-        top_p, top_i = outputs.float().softmax(dim=-1).topk(k, dim=-1)
-        for row, p_row, i_row in zip(rows, top_p.tolist(), top_i.tolist(), strict=True):
-            row.labels = [names[j] for j in i_row]
-            row.indices, row.probs = i_row, p_row
-        return
-    for row, report in zip(rows, task.describe(outputs.float().cpu()), strict=True):
-        row.task, row.report, row.names = task.kind, report, task.names
-
-
 def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 5,
             batch_size: int = 32, trained_on: str | None = None, precision: str | None = None,
             int8: str | None = None, tta: str = "none") -> list[Prediction]:
@@ -365,60 +242,47 @@ def predict(model: VisionTransformer, inputs: Iterable[str | Path], topk: int = 
     image and its mirror image (`vitkit.inference.tta`).
     """
     check_tta(tta)
-    if topk < 1:
-        raise InputError(f"topk must be >= 1, got {topk}")
+    check_topk(topk)
+    check_batch_size(batch_size)
+    options = InferenceOptions(precision, int8, tta=tta, measure_batch=None)
+    return predict_with(Predictor.from_model(model, options), inputs, topk, batch_size,
+                        trained_on)
+
+
+def check_batch_size(batch_size: int) -> int:
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
-    task = task_of(model)
-    names = class_names_for(model) if task.kind == "classification" else None
+    return batch_size
+
+
+def predict_with(predictor: Predictor, inputs: Iterable[str | Path], topk: int = 5,
+                 batch_size: int = 32, trained_on: str | None = None) -> list[Prediction]:
+    """`predict` through a `Predictor`: the files read in batches of `batch_size` (`inputs`
+    expanded by `expand_inputs`), each batch through `predictor` (a precision to measure is
+    chosen on the first), one `Prediction` per image (`Predictor.predictions`)."""
+    check_topk(topk)
+    check_batch_size(batch_size)
+    predictor.names  # noqa: B018  # a model without a head is refused before any file is read
     files = expand_inputs(inputs)
-    preprocess = preprocess_for(model)
-    param = next(model.parameters())
-    k = min(topk, len(names)) if names else 0
     results: list[Prediction] = []
     inverted: list[str] = []
-    requested = requested_precision(precision, int8)
-    runner: torch.nn.Module | None = None
-    was_training = model.training
-    model.eval()
-    try:
-        for chunk in _chunks(read_inputs(files, preprocess), batch_size):
-            rows = [Prediction(name, error=x if isinstance(x, str) else None)
-                    for name, x in chunk]
-            good = [i for i, (_, x) in enumerate(chunk) if isinstance(x, torch.Tensor)]
-            if trained_on == "digits":
-                inverted += [chunk[i][0] for i in good
-                             if chunk[i][1].dtype == torch.uint8 and looks_inverted(chunk[i][1])]
-            if good:
-                batch = input_batch([chunk[i][1] for i in good], preprocess, param)
-                if runner is None:
-                    runner, context, _ = in_precision(model, requested, batch, int8,
-                                                      precision is not None or int8 is not None)
-                    runner = with_tta(runner, tta)
-                fill_predictions([rows[i] for i in good], run_batch(runner, context, batch),
-                                 task, names, k)
-            results.extend(rows)
-    finally:
-        model.train(was_training)
+    for chunk in _chunks(read_inputs(files, predictor.preprocess), batch_size):
+        rows = [Prediction(name, error=x if isinstance(x, str) else None) for name, x in chunk]
+        good = [i for i, (_, x) in enumerate(chunk) if isinstance(x, torch.Tensor)]
+        if trained_on == "digits":
+            inverted += [chunk[i][0] for i in good
+                         if chunk[i][1].dtype == torch.uint8 and looks_inverted(chunk[i][1])]
+        if good:
+            outputs = predictor([chunk[i][1] for i in good])
+            fill_predictions([rows[i] for i in good], outputs, predictor.task, predictor.names,
+                             topk)
+        results.extend(rows)
     if inverted:
         listed = ", ".join(inverted[:3]) + (f" and {len(inverted) - 3} more"
                                             if len(inverted) > 3 else "")
         log.warning("warning: %d image(s) look like dark strokes on a light background (%s): "
                     "%s", len(inverted), listed, INVERTED_WARNING)
     return results
-
-
-def in_precision(model: torch.nn.Module, requested: str | None, batch: torch.Tensor,
-                 int8: str | None, say: bool
-                 ) -> tuple[torch.nn.Module, Callable[[], AbstractContextManager], Precision]:
-    """The model to run, the context to run it in and the `Precision` chosen for `batch`
-    (logged when `say`); `vitkit serve` calls it once at start."""
-    module, context, chosen = run_in_precision(
-        requested, batch.device, model, batch if requested in ("auto", "int8") else None,
-        int8_engine=int8)
-    if say:
-        log.info("%s", chosen.describe())
-    return module, context, chosen
 
 
 def _trained_on_words(data: str | None) -> str:
@@ -428,32 +292,29 @@ def _trained_on_words(data: str | None) -> str:
 def predict_files(weights: str | Path, inputs: Iterable[str | Path], topk: int = 5,
                   batch_size: int = 32, weights_dir: str | Path | None = None,
                   merge_tokens: int = 0, int8: str | None = None,
-                  precision: str | None = None, tta: str | None = None) -> Predictions:
+                  precision: str | None = None, tta: str | None = None, *,
+                  sample: bool = False, options: InferenceOptions | None = None) -> Predictions:
     """`predict` with weights any source `load_pretrained` reads, through the speed paths
-    (`merge_tokens` per layer, then `precision`, `int8` an engine of
-    `vitkit.inference.quantize`; `tta` as in `predict`, None: the training run's). A wrong path
-    fails before the model loads. Weights a vitkit run trained on the embedded digits get a
-    note on the input they expect (`INPUT_NOTE`)."""
-    from vitkit.catalog import read_weights
+    (`options`, or as loose arguments `merge_tokens` per layer, then `precision`, `int8` an
+    engine of `vitkit.inference.int8_engines`; `tta` as in `predict`, None: the training
+    run's; a `--precision auto` measures on the first batch). A wrong path or a contradiction
+    in the options fails before the model loads. `sample` adds the shipped sample digit to the
+    inputs (`--sample`). Weights a vitkit run trained on the embedded digits get a note on
+    the input they expect (`INPUT_NOTE`)."""
     from vitkit.data.sources.digits import sample_digit
-    from vitkit.inference.speedup import speed_up
-    from vitkit.weights import build_model
 
-    files = expand_inputs(inputs)
-    requested_precision(precision, int8)  # a contradiction refused before the model loads
-    record = read_weights(weights, weights_dir)
-    model = speed_up(build_model(record), merge_tokens)
-    trained_on = (record.train_config or {}).get("data")
+    files = expand_inputs([*inputs, *([sample_digit()] if sample else [])])
+    options = InferenceOptions.given(options, precision=precision, int8=int8,
+                                     merge_tokens=merge_tokens, tta=tta, measure_batch=None)
+    predictor = Predictor.load(weights, options, weights_dir)
+    trained_on = predictor.provenance.trained_on
     notes = [f"{INPUT_NOTE} (a sample: vitkit predict {weights} --sample)"] \
         if trained_on == "digits" else []
-    digit_sized = record.config.in_chans == 1 and tuple(record.config.img_size) == (8, 8)
+    config = predictor.model.config
+    digit_sized = config.in_chans == 1 and tuple(config.img_size) == (8, 8)
     if trained_on != "digits" and not digit_sized and sample_digit() in files:
         notes.append(f"the shipped sample (--sample) is an 8x8 digit, for models trained on "
                      f"the digits; {weights} {_trained_on_words(trained_on)}, so its "
                      "prediction for the sample says nothing about the model: give images of "
                      "its own kind")
-    tta = recorded_tta(tta, record.eval_tta)
-    warn_if_never_flipped(tta, record.train_config, record.preprocess.pictures)
-    return Predictions(predict(model, files, topk=topk, batch_size=batch_size,
-                               trained_on=trained_on, precision=precision, int8=int8,
-                               tta=tta), notes)
+    return Predictions(predict_with(predictor, files, topk, batch_size, trained_on), notes)

@@ -99,7 +99,7 @@ class Preprocess:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.update(img_size=list(self.img_size), mean=list(self.mean), std=list(self.std))
-        if self.crop_offset == "round":  # the default: left out, so earlier versions read it
+        if self.crop_offset == "round":  # the default: left out, for readers without the field
             del data["crop_offset"]
         return data
 

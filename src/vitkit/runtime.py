@@ -4,18 +4,19 @@
 have, before any data is loaded.
 
 glibc returns large freed blocks to the operating system at once, so every training step
-allocates its activations on fresh pages and pays ~100k page faults (measured here on a
-width-192 ViT step: 415 MB of faults, 180 ms of system time per ~1 s step). Keeping freed
-memory in the process removes that cost; peak memory is unchanged, it is simply not given
-back between steps.
+allocates its activations on fresh pages and pays a page fault for each of them, a sizeable
+share of a small ViT's step spent in system time. Keeping freed memory in the process removes
+that cost; peak memory is unchanged, it is simply not given back between steps.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 import shutil
+import sys
 
 import torch
 
@@ -56,9 +57,8 @@ def set_threads(threads: int | None) -> None:
     Calling `torch.set_num_threads` is not neutral even with the count it already has: it also
     turns MKL's dynamic threading off, for good (PyTorch re-applies it as each thread joins a
     parallel region). Then the small GEMMs that SDPA's CPU flash-attention kernel runs inside
-    its OpenMP threads get slower: attention forward and backward at the tutorial's shapes
-    measured 22 ms before the call and 30-31 ms after it, on 2 cores
-    (benchmarks/step_one_process.py --set-threads)."""
+    its OpenMP threads get slower, attention forward and backward at the tutorial's shapes
+    among them (`benchmarks/step_one_process.py --set-threads` measures it)."""
     if threads and threads != torch.get_num_threads():
         torch.set_num_threads(threads)
 
@@ -71,12 +71,10 @@ def configure_cpu(threads: int | None = None) -> None:
 
 def avoid_cudnn_attention(device: torch.device) -> bool:
     """For training on CUDA: turn off SDPA's cuDNN backend (flash and memory-efficient
-    attention stay). Returns whether this call turned it off. In vitkit's CIFAR-10 runs on an
-    H100 (torch 2.11, 64 tokens, bf16 autocast) gradients turned NaN while losses stayed
-    finite, and fp32 trained clean; upstream reports the same of cuDNN's bf16 attention
-    backward on H100/H200 (pytorch/pytorch#196678: sequences of 128k + 64 tokens, the
-    default backend since 2.11; huggingface/trl#7181). With it off, the same runs trained
-    9,248 bf16 steps on an H200 with no NaN gradient (docs/runs/cifar10-gpu-h200)."""
+    attention stay). Returns whether this call turned it off. cuDNN's bf16 attention backward,
+    SDPA's default backend on H100/H200 since torch 2.11, gives NaN gradients while the losses
+    stay finite (pytorch/pytorch#196678, huggingface/trl#7181), at the 64 tokens of vitkit's
+    CIFAR-10 recipes too; fp32 and the other backends train clean (docs/recipes/cifar10.md)."""
     if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
         return False
     torch.backends.cuda.enable_cudnn_sdp(False)
@@ -127,6 +125,16 @@ def check_compiler(device: torch.device, option: str, without: str) -> None:
         raise ConfigError(f"{option} on the CPU needs a C++ compiler (gcc or clang) on the "
                           "PATH for torch.compile's kernels: install one (e.g. apt-get install "
                           f"g++) or {without}")
+
+
+def installed(module: str) -> bool:
+    """Whether the Python package `module` can be imported (False too where sys.modules blocks
+    it with None), without importing it."""
+    try:
+        return sys.modules.get(module, True) is not None and \
+            importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def cpu_model_and_flags() -> tuple[str, frozenset[str]]:

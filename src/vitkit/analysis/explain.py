@@ -37,10 +37,9 @@ from vitkit.analysis.filters import (
 from vitkit.analysis.images import as_batch
 from vitkit.analysis.posembed import position_similarity, similarity_by_distance
 from vitkit.errors import ConfigError, InputError
-from vitkit.predict import output_names
 from vitkit.preprocess import preprocess_for
 from vitkit.report import Report
-from vitkit.tasks import Task, task_of
+from vitkit.tasks import Task, make_task, task_of
 
 log = logging.getLogger(__name__)
 
@@ -225,27 +224,10 @@ def _peaks(maps: torch.Tensor) -> list[list[int]]:
 def _describe(name: str, logits: torch.Tensor, class_names: Sequence[str] | None,
               num_classes: int, task: Task | None = None) -> str:
     """"name -> predicted class (probability)", "name -> temperature=3.21" (regression),
-    "name -> cat (91%), dog (60%)" (multi-label); the name alone without an output."""
-    kind = task.kind if task is not None else "classification"
-    if kind == "regression" and num_classes:
-        values = task.describe(logits[None])[0]["values"]
-        return f"{name} -> " + ", ".join(
-            f"{label}={value:.4g}"
-            for label, value in zip(output_names(task.names, len(values)), values, strict=True))
-    if kind == "multilabel" and num_classes:
-        report = task.describe(logits[None])[0]
-        probs = report["probs"]
-        if not report["labels"]:
-            top = max(probs, key=probs.__getitem__)
-            return f"{name} -> no label (highest {top} {100 * probs[top]:.0f}%)"
-        return f"{name} -> " + ", ".join(f"{label} ({100 * probs[label]:.0f}%)"
-                                         for label in report["labels"])
-    if num_classes < 2:
-        return name
-    probs = logits.softmax(dim=-1)
-    index = int(probs.argmax())
-    label = class_names[index] if class_names and index < len(class_names) else f"class {index}"
-    return f"{name} -> {label} ({100 * probs[index].item():.0f}%)"
+    "name -> cat (91%), dog (60%)" (multi-label), as the task says it (`Task.title_words`);
+    the name alone without an output."""
+    words = make_task(task).title_words(logits, class_names, num_classes)
+    return f"{name} -> {words}" if words else name
 
 
 def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_dir: str | Path,
@@ -278,8 +260,8 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
             recipe = data_dir_from_here(recipe, weights.path, trained_in=weights.trained_in)
         images, names = images_from_data(data, data_dir, num_images, preprocess, recipe,
                                          seed, task)
-        how = "across classes" if task.kind == "classification" else "at random"
-        origin = f"{len(images)} test images sampled {how} (seed {seed}; {num_images} asked)"
+        origin = (f"{len(images)} test images sampled {task.sampled_words} (seed {seed}; "
+                  f"{num_images} asked)")
     path = Path(source)
     options.setdefault("title", f"{path.resolve().parent.name}/{path.name}" if path.exists()
                        else str(source))

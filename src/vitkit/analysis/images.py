@@ -16,15 +16,13 @@ import torch
 from PIL import Image
 
 from vitkit.data.arrayfiles import image_file_refusal, is_array_file, read_array_images
-from vitkit.data.augment import resize_batch
 from vitkit.data.dataset import ImageDataset
 from vitkit.data.images import open_image
 from vitkit.data.sources.records import ImageRecords
-from vitkit.data.transforms import EvalResize
+from vitkit.data.transforms import EvalResize, stack_images, to_model_size
 from vitkit.errors import InputError
-from vitkit.predict import output_names, stack_images
 from vitkit.preprocess import Preprocess
-from vitkit.tasks import MULTILABEL_THRESHOLD, Task
+from vitkit.tasks import Task, make_task
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +40,14 @@ def as_batch(images: torch.Tensor | Sequence[Image.Image], preprocess: Preproces
             if images.shape[1] != preprocess.channels:
                 raise InputError(f"the images have {images.shape[1]} channel(s), the model "
                                  f"takes {preprocess.channels}")
-            return resize_batch(images.float(), preprocess.img_size)
+            return to_model_size(images.float(), preprocess)
         if tuple(images.shape[-2:]) == tuple(preprocess.img_size) and \
                 images.shape[1] == preprocess.channels:
             return images
         images = [_to_pil(image) for image in images]
     if len(images) == 0:
         raise InputError("no images to analyse: pass at least one")
-    return torch.stack([preprocess.to_uint8(image) for image in images])
+    return torch.stack([to_model_size(image, preprocess) for image in images])
 
 
 def _to_pil(image: torch.Tensor) -> Image.Image:
@@ -68,16 +66,13 @@ def images_from_files(paths: Sequence[str | Path], preprocess: Preprocess
         if is_array_file(path):
             arrays = read_array_images(path, preprocess.channels, preprocess.scale,
                                        img_size=preprocess.img_size)
-            batch = arrays.tensor()
-            if tuple(batch.shape[-2:]) != tuple(preprocess.img_size):
-                batch = resize_batch(batch.float(), preprocess.img_size)
-            images += list(batch)
+            images += list(to_model_size(arrays.tensor(), preprocess))
             names += [arrays.name(i) for i in range(len(arrays))]
         else:
             refusal = image_file_refusal(path, preprocess.scale)
             if refusal:
                 raise InputError(refusal)
-            images.append(preprocess.to_uint8(open_image(path, preprocess.channels)))
+            images.append(to_model_size(open_image(path, preprocess.channels), preprocess))
             names.append(str(path))
     if not images:
         raise InputError("no images to analyse: pass at least one")
@@ -128,7 +123,7 @@ def images_from_data(data: str | None, data_dir: str | None, count: int,
     if count < 1:
         raise InputError(f"--num-images must be at least 1, got {count}")
     mode = "memory" if data in IN_MEMORY_ONLY else "stream"
-    kind = task.kind if task is not None else "classification"
+    kind = make_task(task).kind  # None: classification
     test = open_held_out_only(data, data_dir, preprocess.img_size, preprocess.channels,
                               mode=mode, task=kind)  # a folder of test images only
     if test is None:
@@ -162,16 +157,9 @@ def _class_text(index: int, classes: list[str]) -> str:
 
 
 def _targets_text(row: torch.Tensor, task: Task | None, classes: list[str]) -> str:
-    """A test image's targets in words: "temperature=3.2" or the labels it has."""
-    values = row.reshape(-1).tolist()
-    names = (task.names if task is not None else None) or classes or None
-    if task is not None and task.kind == "multilabel":
-        shown = output_names(names, len(values)) if names else [str(j) for j in
-                                                                range(len(values))]
-        present = [n for n, v in zip(shown, values, strict=True) if v >= MULTILABEL_THRESHOLD]
-        return "labels " + (", ".join(present) if present else "none")
-    return ", ".join(f"{name}={value:.4g}" for name, value in
-                     zip(output_names(names, len(values)), values, strict=True))
+    """A test image's targets in words (`Task.target_text`): "temperature=3.2" or the labels
+    it has."""
+    return make_task(task).target_text(row, classes)
 
 
 def _read_through(records: ImageRecords, chosen: list[int], preprocess: Preprocess

@@ -23,6 +23,7 @@ whose units its values are not.
 from __future__ import annotations
 
 import io
+import logging
 import math
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -34,11 +35,15 @@ import numpy as np
 import torch
 
 from vitkit.data.sources.mapped import first_unfit
+from vitkit.data.transforms import to_model_size
 from vitkit.errors import InputError
+from vitkit.preprocess import Preprocess
 
 __all__ = ["ARRAY_EXTENSIONS", "PICTURE_REFUSED", "ArrayImages", "ArraysTooLarge",
-           "UnreadableArrayFile",
+           "UnreadableArrayFile", "array_items",
            "image_file_refusal", "is_array_file", "read_array_images"]
+
+log = logging.getLogger(__name__)
 
 ARRAY_EXTENSIONS = (".npy", ".npz")
 PICTURE_REFUSED = "is an image file (8-bit values 0-255)"  # in `image_file_refusal`'s reason
@@ -260,3 +265,21 @@ def read_array_images(path: str | Path, channels: int, scale: float = 1.0,
     if len(images) == 0:
         raise InputError(f"{path} holds no images (shape {array.shape})")
     return ArrayImages(path, images)
+
+
+def array_items(arrays: ArrayImages, preprocess: Preprocess
+                ) -> Iterator[tuple[str, torch.Tensor | str]]:
+    """("file.npy[i]", (C, H, W) image at the model's size) per image of an array file read
+    by `read_array_images`, or (that name, why the image cannot be used: NaN or inf). Images
+    of another size are resized (`vitkit.data.transforms.to_model_size`; logged once)."""
+    size = tuple(arrays.array.shape[-2:])
+    if size != tuple(preprocess.img_size):
+        log.info("%s: images are %dx%d and the model takes %dx%d: resizing them (bilinear, "
+                 "antialiased when shrinking)", arrays.path, *size, *preprocess.img_size)
+    for index in range(len(arrays)):
+        try:
+            image = arrays.tensor(index, index + 1)
+        except InputError as exc:
+            yield arrays.name(index), str(exc)
+            continue
+        yield arrays.name(index), to_model_size(image, preprocess)[0]

@@ -8,8 +8,8 @@ handful of op groups, never over samples or pixels) and draws all its randomness
 Contents: `random_crop`, `random_flip`, `trivial_augment` (with `apply_op` and `op_magnitude`
 to run one named op), `random_erasing`, `mixup_cutmix`, `one_hot_smooth` and
 `soft_cross_entropy` (the classification task's, from `vitkit.tasks`), `normalize`
-(`vitkit.preprocess.normalize`), and `BatchAugment`, which chains them from an
-`AugmentConfig`.
+(`vitkit.preprocess.normalize`), `resize_batch` (`vitkit.data.transforms`'s), and
+`BatchAugment`, which chains them from an `AugmentConfig`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitkit.data.transforms import resize_batch  # its owner; kept importable from here
 from vitkit.errors import InputError
 from vitkit.preprocess import normalize
 from vitkit.tasks import Task, make_task, one_hot_smooth, soft_cross_entropy
@@ -540,11 +541,3 @@ class BatchAugment:
         if cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0:
             x, targets = mixup_cutmix(x, targets, generator, cfg.mixup_alpha, cfg.cutmix_alpha)
         return x, targets
-
-
-def resize_batch(images: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
-    """Resize a float batch to `size` (bilinear, antialiased when shrinking); None keeps it."""
-    if size is None or tuple(images.shape[-2:]) == tuple(size):
-        return images
-    return torch.nn.functional.interpolate(images, size=tuple(size), mode="bilinear",
-                                           align_corners=False, antialias=True)

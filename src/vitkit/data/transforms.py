@@ -4,11 +4,16 @@
 - `EvalResize`: the evaluation transform of streamed images, `Preprocess.resize` (the shorter
   side to size / crop_pct then a centre crop, or a squash resize);
 - `evaluation_preprocess`: which of those a fresh run evaluates with (and records);
-- `squash`: the resize of images decoded into memory (`vitkit.data.memory`).
+- `squash`: the resize of images decoded into memory (`vitkit.data.memory`);
+- `resize_batch`: a float batch to another size (bilinear, antialiased when shrinking): array
+  images, held-out batches at the data's size, progressive resizing in training;
+- `to_model_size`: one input at the model's size, the door predict, serve and analysis take
+  (a picture through `Preprocess.resize`, the rule checked against timm's and Hugging Face's
+  transforms; array images through `resize_batch`), and `stack_images` to batch them.
 
 The per-image transforms take a decoded PIL image at its original resolution and return a
 (C, H, W) uint8 array at the model's size; the batched augmentation (`vitkit.data.augment`)
-and the batch resizes (`vitkit.data.augment.resize_batch`) do the rest on whole batches.
+and `resize_batch` do the rest on whole batches.
 
 The Inception crop is the random resized crop of Szegedy et al. (2015) that the paper's
 pre-training, big_vision's `inception_crop` and timm's `RandomResizedCrop` use: a window
@@ -21,9 +26,11 @@ then the largest centred window the ratio range allows). Defaults: scale (0.08, 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from PIL import Image
 
 from vitkit.errors import ConfigError
@@ -121,3 +128,32 @@ def evaluation_preprocess(size: tuple[int, int] | list[int], channels: int, stre
         return Preprocess(img_size=size, resize_mode="shorter_side", crop_pct=crop_pct,
                           mean=half, std=half)
     return Preprocess(img_size=size, mean=half, std=half)
+
+
+def resize_batch(images: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
+    """Resize a float batch to `size` (bilinear, antialiased when shrinking); None keeps it."""
+    if size is None or tuple(images.shape[-2:]) == tuple(size):
+        return images
+    return torch.nn.functional.interpolate(images, size=tuple(size), mode="bilinear",
+                                           align_corners=False, antialias=True)
+
+
+def to_model_size(image: Image.Image | torch.Tensor, preprocess: Preprocess) -> torch.Tensor:
+    """One input at the model's size (`preprocess.img_size`): a picture (PIL) through
+    `Preprocess.resize` (its resize mode, crop and interpolation) as a (C, H, W) uint8 tensor;
+    array images, a (C, H, W) or (B, C, H, W) tensor, unchanged at that size, else resized as
+    float by `resize_batch` (bilinear, antialiased when shrinking)."""
+    if isinstance(image, Image.Image):
+        return preprocess.to_uint8(image)
+    if tuple(image.shape[-2:]) == tuple(preprocess.img_size):
+        return image
+    batch = image.float() if image.dim() == 4 else image.float()[None]
+    resized = resize_batch(batch, preprocess.img_size)
+    return resized if image.dim() == 4 else resized[0]
+
+
+def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One (B, C, H, W) batch: uint8 when every image is, else float32 (uint8 values kept)."""
+    if all(image.dtype == torch.uint8 for image in images):
+        return torch.stack(list(images))
+    return torch.stack([image.float() for image in images])

@@ -178,6 +178,6 @@ def own_generator() -> torch.Generator:
     """The generator a DataLoader draws its workers' base seed from at each new iterator.
     Left to torch's global one, that draw moves the dropout and drop-path masks the model
     takes from it, by one draw per epoch begun, so a run resumed mid-epoch (one iterator
-    fewer) was not exact. The workers' seeds are unused: every random choice of a batch is
+    fewer) would not be exact. The workers' seeds are unused: every random choice of a batch is
     seeded by the run's seed, epoch and position."""
     return torch.Generator().manual_seed(0)

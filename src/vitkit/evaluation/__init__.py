@@ -1,9 +1,8 @@
 """Evaluation in one package.
 
-    classify.py       the batch loop: loss, top-1/5, per-class accuracy, confusion matrix
+    loop.py           the one evaluation loop: evaluate(predictor, feed, task) -> EvalResult,
+                      the task's accumulator over the batches, combined over ranks
                       (training's evaluation and `vitkit eval`'s)
-    task_eval.py      regression and multi-label evaluation: outputs and targets collected
-                      (gathered over ranks), scored by the task (mae/rmse/r2, map/f1)
     splits.py         which data and split weights are evaluated on (a run's own by default)
     report.py         `vitkit eval`: evaluate_checkpoint -> eval.json, confusion PNG, report
     features.py       frozen features of a data set, cached

@@ -25,15 +25,14 @@ from safetensors import safe_open
 from safetensors.numpy import save
 
 from vitkit.catalog import read_weights
-from vitkit.data.augment import resize_batch
 from vitkit.data.feeds import EvaluationFeed
+from vitkit.data.transforms import resize_batch
 from vitkit.errors import DataError
-from vitkit.evaluation.report import check_class_labels
 from vitkit.evaluation.splits import data_for, recorded_limit_key, split_to_evaluate
 from vitkit.files import cache_root, write_atomic
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
-from vitkit.tasks import TaskSpec
+from vitkit.tasks import Task, TaskSpec, make_task, task_of
 from vitkit.weights import WeightsRecord, build_model
 from vitkit.weights.checksum import tensors_checksum
 
@@ -61,7 +60,12 @@ class FrozenFeatures:
 
     @property
     def kind(self) -> str:
-        return self.task.kind if self.task is not None else "classification"
+        return self.task_object.kind
+
+    @property
+    def task_object(self) -> Task:
+        """The weights' task (`vitkit.tasks`): what the reports say of the targets."""
+        return make_task(self.task)
 
     @property
     def num_classes(self) -> int:
@@ -183,8 +187,8 @@ def _check_split(labels: np.ndarray, data: str, split: str) -> None:
 
 
 def _check_finite(features: np.ndarray, weights: str | Path, data: str, split: str) -> None:
-    """Refuse features with inf or NaN (weights that overflow on these images), which made
-    the few-shot solve fail deep in numpy and the probe score every image as one class."""
+    """Refuse features with inf or NaN (weights that overflow on these images), which would
+    make the few-shot solve fail deep in numpy and the probe score every image as one class."""
     bad = ~np.isfinite(features).all(axis=1)
     if bad.any():
         raise DataError(f"{weights} gives features that are not finite (inf or NaN) for "
@@ -206,7 +210,7 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
     model = build_model(weights)
     config = model.config
     if check_task is not None:
-        check_task(model.task.kind if getattr(model, "task", None) else "classification")
+        check_task(task_of(model).kind)
     data_dir = data_for(weights, data, data_dir, SPLITS[0], None)[1]  # looked up (and said) once
     sources = {split: data_for(weights, data, data_dir, split, None) for split in SPLITS}
     for split, (named, _, limit) in sources.items():
@@ -224,9 +228,8 @@ def frozen_features(weights_source: str | Path, data: str | None = None,
     for split, (split_data, split_dir, limit) in sources.items():
         dataset, _ = split_to_evaluate(
             weights, split_data, split_dir, split, limit, config.img_size, config.in_chans,
-            check_first=None if task is not None and task.kind != "classification" else
-            lambda feed, data=split_data: check_class_labels(feed, data, "frozen features "
-                                                             "are read per class"))
+            check_first=lambda feed, data=split_data: make_task(task).check_feature_data(
+                feed, data))
         if tuple(dataset.image_size) != tuple(config.img_size):
             log.info("the %s images are %dx%d and the model takes %dx%d: resizing them "
                      "(bilinear, antialiased when shrinking), as fine-tuning does", split_data,

@@ -19,17 +19,17 @@ from vitkit.evaluation.fewshot import (
     fewshot_curve,
 )
 from vitkit.evaluation.knn import KNN_K, KNN_TEMPERATURE, check_temperature, knn_accuracy
-from vitkit.evaluation.probe import linear_probe, multilabel_probe, ridge_probe
+from vitkit.evaluation.probe import TARGET_PROBES, linear_probe
 from vitkit.evaluation.report import default_out_dir
 from vitkit.report import Report
+from vitkit.tasks import make_task
 
 log = logging.getLogger("vitkit.evaluation")
 
 
 def _header(features: FrozenFeatures) -> str:
     cached = ", from the cache" if features.from_cache else ""
-    count = {"classification": "classes", "regression": "target(s)",
-             "multilabel": "labels"}[features.kind]
+    count = features.task_object.outputs_plural
     return (f"{features.data}: {len(features.train_y)} train / {len(features.test_y)} test "
             f"images, {features.num_classes} {count}; features: {features.representation}"
             f"{cached}")
@@ -48,7 +48,7 @@ def _fewshot_one(weights: str | Path, data: str | None, data_dir: str | None,
                  weights_dir: str | Path | None
                  ) -> tuple[FrozenFeatures, FewShotResult, dict[str, Any]]:
     def classes_only(kind: str) -> None:
-        if kind != "classification":
+        if not make_task(kind).class_labels:
             raise InputError(f"fewshot draws images per class, and {weights} is a {kind} "
                              "model: use vitkit probe, which fits a linear probe of its "
                              "targets on the frozen features")
@@ -137,7 +137,7 @@ def probe_report(weights: str | Path, data: str | None = None, data_dir: str | N
     probe (mAP, F1): `_target_probe`."""
     check_temperature(temperature)
     features = frozen_features(weights, data, data_dir, weights_dir)
-    if features.kind != "classification":
+    if not features.task_object.class_labels:
         return _target_probe(weights, features, json_path)
     args = (features.train_x, features.train_y, features.test_x, features.test_y,
             features.num_classes)
@@ -168,33 +168,16 @@ def probe_report(weights: str | Path, data: str | None = None, data_dir: str | N
 def _target_probe(weights: str | Path, features: FrozenFeatures,
                   json_path: str | Path | None) -> Report:
     """The probe of a regression or multi-label model's targets (no kNN: it votes classes)."""
-    names = features.task.names if features.task is not None else None
-    args = (features.train_x, features.train_y, features.test_x, features.test_y, names)
-    regression = features.kind == "regression"
-    result = ridge_probe(*args) if regression else multilabel_probe(*args)
+    task = features.task_object
+    args = (features.train_x, features.train_y, features.test_x, features.test_y, task.names)
+    result = TARGET_PROBES[task.linear_probe](*args)
     report = {"weights": str(weights), "data": features.data, "task": features.kind,
               "representation": features.representation, "train_images":
               len(features.train_y), "test_images": len(features.test_y),
               "outputs": features.num_classes, "linear_probe": result.as_dict()}
     grid = ", ".join(f"{v:g}: {score:.4f}" for v, score in result.heldout.items())
-    m = result.metrics
-    if regression:
-        lines = [_header(features),
-                 f"linear probe (ridge regression): alpha by held-out 10% of train (R^2): "
-                 f"{grid}",
-                 f"  chosen alpha {result.regularisation:g}; test R^2 {m['r2']:.4f}, MAE "
-                 f"{m['mae']:.4g}, RMSE {m['rmse']:.4g}"]
-        if len(m["per_output"]) > 1:
-            lines += [f"  {name}: R^2 {v['r2']:.4f}, MAE {v['mae']:.4g}, RMSE {v['rmse']:.4g}"
-                      for name, v in m["per_output"].items()]
-    else:
-        lines = [_header(features),
-                 f"linear probe (one-vs-rest logistic regression): weight decay by held-out "
-                 f"10% of train (mAP): {grid}",
-                 f"  chosen weight decay {result.regularisation:g}; test mAP {m['map']:.4f}, "
-                 f"F1 at 0.5 {m['f1']:.4f}"]
-    lines.append("kNN: not run (it votes for classes; the targets are "
-                 f"{'values' if regression else 'label sets'})")
+    lines = [_header(features), *task.probe_lines(result.metrics, result.regularisation, grid)]
+    lines.append(f"kNN: not run (it votes for classes; the targets are {task.knn_words})")
     written = _write_json(json_path, report)
     if written:
         lines.append(f"wrote {written}")

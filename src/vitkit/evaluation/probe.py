@@ -37,7 +37,7 @@ from vitkit.runtime import set_threads
 WEIGHT_DECAYS = tuple(float(v) for v in np.logspace(-5, 0, 6))  # 1e-5 ... 1
 HOLDOUT_FRACTION = 0.1
 SINGLE_THREAD_WORK = 2**24  # below this many multiply-adds per pass, threads cost more than help
-MAX_ITER = 10000  # L-BFGS iterations; scikit-learn needed 4362 on 1024 CIFAR-10 features
+MAX_ITER = 10000  # L-BFGS iterations; 1024 CIFAR-10 features take scikit-learn thousands
 TOLERANCE = 1e-9  # the largest gradient element at which L-BFGS stops
 UNCONVERGED_GRADIENT = 1e-6  # at the cap, a larger gradient element is warned about
 
@@ -104,7 +104,8 @@ def _warn_at_cap(closure: Callable[[], torch.Tensor], weight: torch.Tensor, bias
                  weight_decay: float, max_iter: int, tolerance: float) -> None:
     """Warn (as scikit-learn's ConvergenceWarning) that L-BFGS stopped at its cap, unless the
     largest gradient element it stopped at is within `UNCONVERGED_GRADIENT` (on CIFAR-10
-    features, 2e-7 left the objective within 3e-8 of scikit-learn's converged one)."""
+    features, a largest element of 2e-7 leaves the objective within 3e-8 of scikit-learn's
+    converged one)."""
     with torch.enable_grad():
         closure()
     gradient = max(float(weight.grad.abs().max()), float(bias.grad.abs().max()))
@@ -235,8 +236,10 @@ class TargetProbeResult:
     outputs: np.ndarray
 
     def as_dict(self) -> dict[str, object]:
-        name = "alpha" if self.kind == "regression" else "weight_decay"
-        score = "r2" if self.kind == "regression" else "map"
+        from vitkit.tasks import make_task
+
+        task = make_task(self.kind)
+        name, score = task.probe_regularisation, task.primary_metric
         metrics = {k: v for k, v in self.metrics.items() if k != "test_loss"}
         return {**metrics, name: self.regularisation,
                 f"heldout_{score}": {f"{v:g}": s for v, s in self.heldout.items()}}
@@ -320,3 +323,8 @@ def multilabel_probe(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike,
 
     return _tuned_target_probe("multilabel", names, x_train, y_train, x_test, y_test,
                                weight_decays, fit_predict, seed, "multi-label")
+
+
+# The probe of each task's targets on frozen features, by its name (`Task.linear_probe`).
+TARGET_PROBES: dict[str, Callable[..., TargetProbeResult]] = {
+    "ridge regression": ridge_probe, "one-vs-rest logistic regression": multilabel_probe}

@@ -16,6 +16,7 @@ from vitkit.data.sources import (
     open_source,
 )
 from vitkit.errors import DataError, MissingSplit
+from vitkit.tasks import make_task
 from vitkit.weights import WeightsRecord
 from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
@@ -89,7 +90,7 @@ def split_to_evaluate(weights: WeightsRecord, data: str, data_dir: str | None, s
                             "the same held-out split); other split names are for Hugging "
                             "Face datasets (--data hf:NAME)")
         eval_split, split = split, "test"
-    task = weights.task.kind if weights.task else "classification"
+    task = make_task(weights.task).kind
 
     def opened(eval_split: str | None) -> tuple[Any, Any]:
         return open_source(data, data_dir, size, channels, limit if split == "train" else None,

@@ -1,7 +1,8 @@
 """Int8 ONNX graphs: an exported graph with ONNX Runtime's dynamic int8 quantisation (int8
 weights of MatMul/Gemm, activations quantised per batch), and its check against the float
-model. Measured on B/16 at 224 (2 shared CPU cores): 3.1x (batch 8) and 4.7x (batch 1) vs fp32
-eager torch (`vitkit.inference.quantize` holds the eager int8 engines)."""
+model. On the CPU it runs several times faster than fp32 eager torch, most of all at batch 1
+(figures per machine: benchmarks/README.md; `vitkit.inference.quantize` holds the eager int8
+engines)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def quantize_onnx_int8(source: str | Path, target: str | Path,
     target = Path(target)
     with quiet_onnxruntime():  # a line per tensor, and "please run pre-processing" advice
         # MatMul/Gemm only: ONNX Runtime's default also makes each Conv a ConvInteger, which
-        # on a conv stem moved the logits 13x as far from fp32 (1.47 against 0.11 max).
+        # on a conv stem moves the logits an order of magnitude further from fp32 than the
+        # quantised linears alone do.
         quantization.quantize_dynamic(str(source), str(target),
                                       weight_type=quantization.QuantType.QInt8,
                                       op_types_to_quantize=list(QUANTIZED_OPS))
@@ -96,7 +98,7 @@ def check_onnx_int8(model: VisionTransformer, path: str | Path,
     (those cannot flip within the error). Returns (max abs difference, top-1 agreement over
     all images); raises ExportError, whose message ends with `fix`.
     """
-    outputs = "values" if task_of(model).kind == "regression" else "logits"
+    outputs = task_of(model).onnx_output  # "logits", or a regression model's "values"
     expected_all, got_all = [], []
     for expected, got, _ in onnx_and_torch_outputs(model, path, batch_sizes, sizes or ()):
         expected_all.append(expected)

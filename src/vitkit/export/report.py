@@ -24,7 +24,7 @@ from vitkit.export.onnx import (
 from vitkit.files import names_folder
 from vitkit.model.vit import VisionTransformer
 from vitkit.report import Report
-from vitkit.tasks import task_of
+from vitkit.tasks import Task, task_of
 from vitkit.weights.formats.hf_hub import PREFIX as HUB_PREFIX
 
 
@@ -74,7 +74,7 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     out = Path(default_output_path(weights, int8, merge_tokens) if out is None else out)
     write = export_onnx_int8 if int8 else export_onnx
     sizes = default_check_sizes(model) if dynamic_size else []
-    kind = task_of(model).kind
+    task = task_of(model)
     if out.is_dir() or (given is not None and names_folder(given)):  # "DIR/": Path drops "/"
         verb = "is" if out.is_dir() else "names"
         raise ExportError(f"--out {given} {verb} a folder: give the file to write, e.g. --out "
@@ -90,7 +90,7 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     try:
         written = write(model, staging / out.name, dynamic_size=dynamic_size, opset=opset)
         size_mib = written.stat().st_size / 2**20
-        check_lines, check_data = _check(model, written, int8, dynamic_size, sizes, kind)
+        check_lines, check_data = _check(model, written, int8, dynamic_size, sizes, task)
         for name in [*external_data_files(written), out.name]:  # the graph last
             (out.parent / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / name, out.parent / name)
@@ -101,17 +101,16 @@ def export_weights(weights: str, out: str | Path | None = None, *, format: str =
     lines = [f"wrote {out} ({size_mib:.1f} MiB{', int8' if int8 else ''}{merging}, "
              f"dynamic {axes})"]
     where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
-    if kind == "regression":
-        lines.append("output 'values': the regression targets' units (de-standardised in the "
-                     "graph; the task and its target mean/std are in the file's metadata)")
+    if task.onnx_note:
+        lines.append(task.onnx_note)
     data = {"path": str(out), "mib": size_mib, "int8": int8, "dynamic_size": dynamic_size,
-            "merge_tokens": merge_tokens, "checked_at": where, "task": kind}
+            "merge_tokens": merge_tokens, "checked_at": where, "task": task.kind}
     data.update(check_data)
     return Report("\n".join(lines + check_lines), data)
 
 
 def _check(model: VisionTransformer, path: Path, int8: bool, dynamic_size: bool,
-           sizes: list[tuple[int, int]], kind: str) -> tuple[list[str], dict]:
+           sizes: list[tuple[int, int]], task: Task) -> tuple[list[str], dict]:
     """The report's lines and data of the onnxruntime check of the graph at `path` (at the
     model's size and `sizes`): the float graph by `check_float_graph`; an int8 one (whose
     float graph `export_onnx_int8` checked) by `check_onnx_int8`. Raises ExportError."""
@@ -122,8 +121,7 @@ def _check(model: VisionTransformer, path: Path, int8: bool, dynamic_size: bool,
                 {"max_abs_diff": check["max_abs_diff"]})
     where = ", ".join(f"{h}x{w}" for h, w in [model.config.img_size, *sizes])
     diff, agree = check_onnx_int8(model, path, batch_sizes=CHECK_BATCHES, sizes=sizes)
-    outputs = "values" if kind == "regression" else "logits"
-    agreement = f", top-1 agreement {100 * agree:.0f}%" if kind == "classification" else ""
+    outputs, agreement = task.onnx_output, task.agreement_words(agree)
     fp32 = read_metadata(path)["fp32_check"]  # written by export_onnx_int8
     return ([f"onnxruntime check of the fp32 graph before quantisation: max abs diff "
              f"{fp32['max_abs_diff']:.2g} over {fp32['checked_at']} (tolerance "

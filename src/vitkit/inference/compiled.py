@@ -8,11 +8,9 @@ weight on every call. Load new weights into a new compile. Freezing applies to c
 runs the graph unfrozen. Training compiles elsewhere (`vitkit.train.compiling`), without
 freezing, since its weights change every step.
 
-Measured (B/16, batch 8, 2 threads; benchmarks/inference.py --compile): no path became clearly
-faster. On a Zen 4 EPYC the fastest, `auto` (oneDNN int8) with ToMe r=8, ran 5.60x fp32
-compiled against 5.46x eager (in a one-off timing there, bf16 B/16 compiled in 8 s frozen
-against 15 s plain); on a Xeon with AMX (torch 2.11) compiled paths were up to 10% slower
-(docs/runs/cpu-amx).
+On the CPUs measured, no inference path runs clearly faster compiled than eager, and on some
+the compiled paths run slower (`benchmarks/inference.py --compile`; its tables:
+benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ theirs is the larger error) and chooses by CPU (`int8_scheme`):
 torch draws the same line for its static oneDNN qconfig (`get_default_qconfig("onednn")`):
 8-bit activations, with a warning where `torch.cpu._is_vnni_supported()` (AVX512-VNNI) is false.
 
-On the width-48 `cifar10-tutorial` model (CIFAR-10 test set, Zen 4 EPYC) torch's 7-bit
-activations cost 0.33-0.34 points of top-1, "8-bit" 0.03-0.07 and "7-bit weights" 0.07-0.11,
-each at torch's speed (docs/speed.md, "What each precision costs in accuracy").
+On the width-48 `cifar10-tutorial` model torch's 7-bit activations cost about a third of a
+point of CIFAR-10 top-1, "8-bit" and "7-bit weights" a tenth of a point or less, each at
+torch's speed (docs/speed.md).
 """
 
 from __future__ import annotations

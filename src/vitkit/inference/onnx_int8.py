@@ -9,7 +9,7 @@ model. No file is left behind: the graph is read into memory and its folder dele
 float graph is checked against `model` before it is quantised (`export_onnx_int8`), and the
 int8 graph after, as `vitkit export --int8` checks it (`check_onnx_int8`: within INT8_RTOL of
 the outputs' range, clear top-1 classes kept), so a graph the exporter got wrong, or one that
-int8 bends too far (seen on a small regression model), raises ExportError instead of answering
+int8 bends too far (a small regression model can be one), raises ExportError instead of answering
 wrongly: `auto` then leaves the engine out, and a pinned engine is refused.
 """
 
@@ -25,6 +25,7 @@ from torch import nn
 from vitkit.errors import ExportError, InputError
 from vitkit.export import check_onnx_int8, export_onnx_int8, require
 from vitkit.export.onnx import destandardisation
+from vitkit.runtime import installed
 
 __all__ = ["OnnxRuntimeInt8", "cpu_session", "onnxruntime_available"]
 
@@ -42,32 +43,25 @@ def cpu_session(graph: bytes | str | Path, threads: int | None = None) -> Any:
 
 def onnxruntime_available() -> bool:
     """Whether onnx and onnxruntime are installed (`pip install 'vitkit[export]'`)."""
-    from vitkit.inference.quantize import installed
-
     return installed("onnx") and installed("onnxruntime")
 
 
-def _other_engines() -> str:
-    """"--int8-engine torch", with "(or onednn)" where torch was built with oneDNN."""
-    from vitkit.inference.quantize import available_engines
-
-    return "--int8-engine torch" + (" (or onednn)" if "onednn" in available_engines() else "")
-
-
-def _with_fix(message: str) -> str:
-    """An export error's message with the other engines as its fix (the faithfulness check
-    names them already)."""
-    engines = _other_engines()
+def _with_fix(message: str, engines: str) -> str:
+    """An export error's message with the other engines (`engines`) as its fix (the
+    faithfulness check names them already)."""
     return message if f"use another int8 engine: {engines}" in message else \
         f"{message} Use another int8 engine: {engines}."
 
 
 class OnnxRuntimeInt8(nn.Module):
-    """`model` as an int8 ONNX Runtime session (see the module docstring)."""
+    """`model` as an int8 ONNX Runtime session (see the module docstring); `others`, the flags
+    that pick another int8 engine, is the fix its refusals give."""
 
-    def __init__(self, model: nn.Module, threads: int | None = None) -> None:
+    def __init__(self, model: nn.Module, threads: int | None = None, *,
+                 others: str = "--int8-engine torch") -> None:
         super().__init__()
         self.float_model = model.eval()  # attributes are answered from it (see __getattr__)
+        self.others = others
         # a dynamic-size model's graph takes every size (a token-merging one exports at its
         # own size only: `export_onnx`)
         dynamic = model.config.dynamic_img_size and not getattr(model, "merge_r", 0)
@@ -76,11 +70,10 @@ class OnnxRuntimeInt8(nn.Module):
             try:
                 path = export_onnx_int8(model, Path(folder) / "model.onnx",
                                         dynamic_batch=True, dynamic_size=dynamic)
-                check_onnx_int8(model, path, fix=f"use another int8 engine: "
-                                                 f"{_other_engines()}")
+                check_onnx_int8(model, path, fix=f"use another int8 engine: {others}")
             except ExportError as exc:
                 raise ExportError(f"the onnxruntime int8 engine cannot run this model: "
-                                  f"{_with_fix(str(exc))}") from exc
+                                  f"{_with_fix(str(exc), others)}") from exc
             graph = path.read_bytes()
         self.session = cpu_session(graph, threads)
         self.input_name = self.session.get_inputs()[0].name
@@ -93,7 +86,7 @@ class OnnxRuntimeInt8(nn.Module):
             raise InputError(
                 f"images of {images.shape[-2]}x{images.shape[-1]} for an onnxruntime int8 "
                 f"graph of {height}x{width} (token merging fixes the size): feed "
-                f"{height}x{width} images, or use another int8 engine: {_other_engines()}")
+                f"{height}x{width} images, or use another int8 engine: {self.others}")
         feed = {self.input_name: images.detach().float().cpu().contiguous().numpy()}
         outputs = torch.from_numpy(self.session.run(None, feed)[0])
         if self.standardise is not None:

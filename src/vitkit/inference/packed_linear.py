@@ -3,9 +3,8 @@
 A bf16 `F.linear` on the CPU hands its weight to oneDNN in torch's plain layout, and oneDNN
 reorders it into its own blocked layout (pairs of bf16 values for AVX512-BF16, tiles for AMX)
 on every call. `prepack_linears` does that once per weight, as inductor does when it freezes a
-model for the CPU. B/16 at batch 8 on 2 threads ran 1.26x and 1.49x faster packed on two Xeon
-hosts with AMX and 1.02-1.15x on a Zen 4 EPYC (docs/speed.md), with the same outputs (equal
-bit for bit in the runs there).
+model for the CPU: the same outputs, sooner, most of all on CPUs with AMX (figures per machine:
+benchmarks/README.md, from `benchmarks/inference.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ __all__ = ["PackedLinear", "prepack_linears", "prepacking_available"]
 
 def prepacking_available() -> bool:
     """Whether this torch and CPU can run bf16 linears from prepacked oneDNN weights (x86
-    only: the path measured and tested here)."""
+    only: the path that is measured and tested)."""
     return (platform.machine().lower() in ("x86_64", "amd64")
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")

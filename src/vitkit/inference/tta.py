@@ -53,8 +53,8 @@ def unflipped_training_warning(tta: str, train_config: Mapping[str, Any] | None,
     """Why flip TTA may cost accuracy: the training run (`train_config`, its recipe) never
     flipped its inputs (`augment.flip=false`; float arrays, `pictures` False, flip only when
     asked), so the mirror images are inputs the model never saw (a digit's mirror image is no
-    digit: 98.89% -> 78.55% on the digits run). None for other TTA, a run that flipped, or
-    weights without a recipe."""
+    digit, and a digits model scores far lower with flip TTA). None for other TTA, a run that
+    flipped, or weights without a recipe."""
     if tta != "flip" or not isinstance(train_config, Mapping):
         return None
     augment = train_config.get("augment")

@@ -25,13 +25,12 @@ __all__ = ["CHUNK_ELEMENTS", "MAX_HEAD_DIM", "MAX_TOKENS", "TRANSPOSED_BELOW",
 CHUNK_ELEMENTS = 1 << 19
 # Longer sequences keep SDPA: the kept probabilities grow with tokens^2.
 MAX_TOKENS = 256
-# Wider heads keep SDPA: measured in the training step on 2 cores, the chunked path took 0.7x
-# SDPA's time at head dim 32 (the cifar10 recipe) and less at 12 (the tutorial), but 1.1x at 64.
+# Wider heads keep SDPA: in the training step the chunked path beats it at head dims 12 (the
+# tutorial) to 32 (the cifar10 recipe) and loses to it at 64.
 MAX_HEAD_DIM = 32
-# Head dims below this run the transposed products. Attention forward + backward alone (Zen 4,
-# 2 cores), plain layout's time over the transposed one's: 2.03x at head dim 8, 1.14x at 12
-# (65 tokens; 1.29x at 197), 0.99x at 16, 0.96x at 24; the tutorial's whole step (head dim 12)
-# 1.02-1.06x faster (benchmarks/step_ablation.py).
+# Head dims below this run the transposed products: the narrower the head, the more they gain
+# (most at head dim 8, some at 12); from 16 on the plain layout is as fast or faster
+# (benchmarks/step_ablation.py; its tables: benchmarks/README.md).
 TRANSPOSED_BELOW = 16
 
 

@@ -187,11 +187,3 @@ class ResNetBackbone(nn.Module):
             shapes += block_shapes
             size = block_shapes[2].out_size
         return shapes, size
-
-
-def __getattr__(name: str) -> Any:
-    """`HybridEmbed`, the hybrid's old class name, is `stems.ResNetStem` now."""
-    if name == "HybridEmbed":
-        from vitkit.model.stems import ResNetStem
-        return ResNetStem
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

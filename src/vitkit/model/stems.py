@@ -150,8 +150,8 @@ class ConvStem(Stem):
 
     At sizes that are multiples of P it gives the patch grid; other sizes give ceil(size / P)
     tokens per side (each 3x3 conv pads by one pixel; pooling keeps a partial last window).
-    The convolutions run channels-last, oneDNN's faster layout on CPUs (on 2 AVX2 cores:
-    1.15-1.4x on the stem, 4-5% on the cifar10 models' whole training step).
+    The convolutions run channels-last, oneDNN's faster layout on CPUs (the stem gains most;
+    the whole training step of the cifar10 models a few percent).
     """
 
     kind = "conv"

@@ -22,7 +22,7 @@ INTERMEDIATE_FORMATS = ("NCHW", "NLC")  # forward_intermediates: token maps or t
 
 class TimmModelAPI:
     """The calls a timm user makes on a ViT; mixed into `VisionTransformer`, whose
-    attributes (config, blocks, norm, head, patch_embed, preprocess) they read."""
+    attributes (config, blocks, norm, head, patch_embed, info) they read."""
 
     grad_checkpointing: bool = False  # see set_grad_checkpointing
 
@@ -181,11 +181,13 @@ class TimmModelAPI:
 
     @property
     def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's description of the input the model expects, made afresh on each read from
-        the config and `preprocess` (its resize, crop, interpolation; mean and std for 8-bit
+        """timm's description of the input the model expects: a view of the config and the
+        model's record `info` (`vitkit.model.info`), made afresh on each read. Its
+        preprocessing gives the resize, crop and interpolation (mean and std for 8-bit
         pictures, the scale timm's ToTensor assumes), or without one the official
-        preprocessing that predict, eval and save_pretrained then use. Keys vitkit cannot tell
-        (url, license, architecture) are left out. Unlike timm's, it follows `set_image_size`."""
+        preprocessing that predict, eval and save_pretrained then use; its class names the
+        label names. Keys vitkit cannot tell (url, license, architecture) are left out.
+        Unlike timm's, it follows `set_image_size`."""
         config, pre = self.config, preprocess_for(self)  # the official one when none is set
         cfg: dict[str, Any] = {"input_size": (config.in_chans, *config.img_size),
                                "fixed_input_size": not config.dynamic_img_size}
@@ -196,8 +198,9 @@ class TimmModelAPI:
             cfg.update(mean=pre.mean, std=pre.std)
         cfg.update(num_classes=config.num_classes, pool_size=None,
                    first_conv=self.first_conv_name(), classifier="head")
-        if self.class_names is not None and len(self.class_names) == config.num_classes:
-            cfg["label_names"] = tuple(self.class_names)
+        names = self.info.class_names
+        if names is not None and len(names) == config.num_classes:
+            cfg["label_names"] = tuple(names)
         return cfg
 
     default_cfg = pretrained_cfg  # timm's older name for it

@@ -7,12 +7,12 @@ from torch import nn
 
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError, InputError
+from vitkit.model.info import ModelInfo, ModelInfoAttributes
 from vitkit.model.init import init_weights_
 from vitkit.model.layers import Block
 from vitkit.model.posembed import fixed_positions, resample_grid_embed
 from vitkit.model.stems import Stem, build_stem
 from vitkit.model.timm_api import TimmModelAPI, pool_from_timm
-from vitkit.preprocess import Preprocess
 
 
 class PreLogits(nn.Module):
@@ -26,7 +26,7 @@ class PreLogits(nn.Module):
         return torch.tanh(self.fc(x))
 
 
-class VisionTransformer(TimmModelAPI, nn.Module):
+class VisionTransformer(TimmModelAPI, ModelInfoAttributes, nn.Module):
     """ViT: patches -> tokens (+ class token, + positions) -> L encoder blocks -> head.
 
     `forward_features` returns the final token states (B, T, D); `forward_head` pools them
@@ -43,6 +43,9 @@ class VisionTransformer(TimmModelAPI, nn.Module):
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
+        # What loaded weights say about the model (`vitkit.model.info`; filled by
+        # `vitkit.weights.build_model`): preprocess, class_names, task, origin, ... read it.
+        self.info = ModelInfo()
         self.config = config
         width = config.width
         self.patch_embed = build_stem(config)
@@ -64,14 +67,6 @@ class VisionTransformer(TimmModelAPI, nn.Module):
             else nn.Identity()
         self.head = self._make_head(config.pre_logits_dim or width, config.num_classes)
         init_weights_(self, config.init)
-        # What loaded weights say about the model (set by `vitkit.weights.build_model`): the
-        # inputs it expects, its class names, the format it came from, raw or EMA weights, the
-        # test-time augmentation its training run evaluated with (`vitkit.inference.tta`).
-        self.preprocess: Preprocess | None = None
-        self.class_names: list[str] | None = None
-        self.origin: str | None = None
-        self.weights_kind: str = "raw"
-        self.eval_tta: str = "none"
         self.grad_checkpointing = False  # see set_grad_checkpointing
 
     @staticmethod
@@ -200,9 +195,7 @@ class VisionTransformer(TimmModelAPI, nn.Module):
         if global_pool is not None:
             self.config = self.config.replace(pool=pool_from_timm(global_pool))
         if num_classes != self.config.num_classes:  # what described the old head's outputs
-            self.class_names, self.eval_tta = None, "none"
-            if hasattr(self, "task"):
-                self.task = None
+            self.info = self.info.for_new_head()
         if drop_pre_logits and self.config.pre_logits_dim:
             self.pre_logits = nn.Identity()
             self.config = self.config.replace(pre_logits_dim=0)

@@ -1,7 +1,7 @@
 """`vitkit serve WEIGHTS`: the verb's arguments and what it runs (uvicorn on `create_app`).
 
-This module imports only argparse at load time (cli.py builds its parser from here); FastAPI,
-uvicorn and the model load when the verb runs.
+This module imports only argparse at load time (`vitkit.cli.serve` builds the verb's parser
+from here); FastAPI, uvicorn and the model load when the verb runs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from vitkit.arguments import (
     add_precision_argument,
     add_tta_argument,
     add_weights_argument,
+    inference_options,
     non_negative_float,
     positive_float,
     positive_int,
@@ -152,7 +153,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     require_serve_packages()
     import uvicorn
 
-    from vitkit.inference.quantize import int8_engine
     from vitkit.runtime import set_threads
     from vitkit.serve.app import create_app
     from vitkit.serve.service import ModelService
@@ -166,10 +166,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
     set_threads(args.threads)
     service = ModelService.load(args.weights, weights_dir=args.weights_dir,
-                                precision=args.precision,
-                                int8=int8_engine(args.int8, args.int8_engine),
-                                merge_tokens=args.merge_tokens, batch_size=args.max_batch,
-                                tta=args.tta)
+                                batch_size=args.max_batch, options=inference_options(args))
     app = create_app(service, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      token=token, max_upload_mb=args.max_upload_mb)
     shown = f"[{args.host}]" if ":" in args.host else args.host

@@ -1,22 +1,20 @@
 """`ModelService`: one model loaded for serving, with `vitkit predict`'s answers and `vitkit
 explain`'s maps on decoded inputs.
 
-The weights are read as `vitkit predict` reads them (`read_weights` + `build_model`: a run
-folder, a file, a named checkpoint, `hf-hub:`). Two models are kept: `model`, the float model
-as loaded (explain's attention maps come from it: merged tokens have no grid, int8 has no
-attention weights to show), and the served one (`runner`): token merging on a copy, then the
-precision chosen once at start (`--precision auto` measures then, not per request).
-Predictions go through predict.py's own steps (`input_batch`, `run_batch`,
-`fill_predictions`), so each object equals what `vitkit predict --json` prints.
+The weights are read as `vitkit predict` reads them and run through the same
+`vitkit.inference.predictor.Predictor`: `model`, the float model as loaded (explain's
+attention maps come from it: merged tokens have no grid, int8 has no attention weights to
+show), and the served `runner`: token merging on a copy, then the precision chosen once at
+start (`--precision auto` measures then, not per request), then test-time augmentation. Each
+answer is the predictor's `Prediction` row, so it equals what `vitkit predict --json` prints.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +29,12 @@ from vitkit.analysis.attention import (
 )
 from vitkit.analysis.figures import unit_scaled
 from vitkit.errors import InputError
-from vitkit.inference.precision import Precision, measurement_batch, requested_precision
-from vitkit.inference.speedup import speed_up
-from vitkit.inference.tta import recorded_tta, warn_if_never_flipped, with_tta
+from vitkit.inference.precision import Precision
+from vitkit.inference.predictor import InferenceOptions, Predictor, Provenance
 from vitkit.model.vit import VisionTransformer
-from vitkit.predict import (
-    Prediction,
-    class_names_for,
-    fill_predictions,
-    in_precision,
-    input_batch,
-    run_batch,
-)
-from vitkit.preprocess import Preprocess, preprocess_for
+from vitkit.preprocess import Preprocess
 from vitkit.serve.overlay import data_url, image_png, overlay_png
-from vitkit.tasks import Task, task_of
+from vitkit.tasks import Task
 
 __all__ = ["ModelService", "display_name"]
 
@@ -61,71 +50,96 @@ def display_name(source: str | Path) -> str:
 
 @dataclass
 class ModelService:
-    """A float `model`, the `runner` that serves it (merged, in `precision`), and what its
-    answers need (task, class names, preprocessing). Build with `load` or `from_model`."""
+    """The `predictor` that serves (its float `model`, the merged `runner` in its `precision`,
+    task, names, preprocessing), under `name`; `train_config`: the run's recipe (its data and
+    folder), if any. Build with `load` or `from_model`."""
 
-    model: VisionTransformer
-    runner: torch.nn.Module
-    context: Callable[[], AbstractContextManager]
-    precision: Precision
-    name: str
-    merge_tokens: int = 0
-    train_config: dict[str, Any] | None = None  # the run's recipe (its data and folder), if any
-    tta: str = "none"  # the test-time augmentation the runner applies (vitkit.inference.tta)
-    task: Task = field(init=False)
-    names: list[str] | None = field(init=False)
-    preprocess: Preprocess = field(init=False)
+    predictor: Predictor
+    name: str = "model"
+    train_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.model.eval()
         self.runner.eval()
-        self.task = task_of(self.model)
-        self.names = class_names_for(self.model) if self.task.kind == "classification" \
-            else self.task.names
-        self.preprocess = preprocess_for(self.model)
+        self.predictor.names  # noqa: B018  # a model without a head is refused at start
 
     # -- building --------------------------------------------------------------------------
     @classmethod
     def load(cls, weights: str | Path, *, weights_dir: str | Path | None = None,
              precision: str | None = None, int8: str | None = None, merge_tokens: int = 0,
-             batch_size: int = 8, tta: str | None = None) -> ModelService:
+             batch_size: int = 8, tta: str | None = None,
+             options: InferenceOptions | None = None) -> ModelService:
         """The weights any source `vitkit predict` reads, served as `vitkit predict
-        WEIGHTS --precision P --merge-tokens R --tta T` runs them (`int8`: an engine, as
-        --int8-engine; `tta` None: the weights' training run's); `batch_size` is the batch
-        `--precision auto` measures at."""
+        WEIGHTS --precision P --merge-tokens R --tta T` runs them (`options`, or as loose
+        arguments; `int8`: an engine, as --int8-engine; `tta` None: the weights' training
+        run's); `batch_size` is the batch `--precision auto` measures at."""
         from vitkit.catalog import read_weights
-        from vitkit.weights import build_model
         from vitkit.weights.formats.train_checkpoint import data_dir_from_here
 
-        requested_precision(precision, int8)  # a contradiction refused before the model loads
+        options = InferenceOptions.given(options, precision=precision, int8=int8,
+                                         merge_tokens=merge_tokens, tta=tta,
+                                         measure_batch=batch_size)  # before the model loads
         record = read_weights(weights, weights_dir)
-        return cls.from_model(build_model(record), name=display_name(weights),
-                              precision=precision, int8=int8, merge_tokens=merge_tokens,
-                              train_config=data_dir_from_here(
-                                  record.train_config, record.path, data_option=None,
-                                  trained_in=record.trained_in),
-                              batch_size=batch_size,
-                              tta=tta)
+        train_config = data_dir_from_here(record.train_config, record.path, data_option=None,
+                                          trained_in=record.trained_in)
+        predictor = Predictor.from_record(record, options, source=weights, announce=True)
+        return cls(predictor, display_name(weights), train_config)
 
     @classmethod
     def from_model(cls, model: VisionTransformer, *, name: str = "model",
                    precision: str | None = None, int8: str | None = None,
                    merge_tokens: int = 0, train_config: dict[str, Any] | None = None,
-                   batch_size: int = 8, tta: str | None = None) -> ModelService:
+                   batch_size: int = 8, tta: str | None = None,
+                   options: InferenceOptions | None = None) -> ModelService:
         """Serve `model` (kept as the float model); the served copy is merged, put in its
         precision and given its test-time augmentation (`tta`; None: `model.eval_tta`) here,
         once."""
+        options = InferenceOptions.given(options, precision=precision, int8=int8,
+                                         merge_tokens=merge_tokens, tta=tta,
+                                         measure_batch=batch_size)
         model.eval()
-        served = speed_up(copy.deepcopy(model), merge_tokens) if merge_tokens else model
-        config = model.config
-        sample = measurement_batch(config.in_chans, config.img_size, batch_size)
-        sample = sample.to(next(model.parameters()).device)
-        runner, context, chosen = in_precision(served, requested_precision(precision, int8),
-                                               sample, int8, True)
-        tta = recorded_tta(tta, getattr(model, "eval_tta", "none"))
-        warn_if_never_flipped(tta, train_config, preprocess_for(model).pictures)
-        return cls(model, with_tta(runner, tta), context, chosen, name, merge_tokens,
-                   train_config, tta)
+        provenance = Provenance(origin=model.origin, weights_kind=model.weights_kind,
+                                train_config=train_config)
+        predictor = Predictor.from_model(model, options, provenance=provenance, announce=True)
+        return cls(predictor, name, train_config)
+
+    # -- the predictor's parts -------------------------------------------------------------
+    @property
+    def model(self) -> VisionTransformer:
+        return self.predictor.model
+
+    @property
+    def runner(self) -> torch.nn.Module:
+        return self.predictor.runner
+
+    @property
+    def context(self) -> Callable[[], AbstractContextManager]:
+        return self.predictor.context
+
+    @property
+    def precision(self) -> Precision:
+        return self.predictor.precision
+
+    @property
+    def merge_tokens(self) -> int:
+        return self.predictor.options.merge_tokens
+
+    @property
+    def tta(self) -> str:
+        """The test-time augmentation the runner applies (`vitkit.inference.tta`)."""
+        return self.predictor.tta
+
+    @property
+    def task(self) -> Task:
+        return self.predictor.task
+
+    @property
+    def names(self) -> list[str] | None:
+        return self.predictor.names
+
+    @property
+    def preprocess(self) -> Preprocess:
+        return self.predictor.preprocess
 
     # -- what it is ------------------------------------------------------------------------
     @property
@@ -161,21 +175,12 @@ class ModelService:
     def forward(self, images: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The served model's output row for each (C, H, W) image at the model's size (uint8
         pictures or float arrays), in one batch. The batcher's work function."""
-        param = next(self.model.parameters())
-        outputs = run_batch(self.runner, self.context,
-                            input_batch(images, self.preprocess, param))
-        return list(outputs.float().cpu())
+        return list(self.predictor(images).float().cpu())
 
     def answers(self, names: Sequence[str], outputs: Sequence[torch.Tensor],
                 topk: int = 5) -> list[dict[str, Any]]:
         """The `vitkit predict --json` object of each named input from its output row."""
-        if topk < 1:
-            raise InputError(f"topk must be >= 1, got {topk}")
-        rows = [Prediction(name) for name in names]
-        k = min(topk, len(self.names)) if self.task.kind == "classification" else 0
-        if rows:
-            fill_predictions(rows, torch.stack(list(outputs)), self.task, self.names, k)
-        return [row.to_dict() for row in rows]
+        return [row.to_dict() for row in self.predictor.predictions(names, outputs, topk)]
 
     def predict(self, items: Sequence[tuple[str, torch.Tensor]],
                 topk: int = 5) -> list[dict[str, Any]]:
@@ -218,9 +223,7 @@ class ModelService:
         weakest `discard_ratio` discarded); a head number is that head's raw attention at
         `layer`. The map is read from the row that stands for the output (`map_source`)."""
         config = self.model.config
-        param = next(self.model.parameters())
-        logits, attentions = attention_weights(
-            self.model, input_batch([image], self.preprocess, param))
+        logits, attentions = attention_weights(self.model, self.predictor.inputs([image]))
         attentions = [a.float().cpu() for a in attentions]
         prefix, grid, source = config.num_prefix_tokens, config.grid_size, map_source(config)
         if head == "all":

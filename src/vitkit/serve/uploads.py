@@ -5,8 +5,8 @@ The body is read chunk by chunk and refused (413) as soon as it passes the limit
 when its Content-Length says it will), before any decoding; parts are kept in memory, never
 in temporary files. Images are decoded by `vitkit.data.images.decode_image` (the rules of
 every vitkit reader, Pillow's decompression-bomb limit included) and resized by the model's
-`Preprocess`; `.npy`/`.npz` arrays by `vitkit.data.arrayfiles` (no pickles) and
-`vitkit.predict.array_items`, as `vitkit predict` reads array files.
+`Preprocess` (`vitkit.data.transforms.to_model_size`); `.npy`/`.npz` arrays by
+`vitkit.data.arrayfiles` (no pickles; `array_items`), as `vitkit predict` reads array files.
 
 Statuses: 400 unreadable (empty, truncated, corrupt, bad multipart), 413 too big (body over the
 limit, image over the pixel limit), 415 the wrong kind (not an image, an image for an array
@@ -29,11 +29,12 @@ from vitkit.data.arrayfiles import (
     ARRAY_EXTENSIONS,
     ArraysTooLarge,
     UnreadableArrayFile,
+    array_items,
     is_array_file,
     read_array_images,
 )
+from vitkit.data.transforms import to_model_size
 from vitkit.errors import InputError
-from vitkit.predict import array_items
 from vitkit.preprocess import Preprocess
 
 __all__ = ["FILE_FIELD", "Form", "Upload", "UploadError", "decode_files", "read_form"]
@@ -178,7 +179,7 @@ def _decode_image(upload: Upload, preprocess: Preprocess) -> torch.Tensor:
         raise UploadError(DECODE_STATUS.get(decoded.kind, 400),
                           f"{upload.name}: cannot read it as an image ({decoded.reason}); "
                           f"{decoded.fix}")
-    return preprocess.to_uint8(decoded.image)
+    return to_model_size(decoded.image, preprocess)
 
 
 def _decode_arrays(upload: Upload, preprocess: Preprocess, max_bytes: int | None = None

@@ -7,11 +7,10 @@ The budget sizes the run: once the first steps are timed (from the second step a
 start, for up to 20 steps; a recompile is no rate, so compile seconds are left out), the
 schedule is fitted to the time left, and again after every epoch with the median rate of the
 last `RATE_EPOCHS` epochs and of as many last evaluations' seconds (`RunPlan.fit_to_budget`:
-the plan decides, the clock measures). The medians keep one slow epoch from re-sizing the
-run: a test suite run beside a 60-minute run on two cores made one epoch about five times
-slower, and a refit on that epoch alone cut the run from about 128 epochs to 29, which started
-its last resolution stage after epoch 9 instead of at about 38 (a stage once started is kept: the
-step never shrinks the images again).
+the plan decides, the clock measures). The medians keep one slow epoch (another process busy
+on the same cores) from re-sizing the run: a refit on that epoch alone would cut the run to a
+fraction of its length and start its last resolution stage far too early, and a stage once
+started is kept (the step never shrinks the images again).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Position:
     # the images, so a run resumed mid-epoch reports the whole epoch's train_loss
     epoch_loss: float = 0.0
     epoch_images: int = 0
-    # batches per epoch of the data the run drew from (0: unknown, a file before it was kept),
+    # batches per epoch of the data the run drew from (0: unknown, a file without it),
     # so a resume over data of another length counts the epochs left in its batches
     batches_per_epoch: int = 0
 
@@ -113,8 +113,8 @@ def _trained_as(value: Any) -> dict[str, str] | None:
 
 
 def _best_score(position: dict[str, Any]) -> float | None:
-    """The best score a checkpoint records; files before tasks kept top-1 as "best_top1",
-    -1 for none yet."""
+    """The best score a checkpoint records; files that store no task keep top-1 as
+    "best_top1", -1 for none yet."""
     if "best_score" in position:
         return position["best_score"]
     best = position["best_top1"]

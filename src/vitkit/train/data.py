@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from vitkit.config import ViTConfig, patch_sizes_in_words
@@ -28,9 +27,9 @@ from vitkit.data.loader import BatchOrder
 from vitkit.data.skipped import write_skipped_files
 from vitkit.data.sources import Records, open_source
 from vitkit.data.transforms import InceptionCrop
-from vitkit.errors import ConfigError, first_few
+from vitkit.errors import ConfigError
 from vitkit.preprocess import Preprocess
-from vitkit.tasks import TaskSpec, infer_task
+from vitkit.tasks import TaskSpec, infer_task, make_task
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import DistInfo
 
@@ -72,8 +71,7 @@ def open_data(cfg: TrainConfig, config: ViTConfig, out_dir: Path, info: DistInfo
     task = decide_task(cfg, train, saved_task)
     check_held_out_targets(test, task, test.name or cfg.data)
     if not resumed:
-        config = size_head_to_classes(cfg, config, train, test) \
-            if task.kind == "classification" else size_head_to_targets(cfg, config, train, task)
+        config = make_task(task).size_head(cfg, config, train, test)
         config = channels_from_arrays(cfg, config, train)
     if info.is_main and not train.streamed:
         write_skipped_files(out_dir, train, test)
@@ -94,11 +92,12 @@ def decide_task(cfg: TrainConfig, train: Source, saved: TaskSpec | None = None) 
         return saved
     names = list(train.classes) or None
     if train.labels is None:
-        if cfg.task not in (None, "classification"):
+        streamed = make_task(cfg.task)  # None: classification, whose classes a stream names
+        if not streamed.class_labels:
             raise ConfigError(f"task={cfg.task} needs targets known before training, but "
                               f"streaming=true reads {cfg.data} as it trains: drop streaming "
                               "(or train task=classification)")
-        return TaskSpec("classification", names=names, loss=cfg.loss)
+        return TaskSpec(streamed.kind, names=names, loss=cfg.loss)
     return infer_task(train.labels, cfg.task, names=names,
                       where=f"the training targets of {train.name or cfg.data}", loss=cfg.loss)
 
@@ -109,45 +108,14 @@ def check_held_out_targets(test: Source, task: TaskSpec, where: str) -> None:
     than 0 and 1 (scikit-learn refuses to score those); else the first evaluation fails or
     scores them silently."""
     labels = getattr(test, "labels", None)
-    if labels is None or task.kind == "regression":
-        return
-    labels = np.asarray(labels)
-    if task.kind == "classification" and labels.ndim == 1 and labels.size:
-        bad = np.flatnonzero((labels < 0) | (labels != np.round(labels)))
-        if len(bad):
-            raise DataError(f"the held-out targets of {where} hold {len(bad)} value(s) that are "
-                            f"no class index ({first_few(labels[bad].tolist())}, at index "
-                            f"{first_few(bad.tolist())}): class indices are whole numbers "
-                            "from 0, as in the training split; fix or drop those rows")
-    infer_task(labels, task.kind, where=f"the held-out targets of {where}")
-
-
-def target_count(train: Source) -> int:
-    """The targets (or labels) per image of regression or multi-label data: K of (N, K)."""
-    labels = torch.as_tensor(train.labels)
-    return int(labels.reshape(len(labels), -1).shape[1])
+    if labels is not None:
+        make_task(task).check_held_out(labels, where)
 
 
 def output_count(train: Source, task: TaskSpec, test: Source | None = None) -> int:
     """Outputs of a new head for `train` and its task: classes (labels that name none: the
-    indices of both splits, `index_class_count`), targets or labels."""
-    if task.kind != "classification":
-        return target_count(train)
-    where = train.name or "the data"
-    return check_two_classes(len(train.classes) or index_class_count(train, test, where),
-                             train, where)
-
-
-def check_two_classes(found: int, train: Source, where: str) -> int:
-    """`found`, the classes of the data: refused when there is one, which a classifier learns
-    to 100% without learning anything (most often a folder laid out one level off)."""
-    if found == 1:
-        named = f" ({train.classes[0]})" if train.classes else ""
-        raise DataError(f"{where} holds one class{named}, and a classifier needs two or more: "
-                        "give the data two classes or more (a folder: one sub-folder per class "
-                        "in train/ and in val/, train/<class>/<image>); for values rather "
-                        "than classes: task=regression")
-    return found
+    indices of both splits), targets or labels."""
+    return make_task(task).output_count(train, test)
 
 
 def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
@@ -157,18 +125,7 @@ def check_data_fits(config: ViTConfig, train: Source, resize: bool = False,
     are decoded to the model's channels and size, so only their labels are checked."""
     if train.labels is None:
         return  # a stream's labels are only known as it is read (its classes size the head)
-    labels = torch.as_tensor(train.labels)
-    if task is not None and task.kind != "classification":
-        count = target_count(train)
-        if count != config.num_classes:
-            raise DataError(f"the data has {count} {_outputs_word(task)} per image but the "
-                            f"head has {config.num_classes} outputs: set "
-                            f"model.num_classes={count}")
-    else:
-        top = int(labels.max())
-        if top >= config.num_classes or int(labels.min()) < 0:
-            raise DataError(f"labels run from {int(labels.min())} to {top} but the head has "
-                            f"{config.num_classes} outputs: set model.num_classes={top + 1}")
+    make_task(task).check_training_labels(config.num_classes, train)
     if train.streamed:
         return
     channels_differ = train.channels != config.in_chans
@@ -221,110 +178,9 @@ def _channels_last_hint(train: Source) -> str:
             "axis is read as channels only when it is 1, 3 or 4)")
 
 
-def _outputs_word(task: TaskSpec) -> str:
-    return {"regression": "target(s)", "multilabel": "label(s)"}.get(task.kind, "class(es)")
-
-
 def _set_in_model(cfg: TrainConfig, key: str) -> bool:
     """Whether the recipe's `model` dict sets `key` itself (else it follows the data)."""
     return isinstance(cfg.model, dict) and key in cfg.model
-
-
-def size_head_to_classes(cfg: TrainConfig, config: ViTConfig, train: Source,
-                         test: Source | None = None) -> ViTConfig:
-    """A fresh classifier: the head has one output per class found (arrays: the largest
-    label + 1) when the model leaves `num_classes` unset (a variant name, or a model dict
-    without it), on any data (so `model=Ti/16` on the digits gets 10 outputs, not ImageNet's
-    1000). Set to another number, it is refused for data whose classes are its own (folder,
-    arrays, hf:); on the digits and CIFAR it is kept (a head with spare outputs trains)."""
-    if cfg.init_from:
-        return config  # fine-tuning gives the pretrained model a new head (`output_count`)
-    found = check_two_classes(len(train.classes) or (
-        index_class_count(train, test, cfg.data_dir or cfg.data) if cfg.data == "arrays"
-        else 0), train, cfg.data_dir or cfg.data)
-    if not found or config.num_classes == found:
-        return config
-    named_classes = cfg.data in ("folder", "arrays") or cfg.data.startswith("hf:")
-    if _set_in_model(cfg, "num_classes") and not named_classes:
-        return config  # check_data_fits refuses a head too small for the labels
-    if _set_in_model(cfg, "num_classes"):
-        names = list(train.classes) or [str(i) for i in range(found)]
-        raise ConfigError(f"model.num_classes={config.num_classes} but the data "
-                          f"{cfg.data_dir or cfg.data} holds {found} classes "
-                          f"({first_few(names)}): set "
-                          f"model.num_classes={found} (or use a recipe whose model leaves "
-                          "num_classes unset, and the head is sized from the data)")
-    log.info("data=%s: %d classes found, the head has %d outputs", cfg.data, found, found)
-    return config.replace(num_classes=found)
-
-
-def index_class_count(train: Source, test: Source | None, where: str) -> int:
-    """Classes of data that names none (integer array labels are class indices): the largest
-    index of either split + 1, so a held-out class the training split lacks has an output
-    (logged: it is never trained). Refused when most of those indices never occur (labels
-    1000-1002, or counts): the head would be mostly outputs that are never trained."""
-    seen = np.unique(np.asarray(train.labels))
-    held_labels = np.asarray(test.labels) if test is not None and test.labels is not None \
-        else None
-    held = np.unique(held_labels) if held_labels is not None and held_labels.ndim == 1 \
-        else seen[:0]
-    count = int(max(seen.max(), held.max(initial=0))) + 1
-    occurring = len(np.union1d(seen, held))
-    if occurring < count // 2:
-        raise DataError(f"{where}: the integer labels are read as class indices, which run to "
-                        f"{count - 1} while only {occurring} occur, so the head would have "
-                        f"{count} outputs, most never trained: number the classes 0.."
-                        f"{occurring - 1} in both splits, or, if the labels are quantities "
-                        "(counts, measurements), train task=regression")
-    unseen = np.setdiff1d(held, seen)
-    if len(unseen):
-        log.warning("warning: %s: class index(es) %s occur in the held-out split but never in "
-                    "training, so their outputs are never trained", where,
-                    first_few(int(i) for i in unseen))
-    absent = np.setdiff1d(np.arange(count), np.union1d(seen, held))
-    if len(absent):
-        numbered_from = " (classes numbered from 1?)" if absent.tolist() == [0] else ""
-        log.warning("warning: %s: class index(es) %s occur in neither split%s, but the head "
-                    "has an output for each, never trained: number the classes 0..%d",
-                    where, first_few(int(i) for i in absent), numbered_from, occurring - 1)
-    return count
-
-
-def size_head_to_targets(cfg: TrainConfig, config: ViTConfig, train: Source,
-                         task: TaskSpec) -> ViTConfig:
-    """Regression and multi-label runs: the head has one output per target (label), K of
-    the (N, K) targets, as a folder's classes size a classification head. A conflicting
-    `model.num_classes` is refused; fine-tuning replaces the head (`init_from`)."""
-    found = target_count(train)
-    warn_of_labels_never_positive(train, task, cfg.data_dir or cfg.data)
-    if cfg.init_from or config.num_classes == found:
-        return config
-    word = _outputs_word(task)
-    if _set_in_model(cfg, "num_classes"):
-        names = task.names or [str(i) for i in range(found)]
-        raise ConfigError(f"model.num_classes={config.num_classes} but task={task.kind} on "
-                          f"{cfg.data_dir or cfg.data} has {found} {word} per image "
-                          f"({first_few(names)}): "
-                          f"set model.num_classes={found} (or leave model.num_classes unset, "
-                          "and the head is sized from the data)")
-    log.info("task=%s: %d %s per image, the head has %d outputs", task.kind, found, word, found)
-    return config.replace(num_classes=found)
-
-
-def warn_of_labels_never_positive(train: Source, task: TaskSpec, where: str) -> None:
-    """Multi-label: warn of labels no training image has (their outputs only learn "absent"),
-    as a classification run warns of a class the training split lacks."""
-    labels = train.labels if task.kind == "multilabel" else None
-    if labels is None or np.ndim(labels) != 2 or not len(labels):
-        return
-    never = np.flatnonzero(np.asarray(labels).max(axis=0) <= 0)
-    if len(never):
-        names = task.names or list(train.classes) or []
-        shown = [names[i] if i < len(names) else str(i) for i in never.tolist()]
-        log.warning("warning: %s: label(s) %s are never positive in the training split, so "
-                    "their outputs only learn that they are absent (an average precision of 0 "
-                    "where they occur held out): add training images that have them, or drop "
-                    "those labels", where, first_few(shown))
 
 
 def channels_from_arrays(cfg: TrainConfig, config: ViTConfig, train: Source) -> ViTConfig:
@@ -346,27 +202,21 @@ def holds_float_images(train: Source) -> bool:
     return bool(getattr(train, "float_images", False))
 
 
-GEOMETRIC = ("flip", "crop_padding")  # what a regression run takes only when set
-
-
 def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = None,
                    float_images: bool = False) -> AugmentConfig:
     """The batched augmentation; on streamed data the Inception crop replaces the padded
     random crop. Float arrays take flips (only when asked) and Mixup/CutMix: crop padding,
-    TrivialAugment and random erasing are off, and refused by name when set. Regression
-    leaves the flip and crop padding off unless they are set (targets may be positions) and
-    warns, on pictures and arrays alike, where a recipe or the user turns a flip, crop padding
-    or a zoomed crop (resize_crop) on. Label smoothing is for classification only."""
+    TrivialAugment and random erasing are off, and refused by name when set. The task refuses
+    what it cannot train with (`Task.check_augment`: label smoothing is for classification)
+    and sets its own policy (`Task.adjust_augment`: regression leaves the flip and crop padding
+    off unless they are set, since targets may be positions)."""
+    policy = make_task(task)
     augment = AugmentConfig(**cfg.augment)
     if streamed and augment.crop_padding:
         if "crop_padding" in cfg.augment:
             log.info("streamed data: the Inception crop replaces augment.crop_padding")
         augment = replace(augment, crop_padding=0)
-    if task is not None and task.kind != "classification" and augment.label_smoothing:
-        raise ConfigError(f"augment.label_smoothing={augment.label_smoothing} is for "
-                          f"classification (it softens one-hot class targets); task="
-                          f"{task.kind} has {_outputs_word(task)} to fit as they are: drop "
-                          "augment.label_smoothing (or set it to 0)")
+    policy.check_augment(augment)
     if float_images:
         refused = [f"augment.{key}={cfg.augment[key]}" for key in PICTURE_ONLY
                    if cfg.augment.get(key)]
@@ -378,36 +228,7 @@ def augment_config(cfg: TrainConfig, streamed: bool, task: TaskSpec | None = Non
                               "augment.flip=true and augment.mixup_alpha / cutmix_alpha)")
         augment = replace(augment, crop_padding=0, trivial_augment=False, random_erasing=0.0,
                           flip=bool(cfg.augment.get("flip", False)))
-    if task is not None and task.kind == "regression":
-        # float arrays take no crop padding (refused above), so only the flip is theirs to set
-        geometric = ("flip",) if float_images else GEOMETRIC
-        unset = [key for key in geometric if key not in cfg.augment]
-        augment = replace(augment, flip=bool(cfg.augment.get("flip", False)),
-                          crop_padding=int(cfg.augment.get("crop_padding", 0)))
-        if unset:
-            log.info("task=regression: %s off (a mirror image or a shifted crop changes what a "
-                     "target may measure, such as a position); set %s where the targets do "
-                     "not change with them", " and ".join(f"augment.{key}" for key in unset),
-                     "augment.flip=true" if float_images else
-                     "augment.flip=true or augment.crop_padding=4")
-        moving = [(name, fix) for name, fix, on in (
-            ("augment.flip=true", "augment.flip=false", augment.flip),
-            (f"augment.crop_padding={augment.crop_padding}", "augment.crop_padding=0",
-             augment.crop_padding),
-            (f"resize_crop={cfg.resize_crop:.3g}", "resize_crop=1", cfg.resize_crop > 1)) if on]
-        if moving:
-            fixes = [fix for _, fix in moving]
-            log.warning("warning: task=regression with %s (set by the recipe or by you): a "
-                        "mirror image or a shifted crop changes targets such as a position "
-                        "while the target stays; where they do, set %s",
-                        ", ".join(name for name, _ in moving),
-                        " and ".join([", ".join(fixes[:-1]), fixes[-1]] if len(fixes) > 1
-                                     else fixes))
-        if streamed and cfg.crop_scale[0] < 1:
-            log.warning("warning: task=regression on streamed data: the Inception crop (crop_"
-                        "scale=%s) zooms and shifts each training image, which changes targets "
-                        "such as a position or a size; crop_scale=[1.0, 1.0] keeps each image "
-                        "whole", list(cfg.crop_scale))
+    augment = policy.adjust_augment(augment, cfg, streamed, float_images)
     if cfg.tta == "flip" and not augment.flip:
         log.warning("tta=flip averages each test input with its mirror image, but this run "
                     "does not flip its training inputs (augment.flip=false), so the mirror "

@@ -10,7 +10,7 @@ import torch
 
 from vitkit.catalog import read_weights
 from vitkit.config import ViTConfig
-from vitkit.data.augment import resize_batch
+from vitkit.data.transforms import resize_batch
 from vitkit.errors import ConfigError
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
@@ -69,7 +69,7 @@ def pretrained_model(weights: WeightsRecord, cfg: TrainConfig, num_classes: int,
     model = build_model(weights, cfg.pos_interpolation, **overrides)
     if cfg.new_head or num_classes != model.config.num_classes:
         model.reset_classifier(num_classes, zero_init=True)
-        model.class_names = None
+        model.info = model.info.replace(class_names=None)
     elif class_names and model.class_names:
         warn_if_renamed(list(model.class_names), class_names)
     return model.train()

@@ -17,11 +17,10 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitkit.evaluation.classify import reports_top_k
-from vitkit.evaluation.task_eval import evaluate_for_task
-from vitkit.inference.precision import autocast_context
-from vitkit.inference.tta import with_tta
-from vitkit.tasks import PRIMARY_METRIC
+from vitkit.evaluation.loop import evaluate
+from vitkit.inference.bf16 import autocast_context
+from vitkit.inference.predictor import InferenceOptions, Predictor
+from vitkit.tasks import Task, make_task
 from vitkit.train.checkpoint import Position, resume_path
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import (
@@ -76,13 +75,8 @@ class TrainResult:
 
     def _scores(self) -> str:
         tta = f" ({self.tta} TTA)" if self.tta != "none" else ""
-        if self.task != "classification":
-            return task_scores(self.final) + tta + ema_words(self.final, self.task)
-        informative = not self.num_classes or reports_top_k(self.num_classes)
-        top5 = f", top-5 {100 * self.final['top5']:.2f}%" \
-            if "top5" in self.final and informative else ""
-        return (f"test top-1 {100 * self.final['top1']:.2f}%{top5}{tta}"
-                + ema_words(self.final, self.task))
+        task = make_task(self.task)
+        return task.final_words(self.final, self.num_classes) + tta + ema_words(self.final, task)
 
     @property
     def signal_number(self) -> int:
@@ -242,12 +236,13 @@ def evaluate_and_log(run: Run, train_loss: float, images_per_s: float,
     primary = task.primary_metric
     size = tuple(run.model.config.img_size)
 
-    def score(model):  # with the recipe's test-time augmentation
-        return evaluate_for_task(with_tta(model, cfg.tta), run.data.evaluation, run.task,
-                                 run.model.config.num_classes, run.preprocess,
-                                 cfg.eval_batch_size, run.device, run.info,
-                                 autocast_context(run.device, run.amp_dtype), size,
-                                 run.stop.signalled)
+    def score(model):  # the live model in the run's autocast, with the recipe's TTA
+        predictor = Predictor.from_model(model, InferenceOptions(tta=cfg.tta),
+                                         context=autocast_context(run.device, run.amp_dtype),
+                                         device=run.device, image_size=size,
+                                         preprocess=run.preprocess)
+        return evaluate(predictor, run.data.evaluation, task, batch_size=cfg.eval_batch_size,
+                        ranks=run.info, should_stop=run.stop.signalled)
 
     result = score(run.model)
     if result.interrupted:  # SIGINT/SIGTERM mid-evaluation: no row, the run stops
@@ -274,36 +269,21 @@ def evaluate_and_log(run: Run, train_loss: float, images_per_s: float,
         run.save("best")
     if recorder is not None:
         recorder.write(row, pos.history)
-        ema = ema_words(row, task.kind)
-        if task.kind != "classification":
-            log.info("epoch %.2f  loss %.4f  %s%s  %.0f img/s", row["epoch"],
-                     row["train_loss"], task_scores(row), ema, row["images_per_s"])
-            return row
-        top5 = f"  top-5 {100 * row['top5']:.2f}%" if reports_top_k(
-            run.model.config.num_classes) else ""
-        log.info("epoch %.2f  loss %.4f  test top-1 %.2f%%%s%s  %.0f img/s", row["epoch"],
-                 row["train_loss"], 100 * row["top1"], top5, ema, row["images_per_s"])
+        log.info("epoch %.2f  loss %.4f  %s%s  %.0f img/s", row["epoch"], row["train_loss"],
+                 task.epoch_words(row, run.model.config.num_classes), ema_words(row, task),
+                 row["images_per_s"])
     return row
 
 
-def ema_words(row: dict[str, float], kind: str) -> str:
+def ema_words(row: dict[str, float], task: Task) -> str:
     """"; EMA weights 87.74% (the ones saved)" for a row that scored the weights' moving
     average too (`ema_decay`): which of the two the checkpoints hold is the better one."""
-    primary = PRIMARY_METRIC[kind]
+    primary = task.primary_metric
     if f"ema_{primary}" not in row:
         return ""
     ema = row[f"ema_{primary}"]
-    shown = f"{100 * ema:.2f}%" if primary == "top1" else f"{primary} {ema:.4f}"
     saved = "the ones saved" if ema > row[primary] else "the raw ones are saved"
-    return f"; EMA weights {shown} ({saved})"
-
-
-def task_scores(row: dict[str, float]) -> str:
-    """A regression or multi-label evaluation in words: "test R^2 0.9312, MAE 0.0412, RMSE
-    0.0533" or "test mAP 0.9120, F1 0.8571"."""
-    if "r2" in row:
-        return f"test R^2 {row['r2']:.4f}, MAE {row['mae']:.4g}, RMSE {row['rmse']:.4g}"
-    return f"test mAP {row['map']:.4f}, F1 {row['f1']:.4f}"
+    return f"; EMA weights {task.metric_text(ema)} ({saved})"
 
 
 def _progress_bar(run: Run, per_epoch: int):

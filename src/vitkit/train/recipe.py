@@ -29,7 +29,7 @@ from vitkit.train.config import (
     shipped_recipe,
 )
 from vitkit.train.resume import check_recipe_resumable
-from vitkit.weights.formats.run_folder import RUN_FILES, is_run_folder
+from vitkit.weights.formats.run_folder import WEIGHTS_FILES, is_run_folder
 
 DEFAULT_RECIPE = "digits"
 # What a run records about its data beyond `data` and `data_dir` that fine-tuning on the same
@@ -186,7 +186,7 @@ def recorded_recipe(weights: str, find_data_dir: bool = True) -> dict[str, Any] 
     false); None for other weights (names, Hub repositories, foreign files)."""
     path = Path(weights).expanduser()
     if is_run_folder(path):
-        path = next(path / name for name in RUN_FILES if (path / name).is_file())
+        path = next(path / name for name in WEIGHTS_FILES if (path / name).is_file())
     if not path.is_file():
         return None
     try:

@@ -16,6 +16,7 @@ from torch.optim.swa_utils import AveragedModel
 from vitkit.config import ViTConfig
 from vitkit.errors import CheckpointError, ConfigError, first_few
 from vitkit.model.vit import VisionTransformer
+from vitkit.tasks import make_task
 from vitkit.train.checkpoint import Position, TrainCheckpoint, read_checkpoint
 from vitkit.train.config import TrainConfig, model_config_of
 from vitkit.train.plan import RunPlan
@@ -127,8 +128,7 @@ def check_same_classes(state: TrainCheckpoint, path: str | Path, cfg: TrainConfi
     name no classes, and CIFAR or Hugging Face classes named only by their indices
     "0".."K-1", as many as the run's (a CIFAR copy without its names file)."""
     saved, task = list(state.trained.class_names), state.trained.task
-    if not saved or not classes or saved == classes or \
-            (task is not None and task.kind != "classification"):
+    if not saved or not classes or saved == classes or not make_task(task).class_labels:
         return
     unnamed = cfg.data.startswith(("cifar", "hf:")) and len(saved) == len(classes) and \
         (_only_indices(saved) or _only_indices(classes))
@@ -255,7 +255,7 @@ def replan_if_length_changed(cfg: TrainConfig, saved: dict[str, Any], plan: RunP
     changed = ", ".join(changes)
     before = pos.total_steps
     pos.total_steps = plan.planned_steps
-    if not cfg.total_steps:  # epochs left, in today's batches (the steps done may be of others)
+    if not cfg.total_steps:  # epochs left, in the current batches (the steps done may be of others)
         done = pos.epoch * batches_per_epoch + pos.batch
         pos.total_steps = pos.step + max(0, plan.planned_steps - done)
     if cfg.time_budget and pos.elapsed >= cfg.time_budget:

@@ -1,11 +1,11 @@
-"""A run's output folder: which files make a run, and never writing over one by accident.
+"""A run's output folder: never writing over a run by accident.
 
-A training run writes last.pt, best.pt (diverged.pt when it diverges), metrics.jsonl
-(appended), metrics.csv (rewritten), learning_curve.png, skipped_files.txt and tensorboard/.
-Starting a new run in a folder that
-holds them would mix the two runs' metrics and overwrite the checkpoints, so it is refused
-unless the run is being continued (`resume` inside the folder) or `overwrite` clears it first
-(with the reports `vitkit eval` wrote there of the earlier run's weights).
+A training run writes the files `vitkit.weights.formats.run_folder` lists (`RUN_FILES`,
+`RUN_FOLDERS`: checkpoints, metrics, the learning curve, the skipped files, tensorboard/).
+Starting a new run in a folder that holds them would mix the two runs' metrics and overwrite
+the checkpoints, so it is refused unless the run is being continued (`resume` inside the
+folder) or `overwrite` clears it first (with the reports `vitkit eval` wrote there of the
+earlier run's weights).
 
 Checkpoints are written to `.{name}.XXXX.tmp` and renamed; a process killed mid-write
 (kill -9, power loss) leaves that file behind. Starting in the folder removes them.
@@ -18,12 +18,9 @@ import shutil
 from pathlib import Path
 
 from vitkit.errors import ConfigError
+from vitkit.weights.formats.run_folder import CHECKPOINTS, LAST, RUN_FILES, RUN_FOLDERS
 from vitkit.weights.formats.sniff import Found
 
-RUN_FILES = ("last.pt", "best.pt", "diverged.pt", "metrics.jsonl", "metrics.csv",
-             "learning_curve.png", "skipped_files.txt")
-RUN_FOLDERS = ("tensorboard",)
-CHECKPOINT_NAMES = ("last.pt", "best.pt", "diverged.pt")
 log = logging.getLogger("vitkit.train")
 
 
@@ -53,9 +50,9 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
         return
     if not overwrite:
         names = ", ".join(path.name for path in found)
-        resumable = (out / "last.pt").is_file()
-        continue_it = f"To continue it: --resume {out / 'last.pt'}; to" if resumable else \
-            "It has no last.pt to continue from. To"
+        resumable = (out / LAST).is_file()
+        continue_it = f"To continue it: --resume {out / LAST}; to" if resumable else \
+            f"It has no {LAST} to continue from. To"
         raise ConfigError(
             f"{out} already holds a run ({names}); a new run there would overwrite it. "
             f"{continue_it} start over (deletes those files and the eval reports there): "
@@ -94,7 +91,7 @@ def report_files(out_dir: str | Path) -> list[Path]:
 def stale_temporary_files(out_dir: str | Path) -> list[Path]:
     """Half-written checkpoints (`.last.pt.XXXX.tmp`) an interrupted save left in `out_dir`."""
     out = Path(out_dir)
-    return sorted(path for name in CHECKPOINT_NAMES for path in out.glob(f".{name}.*.tmp")
+    return sorted(path for name in CHECKPOINTS for path in out.glob(f".{name}.*.tmp")
                   if path.is_file())
 
 

@@ -22,11 +22,13 @@ from vitkit.config import ViTConfig
 from vitkit.data.augment import BatchAugment
 from vitkit.errors import ConfigError
 from vitkit.files import working_folder
-from vitkit.inference.precision import Precision, slow_bf16, training_precision
+from vitkit.inference.cpu_probes import slow_bf16
+from vitkit.inference.precision import Precision
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
 from vitkit.runtime import avoid_cudnn_attention, check_device, configure_cpu
 from vitkit.tasks import Task, make_task
+from vitkit.train.amp import training_precision
 from vitkit.train.budget import BudgetClock
 from vitkit.train.checkpoint import Position, TrainCheckpoint, read_checkpoint, write
 from vitkit.train.compiling import CompileClock

@@ -18,9 +18,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 
-from vitkit.data.augment import BatchAugment, resize_batch
+from vitkit.data.augment import BatchAugment
 from vitkit.data.loader import shard
-from vitkit.inference.precision import autocast_context
+from vitkit.data.transforms import resize_batch
+from vitkit.inference.bf16 import autocast_context
 from vitkit.model.posembed import resample_grid_embed
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess

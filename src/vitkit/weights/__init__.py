@@ -49,22 +49,22 @@ def read_local(path: str | Path, source_img_size: Size | None = None, *,
 def save_pretrained(model: VisionTransformer, directory: str | Path,
                     preprocess: Preprocess | None = None,
                     class_names: list[str] | None = None) -> Path:
-    """Write vitkit's format: model.safetensors + config.json (config, preprocessing, classes,
-    the task `model.task` the weights were trained for, the test-time augmentation
-    `model.eval_tta` its training run evaluated with, and the position-embedding resampling
-    `model.pos_interpolation` of the weights it was loaded from: a folder converted from an
-    .npz resizes as vit_jax does, one from a timm file as timm does)."""
+    """Write vitkit's format: model.safetensors + config.json (config, and the model's record
+    `model.info`: preprocessing, classes, the task the weights were trained for, the
+    test-time augmentation its training run evaluated with, and the position-embedding
+    resampling of the weights it was loaded from: a folder converted from an .npz resizes as
+    vit_jax does, one from a timm file as timm does)."""
     model = unwrapped(model)
     if any(param.is_meta for param in model.parameters()):
         raise CheckpointError("the model is on the meta device, so it holds no weights to "
                               "save: load some first (load_pretrained, or model.to_empty("
                               "device='cpu') and then initialise or load_state_dict)")
-    class_names = class_names if class_names is not None else model.class_names
+    info = model.info
+    class_names = class_names if class_names is not None else info.class_names
     return formats.vitkit.write(model.state_dict(), model.config,
                                 preprocess or preprocess_for(model), directory, class_names,
-                                model.weights_kind, getattr(model, "task", None),
-                                getattr(model, "eval_tta", "none"),
-                                getattr(model, "pos_interpolation", None))
+                                info.weights_kind, info.task, info.eval_tta,
+                                info.pos_interpolation)
 
 
 def unwrapped(model: torch.nn.Module) -> VisionTransformer:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from vitkit.errors import CheckpointError, VitkitError
+from vitkit.model.info import ModelInfo
 from vitkit.model.vit import VisionTransformer
 from vitkit.weights.loading import load_state_dict_checked
 from vitkit.weights.record import WeightsRecord, check_config_fits
@@ -71,14 +72,12 @@ def build_model(weights: WeightsRecord, pos_interpolation: str | None = None,
     if num_classes is not None and num_classes != config.num_classes:
         model.reset_classifier(num_classes, zero_init=True)
         class_names, task, eval_tta = None, None, "none"  # a new head: not what was trained
-    model.preprocess = preprocess
-    model.class_names = class_names
-    model.task = task  # vitkit.tasks.task_of(model) reads it (None: classification)
-    model.origin = weights.origin
-    # the weights' own convention ("auto"'s pick), which save_pretrained records
-    model.pos_interpolation = resolve("auto", weights.origin, weights.pos_interpolation).name
-    model.weights_kind = weights.weights
-    model.eval_tta = eval_tta
+    model.info = ModelInfo(
+        preprocess=preprocess, class_names=class_names,
+        task=task,  # vitkit.tasks.task_of(model) reads it (None: classification)
+        origin=weights.origin, weights_kind=weights.weights, eval_tta=eval_tta,
+        # the weights' own convention ("auto"'s pick), which save_pretrained records
+        pos_interpolation=resolve("auto", weights.origin, weights.pos_interpolation).name)
     return model.eval()
 
 

@@ -12,16 +12,16 @@ Each convention reproduces the numbers of one reference code (checked in their s
   Default for timm files.
 - "bilinear": bilinear, half-pixel centres, no antialiasing: what timm's own reader of the
   official .npz files (`_load_weights`) does. Default for vitkit's training checkpoints and
-  for vitkit folders that record no convention (their resampling before this option
-  existed); a folder written by `save_pretrained` records the convention of the weights it
-  was built from (an .npz's "official", a timm file's "timm", ...), and that is its default.
+  for vitkit folders that record no convention; a folder written by `save_pretrained` records
+  the convention of the weights it was built from (an .npz's "official", a timm file's
+  "timm", ...), and that is its default.
 - "bicubic": bicubic, half-pixel centres, no antialiasing: Hugging Face ViT's
   `interpolate_pos_encoding` (`ViTEmbeddings`: `interpolate(..., size=(h, w),
   mode="bicubic", align_corners=False)`), which HF runs when a model reads another size
   (checked against transformers 5.24; older releases resized by a scale factor with a 0.1
   offset, which this does not reproduce).
-  Default for Hugging Face files (before 2026-11-29 they took "timm": 4e-4 and 1.8e-3 from
-  HF's logits at 48 and 16 px in tests/test_parity_hf.py, where "bicubic" is 2e-7).
+  Default for Hugging Face files: within 2e-7 of HF's logits at 48 and 16 px, where "timm"
+  is 4e-4 and 1.8e-3 off (tests/test_parity_hf.py).
 
 "auto" (or None) picks the default for the record's origin, or the convention its folder
 records.

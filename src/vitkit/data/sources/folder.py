@@ -34,6 +34,7 @@ from vitkit.data.sources.table import (
 )
 from vitkit.errors import DataError, first_few
 from vitkit.files import cache_root, relative_data_dir_note, write_atomic
+from vitkit.tasks import make_task
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderRecords", "check_same_classes", "folder_splits",
            "is_image_folder", "load_image_folder", "open_folder", "open_held_out_folder"]
@@ -282,6 +283,12 @@ def _inside(folder: str) -> bool:
     return not os.path.isabs(folder) and folder.split(os.sep)[0] != os.pardir
 
 
+def _reads_classes(task: str | None) -> bool:
+    """Whether a run of `task` (None: not yet known, the targets decide) reads a table's
+    one column of class indices as class labels."""
+    return task is not None and make_task(task).class_labels
+
+
 def open_folder(data_dir: str | Path | None, task: str | None = None
                 ) -> tuple[FolderRecords, FolderRecords] | tuple[TableRecords, TableRecords]:
     """The training and held-out records of a data folder (`folder_splits`), same classes;
@@ -304,7 +311,7 @@ def open_folder(data_dir: str | Path | None, task: str | None = None
         for table in (train_table, held_table):
             warn_of_unlisted_images(table)
         check_same_columns(train_table, held_table)
-        if task == "classification":
+        if _reads_classes(task):
             return as_class_labels(train_table, held_table) or (train_table, held_table)
         return train_table, held_table
     train, test = FolderRecords.scan(train_dir), FolderRecords.scan(held_out_dir)
@@ -327,7 +334,7 @@ def open_held_out_folder(data_dir: str | Path, task: str | None = None
     if (held_out / TABLE_NAME).is_file():
         table = TableRecords.scan(held_out)
         warn_of_unlisted_images(table)
-        return held_out_class_labels(table) if task == "classification" else table
+        return held_out_class_labels(table) if _reads_classes(task) else table
     records = FolderRecords.scan(held_out)
     logger.info("%s has no train/ folder: evaluating the images of %s (%d classes)", root,
                 held_out, len(records.classes))

@@ -92,7 +92,8 @@ def _is_int(feature: object) -> bool:
 
 def _label_column(features: Features, where: str) -> tuple[str, list[str] | None, str]:
     """The label column, its names (None: integers without names) and its kind: "class",
-    "multilabel" (a list column) or "regression" (a float column)."""
+    "label list" (a list column: multi-label targets) or "float" (a float column:
+    regression targets)."""
     class_labels = [name for name, f in features.items() if isinstance(f, ClassLabel)]
     column = _pick(class_labels, LABEL_NAMES)
     if column is not None:
@@ -105,12 +106,12 @@ def _label_column(features: Features, where: str) -> tuple[str, list[str] | None
     column = _pick(lists, LABEL_NAMES)
     if column is not None:
         item = _list_of(features[column])
-        return column, list(item.names) if isinstance(item, ClassLabel) else None, "multilabel"
+        return column, list(item.names) if isinstance(item, ClassLabel) else None, "label list"
     floats = [name for name, f in features.items()
               if isinstance(f, Value) and f.dtype.startswith("float")]
     column = _pick(floats, LABEL_NAMES)
     if column is not None:
-        return column, [column], "regression"
+        return column, [column], "float"
     several = (f"several ClassLabel columns ({', '.join(class_labels)}) and none is named "
                f"{'/'.join(LABEL_NAMES)}; " if class_labels else "")
     raise DataError(f"{where} has no label column vitkit can use: {several}its columns are "
@@ -124,9 +125,9 @@ def _label_column(features: Features, where: str) -> tuple[str, list[str] | None
 
 def _targets(dataset: Dataset, column: str, names: list[str] | None, kind: str,
              where: str) -> tuple[np.ndarray, list[str]]:
-    """float32 (N, K) targets of a "multilabel" (multi-hot) or "regression" column, and
-    their names."""
-    if kind == "regression":
+    """float32 (N, K) targets of a "label list" (multi-hot) or "float" column, and their
+    names."""
+    if kind == "float":
         values = np.asarray(dataset.select_columns([column]).with_format("numpy")[column],
                             dtype=np.float64).reshape(-1, 1)
         for bad, problem, fix in (
@@ -279,7 +280,7 @@ def _records(spec: str, split: str, part: Dataset | IterableDataset, splits: lis
     if kind != "class":
         if not isinstance(part, Dataset):
             raise DataError(f"{where}: column {label_column!r} holds "
-                            f"{'label lists' if kind == 'multilabel' else 'float targets'}, "
+                            f"{'label lists' if kind == 'label list' else 'float targets'}, "
                             "which are read from a prepared dataset: use streaming=false")
         targets, names = _targets(part, label_column, classes, kind, where)
         return HFImageRecords(part, where, image_column, label_column, names, targets)

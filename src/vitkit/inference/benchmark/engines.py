@@ -1,5 +1,6 @@
-"""What runs the model: eager PyTorch, torch.compile, or an onnxruntime session; token merging
-applied first, then the precision (`--precision`, `--int8`: `vitkit.inference.precision`).
+"""What runs the model: eager PyTorch (the `Predictor`'s runner, as predict, eval and serve run
+it), torch.compile, or an onnxruntime session; token merging applied first, then the precision
+(`--precision`, `--int8`: `vitkit.inference.precision`).
 Each engine gives a zero-argument callable per batch size that runs one batch of random
 images."""
 
@@ -15,17 +16,13 @@ import torch
 from torch import nn
 
 from vitkit.errors import ConfigError, ExportError
+from vitkit.inference.bf16 import bf16_autocast
 from vitkit.inference.compiled import compile_for_inference
-from vitkit.inference.precision import (
-    MEASURE_BATCH,
-    bf16_autocast,
-    choose_precision,
-    measurement_batch,
-    requested_precision,
-    run_in_precision,
-)
-from vitkit.inference.quantize import DEFAULT as INT8_DEFAULT
-from vitkit.inference.quantize import engine_scheme
+from vitkit.inference.int8_engines import DEFAULT as INT8_DEFAULT
+from vitkit.inference.int8_engines import engine_scheme
+from vitkit.inference.precision import MEASURE_BATCH, choose_precision, requested_precision
+from vitkit.inference.predictor import InferenceOptions, Predictor
+from vitkit.inference.speedup import speed_up
 from vitkit.model.vit import VisionTransformer
 from vitkit.runtime import set_threads
 
@@ -46,6 +43,12 @@ class EngineOptions:
         """The precision asked for (`requested_precision`: --int8 means int8)."""
         int8 = self.int8_engine or (INT8_DEFAULT if self.int8 else None)
         return requested_precision(self.precision, int8)
+
+    def inference(self, batch_size: int = MEASURE_BATCH) -> InferenceOptions:
+        """The torch engine's `InferenceOptions`: the precision asked for, token merging, no
+        test-time augmentation, auto measuring at `batch_size`."""
+        return InferenceOptions(self.requested(), self.int8_engine, self.merge_tokens, "none",
+                                batch_size)
 
     def check(self) -> None:
         requested = self.requested()  # --int8 with another --precision: refused
@@ -112,25 +115,21 @@ class Engine:
         self.options = options
         self.in_chans, self.img_size = model.config.in_chans, tuple(model.config.img_size)
         set_threads(options.threads)
-        if options.merge_tokens:
-            from vitkit.inference.merging import apply_token_merging, check_merge_count
-
-            check_merge_count(model.config, options.merge_tokens)
-            model = apply_token_merging(model, options.merge_tokens)
-        module: nn.Module = model.eval()
+        model.eval()
         self.device = next(model.parameters()).device
         self.session, self.context = None, contextlib.nullcontext
-        requested = options.requested()
+        module: nn.Module
         if options.engine == "onnxruntime":
-            self.precision = choose_precision(requested, torch.device("cpu"),
+            module = speed_up(model, options.merge_tokens)  # the graph exported merges too
+            self.precision = choose_precision(options.requested(), torch.device("cpu"),
                                               int8_engine="onnxruntime")
-            self.session = _onnx_session(model, options.threads, requested == "int8")
-        else:
-            batch = measurement_batch(self.in_chans, self.img_size, batch_size) \
-                if requested in ("auto", "int8") else None
-            module, self.context, self.precision = run_in_precision(
-                requested, self.device, model, batch, int8_engine=options.int8_engine,
-                compiled=options.compile)
+            self.session = _onnx_session(module, options.threads,
+                                         options.requested() == "int8")
+        else:  # the model as predict, eval and serve run it (no TTA: one forward per batch)
+            predictor = Predictor.from_model(model, options.inference(batch_size),
+                                             compiled=options.compile, announce=False)
+            module, self.context, self.precision = (predictor.runner, predictor.context,
+                                                    predictor.precision)
         if options.compile and not runs_in_onnxruntime(self.precision.name,
                                                        self.precision.engine):
             module = compile_for_inference(module, self.device)

@@ -1,5 +1,7 @@
-"""A training run's output folder (`vitkit train --out runs/x`) read as its best weights:
-best.pt, else last.pt. A folder with a config.json is a model folder, not a run."""
+"""A training run's output folder (`vitkit train --out runs/x`): the files a run writes there
+(`RUN_FILES`, `RUN_FOLDERS`: the one list of them, which the training side asks too), and the
+folder read as its best weights: best.pt, else last.pt. A folder with a config.json is a model
+folder, not a run."""
 
 from __future__ import annotations
 
@@ -13,14 +15,19 @@ from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WeightsRecord
 
 log = logging.getLogger("vitkit.weights")
-RUN_FILES = ("best.pt", "last.pt")  # in order of preference
+LAST, BEST, DIVERGED = "last.pt", "best.pt", "diverged.pt"
+CHECKPOINTS = (LAST, BEST, DIVERGED)  # each written whole: `.{name}.XXXX.tmp`, then renamed
+WEIGHTS_FILES = (BEST, LAST)  # the checkpoints read as the run's weights, in order of preference
+RUN_FILES = (*CHECKPOINTS, "metrics.jsonl", "metrics.csv", "learning_curve.png",
+             "skipped_files.txt")  # every file a run writes in its folder
+RUN_FOLDERS = ("tensorboard",)  # and every folder
 _KIND_WORDS = {"torch": "a PyTorch file of other contents", "safetensors": "a safetensors file",
                "npz": "an .npz archive"}
 
 
 def detect(found: Found) -> bool:
     return found.kind == "folder" and found.config() is None and \
-        any((found.path / name).is_file() for name in RUN_FILES)
+        any((found.path / name).is_file() for name in WEIGHTS_FILES)
 
 
 def is_run_folder(path: Path) -> bool:
@@ -29,7 +36,7 @@ def is_run_folder(path: Path) -> bool:
 
 
 def read(found: Found, options: ReadOptions) -> WeightsRecord:
-    present = [found.path / name for name in RUN_FILES if (found.path / name).is_file()]
+    present = [found.path / name for name in WEIGHTS_FILES if (found.path / name).is_file()]
     log.info("%s is a run folder: using %s", found.path, present[0].name)
     try:
         return _read_checkpoint(present[0], options)

@@ -15,7 +15,7 @@ A training checkpoint is one flat dict written with `torch.save` (atomically) an
                   (`TrainedWeights.record`) holds those
     model, ema    the raw weights and the `AveragedModel` state (EMA off: None)
     checksum      sha256 of the model and EMA tensors (`vitkit.weights.checksum`), checked on
-                  reading; files written before it existed read unchecked
+                  reading; files without one read unchecked
 
 Both the raw model and the EMA are kept whatever `weights` says, so a resume is exact. The
 rest of the file (optimizer, position, history, rng, train_config: what resuming needs) is
@@ -62,7 +62,7 @@ class TrainedWeights:
     ema: dict[str, Any] | None
     weights: str = "raw"
     format: str = FORMAT
-    task: TaskSpec | None = None  # None: classification (files written before tasks)
+    task: TaskSpec | None = None  # None: classification (files that store no task)
 
     def scored_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights `weights` names: the raw ones, or the EMA's averaged ones."""

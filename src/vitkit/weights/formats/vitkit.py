@@ -5,7 +5,7 @@ older folders: classification), the test-time augmentation its training run eval
 (`eval_tta`, "none" or "flip"; absent: none), which `vitkit eval` and `predict` then default
 to, how its position embeddings are resampled to another size by default
 (`pos_interpolation`: the convention of the weights it was converted from, "official" for an
-.npz, "timm", "bicubic" for Hugging Face's; absent: "bilinear", as before it was recorded),
+.npz, "timm", "bicubic" for Hugging Face's; absent: "bilinear"),
 and the sha256 of the tensors, `tensors_sha256`, checked on reading when present)."""
 
 from __future__ import annotations
