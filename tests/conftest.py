@@ -1,9 +1,12 @@
 """Shared test settings: deterministic seeds, each test in its own working directory with its
-own caches, where the real CIFAR-10 copy lives, and the fuzzers of tools/."""
+own caches, one trained digits run for the tests that need one, where the real CIFAR-10 copy
+lives, and the fuzzers of tools/."""
 
 import importlib.util
 import os
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -36,7 +39,11 @@ def _own_caches(tmp_path_factory: pytest.TempPathFactory,
     indexes, named checkpoints, extracted features), its weights folder and Hugging Face's
     caches live in a folder of this test's own, and both hubs are offline. A test that needs
     something cached puts it there itself (or a fixture of its scope hands it over)."""
-    caches = tmp_path_factory.mktemp("caches")
+    use_caches_in(tmp_path_factory.mktemp("caches"), monkeypatch)
+
+
+def use_caches_in(caches: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vitkit's and Hugging Face's caches under `caches`, both hubs offline."""
     for name, folder in {"VITKIT_CACHE": "vitkit", "VITKIT_WEIGHTS_DIR": "weights",
                          "HF_HOME": "huggingface", "HF_DATASETS_CACHE": "huggingface/datasets",
                          "XDG_CACHE_HOME": "xdg"}.items():
@@ -47,6 +54,47 @@ def _own_caches(tmp_path_factory: pytest.TempPathFactory,
     if "datasets" in sys.modules:  # `datasets` reads its cache folder once, at import
         monkeypatch.setattr(sys.modules["datasets"].config, "HF_DATASETS_CACHE",
                             caches / "huggingface" / "datasets")
+
+
+# The shared run: the digits recipe's model (a 4x4 grid of 2x2 patches: 16 tokens and the
+# class token) for 8 epochs at lr 0.003, about 88% held-out top-1; the shipped sample digit
+# (a held-out 3) is predicted a 3.
+DIGITS_RUN = ["train", "digits", "epochs=8", "lr=0.003", "warmup_epochs=1", "progress=false"]
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    return {path.relative_to(folder).as_posix(): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One short `vitkit train` on the embedded digits (`DIGITS_RUN`), trained once for the
+    session in a folder of its own, with caches of its own: `runs/digits` of a working folder,
+    as the README's set-up command leaves it. Tests only read it; a test that writes into the
+    run folder (`vitkit eval` and `fewshot` put their reports there) takes `digits_run_copy`;
+    a write into this one is reported as an error when the session ends."""
+    from vitkit.cli import main
+
+    root = tmp_path_factory.mktemp("digits-run")
+    run = root / "runs" / "digits"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        use_caches_in(root / "caches", patch)
+        torch.manual_seed(0)
+        assert main([*DIGITS_RUN, "--out", str(run)]) == 0
+    trained = _listing(run)
+    yield run
+    changed = sorted(set(trained.items()) ^ set(_listing(run).items()))
+    assert not changed, (f"a test wrote into the shared digits run ({', '.join(dict(changed))}): "
+                         "give it digits_run_copy")
+
+
+@pytest.fixture
+def digits_run_copy(digits_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the shared digits run for this test to write into (outside its working
+    folder, which stays empty)."""
+    return Path(shutil.copytree(digits_run, tmp_path_factory.mktemp("digits-copy") / "digits"))
 
 
 def real_cifar10_dir() -> Path:
@@ -93,13 +141,13 @@ def weights_fuzzer(fuzzer: ModuleType) -> ModuleType:
 def unfaithful_exporter(monkeypatch: pytest.MonkeyPatch) -> float:
     """vitkit's ONNX exports (float, and the float graph of an int8 export) write a graph whose
     logits are all 0.05 above the model's: inside int8's tolerance (0.1 x the logits' range;
-    the top-1 is kept), far outside the float check's 1e-4. The token-merging bug of f3f91ca
-    (a scatter without its reduction, 0.05-0.2 off) was of this kind. Returns the shift."""
+    the top-1 is kept), far outside the float check's 1e-4: a token-merging scatter that drops
+    its reduction (0.05-0.2 off) is of this kind. Returns the shift."""
     import copy
 
     import vitkit.export
+    import vitkit.export.checked_export
     import vitkit.export.int8
-    import vitkit.export.report
 
     shift = 0.05
     export_faithfully = vitkit.export.export_onnx
@@ -112,5 +160,5 @@ def unfaithful_exporter(monkeypatch: pytest.MonkeyPatch) -> float:
 
     monkeypatch.setattr(vitkit.export, "export_onnx", export_shifted)
     monkeypatch.setattr(vitkit.export.int8, "export_onnx", export_shifted)
-    monkeypatch.setattr(vitkit.export.report, "export_onnx", export_shifted)
+    monkeypatch.setattr(vitkit.export.checked_export, "export_onnx", export_shifted)
     return shift

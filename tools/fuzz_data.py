@@ -5,12 +5,12 @@
 
 Readers: `cifar` (`vitkit.data.sources.cifar.load_cifar` on a small CIFAR-10 or CIFAR-100
 folder whose batch file or class-name file was mutated) and `images`
-(`vitkit.data.images.decode_image` on mutated PNG, JPEG, GIF, BMP, TIFF, WebP and PPM files).
+(`vitkit.data.image_decoder.decode_image` on mutated PNG, JPEG, GIF, BMP, TIFF, WebP and PPM files).
 Prints, per reader, how many inputs gave a clear error, loaded, or did something else
 ("other": a raw exception, a warning that escaped, an error that does not name the file, or a
 result that breaks the reader's contract; it must be 0). The test suite runs the same fuzzers
 on a fixed number of seeded cases, never bounded by the clock, so a busy machine only makes it
-slower (tests/test_images.py, tests/test_cifar.py). `--seconds` is for long runs by hand.
+slower (tests/data/test_images.py, tests/data/test_cifar.py). `--seconds` is for long runs by hand.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vitkit.data.images import FIXES, decode_image
+from vitkit.data.image_decoder import FIXES, decode_image
 from vitkit.data.sources.cifar import CIFAR_SPECS, load_cifar
 from vitkit.errors import VitkitError
 

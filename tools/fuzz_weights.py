@@ -14,7 +14,7 @@ sizes). Prints per reader how many inputs gave a clear error (a `VitkitError` na
 file), loaded, or did something else ("other": a raw exception, an escaped warning, or an
 error that does not name the file; it must be 0, and its first cases are listed). The test
 suite runs the same fuzzers on a fixed number of seeded cases each, never bounded by the clock
-(tests/test_fuzz_weights.py). `--seconds` is for long runs by hand.
+(tests/weights/test_fuzz_weights.py). `--seconds` is for long runs by hand.
 """
 
 from __future__ import annotations

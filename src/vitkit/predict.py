@@ -5,7 +5,7 @@ Folders are searched recursively for images (sorted); a file reached twice (name
 through a folder and by name) is predicted once; inputs run in batches. A file that cannot be
 read gets a `Prediction` with `error` set and does not stop the others.
 
-Array files (`.npy`, `.npz` with `images`; `vitkit.data.arrayfiles`) give one prediction per
+Array files (`.npy`, `.npz` with `images`; `vitkit.data.array_inputs`) give one prediction per
 image, named `file.npy[i]`, normalised with the model's `Preprocess` and resized to the
 model's size when theirs differs (bilinear, antialiased when shrinking; logged). Inputs the
 model's units or channels do not fit are refused by name, never guessed: a float array for
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from vitkit.data.arrayfiles import (
+from vitkit.data.array_inputs import (
     ARRAY_EXTENSIONS,
     PICTURE_REFUSED,
     array_items,
@@ -43,7 +43,7 @@ from vitkit.data.arrayfiles import (
     is_array_file,
     read_array_images,
 )
-from vitkit.data.images import decode_image
+from vitkit.data.image_decoder import decode_image
 from vitkit.data.sources.digits import INPUT_NOTE, INVERTED_WARNING, looks_inverted
 from vitkit.data.sources.folder import IMAGE_EXTENSIONS
 from vitkit.data.transforms import to_model_size
@@ -57,7 +57,7 @@ from vitkit.tasks import value_names
 
 # Prediction, fill_predictions and class_names_for live below the verbs
 # (`vitkit.inference.prediction`, `vitkit.inference.predictor`); array_items in
-# `vitkit.data.arrayfiles`. They stay importable from here.
+# `vitkit.data.array_inputs`. They stay importable from here.
 __all__ = ["Prediction", "Predictions", "array_items", "class_names_for", "expand_inputs",
            "fill_predictions", "output_names", "predict", "predict_files", "predict_with",
            "read_inputs"]

@@ -34,8 +34,8 @@ from vitkit.analysis.filters import (
     pixel_filters,
     to_display,
 )
-from vitkit.analysis.images import as_batch
-from vitkit.analysis.posembed import position_similarity, similarity_by_distance
+from vitkit.analysis.inputs import as_batch
+from vitkit.analysis.position_similarity import position_similarity, similarity_by_distance
 from vitkit.errors import ConfigError, InputError
 from vitkit.preprocess import preprocess_for
 from vitkit.report import Report
@@ -238,7 +238,7 @@ def explain_weights(source: str | Path, image_paths: Sequence[str | Path], out_d
     without files on `num_images` test images of `data` (default: the data a vitkit training
     checkpoint records), sampled across classes with `seed`. `num_images` defaults to the
     paper's 128 (PAPER_IMAGES); all the test images when there are fewer."""
-    from vitkit.analysis.images import images_from_data, images_from_files
+    from vitkit.analysis.inputs import images_from_data, images_from_files
     from vitkit.catalog import read_weights
     from vitkit.predict import expand_inputs
     from vitkit.weights import build_model

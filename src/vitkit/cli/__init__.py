@@ -44,8 +44,8 @@ BUG_REPORT = ("vitkit {verb}: this is a bug in vitkit, not a problem with your i
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse without abbreviated options: `train --data cifar10` was read as
-    `--data-dir cifar10`, the only option it began."""
+    """argparse without abbreviated options, so a misspelt flag is refused rather than read as
+    the one option it begins (`--data` as `--data-dir`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)

@@ -1,5 +1,5 @@
 """`vitkit benchmark [MODEL_OR_WEIGHTS]`: one inference benchmark, or with --sweep the variants x
-resolutions table and figure (`vitkit.inference.benchmark.report.benchmark_report`)."""
+resolutions table and figure (`vitkit.inference.benchmark.results.benchmark_report`)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def add_parser(verbs: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     """One benchmark, or with --sweep the variants x resolutions table and figure."""
     from vitkit.inference.benchmark import EngineOptions
-    from vitkit.inference.benchmark.report import benchmark_report
+    from vitkit.inference.benchmark.results import benchmark_report
 
     engine = int8_engine(args)
     options = EngineOptions(args.engine, args.compile, engine is not None, args.merge_tokens,

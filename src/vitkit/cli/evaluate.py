@@ -1,5 +1,5 @@
 """`vitkit eval WEIGHTS`: the evaluation report of a checkpoint on its data
-(`vitkit.evaluation.report.evaluate_checkpoint`)."""
+(`vitkit.evaluation.evaluate_weights.evaluate_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from vitkit.evaluation.report import evaluate_checkpoint
+    from vitkit.evaluation.evaluate_weights import evaluate_checkpoint
 
     print_report(evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split,
                                      args.out, args.limit, args.batch_size, args.weights_dir,

@@ -1,7 +1,7 @@
 """Files a loader skipped: counts by reason, the summary line, and `skipped_files.txt`.
 
 Each skipped file is a (path, reason) pair whose reason reads "kind: detail", the kind being
-one of `vitkit.data.images.FIXES` (e.g. "truncated: image file is truncated"). The text file
+one of `vitkit.data.image_decoder.FIXES` (e.g. "truncated: image file is truncated"). The text file
 holds one "path<TAB>reason" line per file after "#" comment lines (counts and fixes), so a
 run's folder names every file it did not train or evaluate on.
 """
@@ -13,12 +13,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from vitkit.data.dataset import ImageDataset
-from vitkit.data.images import FIXES
+from vitkit.data.image_decoder import FIXES
+from vitkit.weights.formats.run_folder import SKIPPED_FILES
 
 __all__ = ["SKIPPED_FILES_NAME", "count_by_kind", "read_skipped_files", "summarize_skips",
            "write_skipped_files"]
 
-SKIPPED_FILES_NAME = "skipped_files.txt"
+SKIPPED_FILES_NAME = SKIPPED_FILES  # a run file: vitkit.weights.formats.run_folder
 
 
 def count_by_kind(skipped: Iterable[tuple[str, str]]) -> dict[str, int]:

@@ -4,7 +4,7 @@
 - `EvalResize`: the evaluation transform of streamed images, `Preprocess.resize` (the shorter
   side to size / crop_pct then a centre crop, or a squash resize);
 - `evaluation_preprocess`: which of those a fresh run evaluates with (and records);
-- `squash`: the resize of images decoded into memory (`vitkit.data.memory`);
+- `squash`: the resize of images decoded into memory (`vitkit.data.in_memory`);
 - `resize_batch`: a float batch to another size (bilinear, antialiased when shrinking): array
   images, held-out batches at the data's size, progressive resizing in training;
 - `to_model_size`: one input at the model's size, the door predict, serve and analysis take

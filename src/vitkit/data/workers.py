@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from vitkit.data.images import DecodedImage
+from vitkit.data.image_decoder import DecodedImage
 from vitkit.data.loader import BatchOrder, shard
 from vitkit.data.sources.records import ImageRecords, IterableRecords
 

@@ -12,6 +12,7 @@
     frozen_report.py  `vitkit fewshot` and `vitkit probe`: their reports and figure
 """
 
+from vitkit.evaluation.evaluate_weights import evaluate_checkpoint
 from vitkit.evaluation.features import FrozenFeatures, extract_features, frozen_features
 from vitkit.evaluation.fewshot import (
     FewShotResult,
@@ -32,7 +33,6 @@ from vitkit.evaluation.probe import (
     multilabel_probe,
     ridge_probe,
 )
-from vitkit.evaluation.report import evaluate_checkpoint
 
 __all__ = [
     "FewShotResult", "FrozenFeatures", "ProbeResult", "TargetProbeResult", "evaluate_checkpoint",

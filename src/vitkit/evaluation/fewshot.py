@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vitkit.errors import ConfigError, InputError
-from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix, classification_split
+from vitkit.evaluation.feature_arrays import ArrayLike, as_labels, as_matrix, classification_split
 
 BIAS_FEATURE = 100.0
 STD_EPSILON = 1e-5

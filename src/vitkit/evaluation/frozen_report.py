@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.errors import InputError
+from vitkit.evaluation.evaluate_weights import default_out_dir
 from vitkit.evaluation.features import FrozenFeatures, frozen_features
 from vitkit.evaluation.fewshot import (
     PAPER_L2,
@@ -20,7 +21,6 @@ from vitkit.evaluation.fewshot import (
 )
 from vitkit.evaluation.knn import KNN_K, KNN_TEMPERATURE, check_temperature, knn_accuracy
 from vitkit.evaluation.probe import TARGET_PROBES, linear_probe
-from vitkit.evaluation.report import default_out_dir
 from vitkit.report import Report
 from vitkit.tasks import make_task
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from vitkit.errors import ConfigError
-from vitkit.evaluation.arrays import ArrayLike, as_labels, as_matrix, classification_split
+from vitkit.evaluation.feature_arrays import ArrayLike, as_labels, as_matrix, classification_split
 
 KNN_K = 20
 KNN_TEMPERATURE = 0.07

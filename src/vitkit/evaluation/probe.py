@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.errors import InputError
-from vitkit.evaluation.arrays import (
+from vitkit.evaluation.feature_arrays import (
     ArrayLike,
     as_labels,
     as_matrix,

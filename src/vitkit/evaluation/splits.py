@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from vitkit.data.arrayfiles import to_uint8_advice
+from vitkit.data.array_inputs import to_uint8_advice
 from vitkit.data.feeds import EvaluationFeed, evaluation_feed
 from vitkit.data.sources import (
     SOURCES,

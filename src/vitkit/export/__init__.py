@@ -6,6 +6,7 @@
     report.py  `vitkit export`: weights in, a checked file beside them out
 """
 
+from vitkit.export.checked_export import default_output_path, export_weights
 from vitkit.export.int8 import INT8_RTOL, check_onnx_int8, export_onnx_int8, quantize_onnx_int8
 from vitkit.export.onnx import (
     FORMATS,
@@ -16,7 +17,6 @@ from vitkit.export.onnx import (
     read_metadata,
     require,
 )
-from vitkit.export.report import default_output_path, export_weights
 
 __all__ = ["FORMATS", "INT8_RTOL", "check_onnx", "check_onnx_int8", "default_check_sizes",
            "default_output_path", "export_onnx", "export_onnx_int8", "export_weights",

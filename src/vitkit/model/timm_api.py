@@ -2,7 +2,7 @@
 attributes code written for timm reads (`num_classes`, `global_pool`, `num_prefix_tokens`,
 `feature_info`, ...), the classifier, gradient checkpointing, `forward_intermediates`,
 `get_intermediate_layers` and `prune_intermediate_layers`, and `pretrained_cfg`
-(tests/test_timm_model_api.py checks each against timm)."""
+(tests/model/test_timm_model_api.py checks each against timm)."""
 
 from __future__ import annotations
 

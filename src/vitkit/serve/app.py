@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException
 
 from vitkit.errors import ConfigError, VitkitError
 from vitkit.serve.batching import DynamicBatcher
-from vitkit.serve.figures import FIGURES, figure_png
+from vitkit.serve.panels import FIGURES, figure_png
 from vitkit.serve.service import ModelService
 from vitkit.serve.uploads import Form, UploadError, decode_files, read_form
 

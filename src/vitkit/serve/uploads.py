@@ -3,10 +3,10 @@ model's input, or refused with an HTTP status and a message naming the problem a
 
 The body is read chunk by chunk and refused (413) as soon as it passes the limit (or at once,
 when its Content-Length says it will), before any decoding; parts are kept in memory, never
-in temporary files. Images are decoded by `vitkit.data.images.decode_image` (the rules of
+in temporary files. Images are decoded by `vitkit.data.image_decoder.decode_image` (the rules of
 every vitkit reader, Pillow's decompression-bomb limit included) and resized by the model's
 `Preprocess` (`vitkit.data.transforms.to_model_size`); `.npy`/`.npz` arrays by
-`vitkit.data.arrayfiles` (no pickles; `array_items`), as `vitkit predict` reads array files.
+`vitkit.data.array_inputs` (no pickles; `array_items`), as `vitkit predict` reads array files.
 
 Statuses: 400 unreadable (empty, truncated, corrupt, bad multipart), 413 too big (body over the
 limit, image over the pixel limit), 415 the wrong kind (not an image, an image for an array
@@ -24,8 +24,8 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
-from vitkit.data import images as decoding
-from vitkit.data.arrayfiles import (
+from vitkit.data import image_decoder as decoding
+from vitkit.data.array_inputs import (
     ARRAY_EXTENSIONS,
     ArraysTooLarge,
     UnreadableArrayFile,
@@ -44,7 +44,7 @@ MAX_PARTS = 256  # files and fields in one body
 MAX_FIELD_BYTES = 1000  # a form value (topk, layer, ...) is a few characters
 NPY_MAGIC = b"\x93NUMPY"
 IMAGE_KINDS = "PNG, JPEG, BMP, GIF, TIFF or WebP"
-# the status of each kind of refusal of vitkit.data.images
+# the status of each kind of refusal of vitkit.data.image_decoder
 DECODE_STATUS = {decoding.EMPTY: 400, decoding.CANNOT_OPEN: 400, decoding.NOT_AN_IMAGE: 415,
                  decoding.TRUNCATED: 400, decoding.CORRUPT: 400,
                  decoding.TOO_MANY_PIXELS: 413, decoding.UNSUPPORTED: 415}

@@ -28,6 +28,7 @@ import torch
 
 from vitkit.errors import CheckpointError
 from vitkit.files import write_atomic
+from vitkit.weights.formats.run_folder import LAST
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.formats.train_checkpoint import TrainedWeights, damaged_unless_readable
 
@@ -136,7 +137,7 @@ def write(checkpoint: TrainCheckpoint, path: str | Path) -> Path:
 def resume_path(path: str | Path) -> Path:
     """The checkpoint a path names for resuming: a file, or a run folder's last.pt."""
     path = Path(path)
-    return path / "last.pt" if path.is_dir() and (path / "last.pt").is_file() else path
+    return path / LAST if path.is_dir() and (path / LAST).is_file() else path
 
 
 def load_state(path: str | Path) -> dict[str, Any]:

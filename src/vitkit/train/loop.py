@@ -30,12 +30,13 @@ from vitkit.train.distributed import (
     cleanup,
     sum_over_ranks,
 )
-from vitkit.train.nonfinite import DIVERGED_CHECKPOINT, NonFiniteGuard
+from vitkit.train.nonfinite import NonFiniteGuard
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.rundir import prepare_run_dir
 from vitkit.train.schedule import SCHEDULES
 from vitkit.train.setup import Run, build_run
 from vitkit.train.stopping import StopRequest
+from vitkit.weights.formats.run_folder import BEST, DIVERGED, LAST
 
 log = logging.getLogger("vitkit.train")
 
@@ -66,7 +67,7 @@ class TrainResult:
                    f"{self._scores()}" if self.final else ""
             return (f"stopped by {self.stopped_early} at step {pos.step} of "
                     f"{pos.total_steps}{last}; continue with --resume "
-                    f"{self.out_dir / 'last.pt'}\n{files}")
+                    f"{self.out_dir / LAST}\n{files}")
         if not self.final:
             return files
         reason = f" ({self.stopped_early})" if self.stopped_early else ""
@@ -115,8 +116,8 @@ def run_loop(run: Run) -> TrainResult:
     if pos.step >= pos.total_steps:
         log.warning("nothing to train: the run is at step %d of %d; a larger epochs= or "
                     "--time-budget with --resume extends it", pos.step, pos.total_steps)
-        if recorder is not None and not (run.out_dir / "last.pt").exists():
-            run.save("last")  # resumed into another --out: the folder holds the run
+        if recorder is not None and not (run.out_dir / LAST).exists():
+            run.save(LAST)  # resumed into another --out: the folder holds the run
             recorder.plot(pos.history)
             log.info("wrote the run's last.pt and learning curve to %s", run.out_dir)
     elif info.is_main:
@@ -142,7 +143,7 @@ def run_loop(run: Run) -> TrainResult:
                 diverged = guard.observe(outcome, pos.step, pos.epoch + pos.batch / per_epoch,
                                          lr)
                 if diverged is not None:  # last.pt keeps the checkpoint from before it
-                    run.save(DIVERGED_CHECKPOINT.removesuffix(".pt"))
+                    run.save(DIVERGED)
                     raise diverged
                 if bar is not None:
                     bar.update(1)
@@ -189,22 +190,22 @@ def run_loop(run: Run) -> TrainResult:
             if cfg.time_budget and broadcast_flag(evaluated and clock.out_of_time(pos), info) \
                     and not stop.reason:
                 stop.reason = "time budget"
-            run.save("last")
+            run.save(LAST)
             guard.checkpoint_saved(pos.step)
             run.data.write_skipped(run.out_dir, info)
         # Checked after the loop, not inside it: a signal can land during an evaluation or a
         # save, after the in-loop check, and must still be reported.
         if stop.signalled():
             log.warning("%s: saved %s; continue with --resume", stop.reason,
-                        run.out_dir / "last.pt")
+                        run.out_dir / LAST)
         failed = False
     finally:
         if bar is not None:  # an error (a divergence) is then printed on a line of its own
             bar.close()
         stop.release_signals()
         run.data.feed.close()
-        if not failed:  # a rank that fails alone leaves at once: waiting here for ranks that
-            barrier(info)  # went on to their next collective hung the job; theirs fails now
+        if not failed:  # a rank that fails leaves at once, so the others' next collective
+            barrier(info)  # fails too instead of waiting in this barrier
         if recorder is not None:
             recorder.close()
         cleanup(info)
@@ -213,9 +214,8 @@ def run_loop(run: Run) -> TrainResult:
 
 
 def any_rank_stopping(stop: StopRequest, info: DistInfo) -> bool:
-    """Whether any rank has a reason to stop, asked of every rank at once before an epoch: a
-    signal that lands during rank 0's save, after the in-loop check, stops them all (rank 1
-    had gone on into the next step's collective, and the job hung)."""
+    """Whether any rank has a reason to stop, asked of every rank at once before an epoch, so
+    a signal that reaches one rank (also during rank 0's save) stops them all together."""
     if broadcast_flag(bool(stop.reason), info):
         stop.reason = stop.reason or "stopped by another rank"
         return True
@@ -266,7 +266,7 @@ def evaluate_and_log(run: Run, train_loss: float, images_per_s: float,
     best = row[f"ema_{primary}"] if ema_won else row[primary]
     if task.better(best, pos.best_score):
         pos.best_score = best
-        run.save("best")
+        run.save(BEST)
     if recorder is not None:
         recorder.write(row, pos.history)
         log.info("epoch %.2f  loss %.4f  %s%s  %.0f img/s", row["epoch"], row["train_loss"],

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from vitkit.errors import TrainingError
 from vitkit.train.config import TrainConfig
+from vitkit.weights.formats.run_folder import DIVERGED, LAST
 
 log = logging.getLogger("vitkit.train")
 # The learning rate advised after a divergence is a tenth of the one used, and at most this:
@@ -58,7 +59,7 @@ def divergence_advice(cfg: TrainConfig, amp_on: bool) -> str:
     return "; ".join(fixes)
 
 
-DIVERGED_CHECKPOINT = "diverged.pt"
+DIVERGED_CHECKPOINT = DIVERGED
 
 
 class NonFiniteGuard:
@@ -109,7 +110,7 @@ class NonFiniteGuard:
 
     def _last_good(self) -> tuple[str, str]:
         """Where the last checkpoint from before the divergence is, and how to go on."""
-        last = self.out_dir / "last.pt"
+        last = self.out_dir / LAST
         start_over = "start over with the new setting and --overwrite"
         if not last.is_file():
             return "No checkpoint was saved before the divergence.", start_over

@@ -11,6 +11,12 @@ from pathlib import Path
 
 from vitkit.analysis.plots import plot_learning_curve
 from vitkit.files import write_atomic
+from vitkit.weights.formats.run_folder import (
+    LEARNING_CURVE,
+    METRICS_CSV,
+    METRICS_JSONL,
+    TENSORBOARD,
+)
 
 log = logging.getLogger("vitkit.train")
 
@@ -36,13 +42,13 @@ class MetricsRecorder:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = SummaryWriter(str(self.out_dir / "tensorboard"))
+                self._writer = SummaryWriter(str(self.out_dir / TENSORBOARD))
             except ImportError:
                 log.warning("TensorBoard is not installed (pip install tensorboard): skipped")
 
     def write(self, row: dict[str, float], history: list[dict[str, float]]) -> None:
         if "jsonl" in self.formats:
-            with open(self.out_dir / "metrics.jsonl", "a") as stream:
+            with open(self.out_dir / METRICS_JSONL, "a") as stream:
                 stream.write(json.dumps(row) + "\n")
         if "csv" in self.formats:
             self._write_csv(history)
@@ -55,14 +61,14 @@ class MetricsRecorder:
     def plot(self, history: Sequence[dict[str, float]]) -> None:
         """learning_curve.png of `history` (nothing before the first evaluation)."""
         if history:
-            plot_learning_curve(history, self.out_dir / "learning_curve.png",
+            plot_learning_curve(history, self.out_dir / LEARNING_CURVE,
                                 metric=self.metric)
 
     def _restart_from(self, history: list[dict[str, float]]) -> None:
         """metrics.jsonl (and .csv) hold exactly `history`, what the checkpoint knows."""
         if "jsonl" in self.formats:
             text = "".join(json.dumps(row) + "\n" for row in history).encode()
-            write_atomic(self.out_dir / "metrics.jsonl", lambda stream: stream.write(text))
+            write_atomic(self.out_dir / METRICS_JSONL, lambda stream: stream.write(text))
         if "csv" in self.formats and history:
             self._write_csv(history)
 
@@ -74,7 +80,7 @@ class MetricsRecorder:
         writer.writeheader()
         writer.writerows(history)
         data = table.getvalue().encode()
-        write_atomic(self.out_dir / "metrics.csv", lambda stream: stream.write(data))
+        write_atomic(self.out_dir / METRICS_CSV, lambda stream: stream.write(data))
 
     def close(self) -> None:
         if self._writer is not None:

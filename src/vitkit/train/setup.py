@@ -45,7 +45,7 @@ from vitkit.train.data import (
 )
 from vitkit.train.distributed import DistInfo, init_distributed, min_over_ranks
 from vitkit.train.finetune import config_from_run, pretrained_model, read_init, target_config
-from vitkit.train.memory import check_fits_in_memory
+from vitkit.train.memory_estimate import check_fits_in_memory
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import RunPlan
 from vitkit.train.preprocessing import channel_stats, run_preprocess
@@ -115,10 +115,12 @@ class Run:
                         "device": self.device.type})
 
     def save(self, name: str) -> Path | None:
-        """Write `name`.pt atomically (main rank only)."""
+        """Write the checkpoint `name` (a run file's name, `vitkit.weights.formats.run_folder`:
+        LAST, BEST, DIVERGED; "last" stands for last.pt) atomically (main rank only)."""
         if not self.info.is_main:
             return None
-        return write(self.checkpoint(), self.out_dir / f"{name}.pt")
+        return write(self.checkpoint(), self.out_dir / (name if name.endswith(".pt") else
+                                                        f"{name}.pt"))
 
 
 def build_run(cfg: TrainConfig, resume: str | Path | None = None,
@@ -131,8 +133,8 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
                           f"{info.world_size} processes, so some would get no image: set "
                           f"batch_size={info.world_size} or more")
     if avoid_cudnn_attention(device):
-        log.info("cuDNN attention off for training: its bf16 backward gave NaN gradients on an "
-                 "H100 (flash and memory-efficient attention serve instead; docs/speed.md)")
+        log.info("cuDNN attention off for training: its bf16 backward can give NaN gradients "
+                 "(flash and memory-efficient attention serve instead; docs/speed.md)")
     state = read_checkpoint(resume) if resume else None
     config, init, saved_pre = model_source(cfg, state)
     if state is not None and not cfg.init_from:

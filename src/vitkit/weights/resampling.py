@@ -21,7 +21,7 @@ Each convention reproduces the numbers of one reference code (checked in their s
   (checked against transformers 5.24; older releases resized by a scale factor with a 0.1
   offset, which this does not reproduce).
   Default for Hugging Face files: within 2e-7 of HF's logits at 48 and 16 px, where "timm"
-  is 4e-4 and 1.8e-3 off (tests/test_parity_hf.py).
+  is 4e-4 and 1.8e-3 off (tests/weights/test_parity_hf.py).
 
 "auto" (or None) picks the default for the record's origin, or the convention its folder
 records.

@@ -4,7 +4,7 @@ One module per source: `digits` (embedded), `cifar` (CIFAR-10/100 binaries), `fo
 (class-per-folder images), `arrays` (.npz / .npy files) and `hf` (Hugging Face datasets).
 Digits and CIFAR are small and always held in memory (`ImageDataset`); arrays are held in
 memory, or read batch by batch from their files (`MappedArrays`) when large or asked to.
-Folders and Hugging Face datasets are either decoded into memory (`vitkit.data.memory`) or
+Folders and Hugging Face datasets are either decoded into memory (`vitkit.data.in_memory`) or
 streamed as `ImageRecords` / `IterableRecords`, chosen by `mode`: "memory", "stream", or
 "auto" (streamed when the images, decoded at the model's size, would take more than
 `MEMORY_LIMIT_BYTES`; for arrays, their float32 images). `vitkit.data.feeds` turns any of
@@ -99,7 +99,7 @@ def open_source(name: str, data_dir: str | None = None,
     if test_limit:
         test = _first(test, test_limit)
     if _in_memory(mode, len(train) + len(test), image_size, channels):
-        from vitkit.data.memory import decode_into_memory
+        from vitkit.data.in_memory import decode_into_memory
 
         return (decode_into_memory(train, image_size, channels, workers),
                 decode_into_memory(test, image_size, channels, workers))
@@ -130,7 +130,7 @@ def open_held_out_only(name: str, data_dir: str | None, image_size: tuple[int, i
     if limit:
         records = _first(records, limit)
     if _in_memory(mode, len(records), image_size, channels):
-        from vitkit.data.memory import decode_into_memory
+        from vitkit.data.in_memory import decode_into_memory
 
         return decode_into_memory(records, image_size, channels, workers)
     return records

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from vitkit.data.dataset import ImageDataset
-from vitkit.data.sources.arrayfile import check_dtype, npz_members, open_array
 from vitkit.data.sources.mapped import (
     MappedArrays,
     as_nchw,
@@ -36,6 +35,7 @@ from vitkit.data.sources.mapped import (
     first_unfit,
     geometry,
 )
+from vitkit.data.sources.npy_rows import check_dtype, npz_members, open_array
 from vitkit.errors import DataError, first_few, unclear_names
 from vitkit.files import relative_data_dir_note
 

@@ -7,7 +7,7 @@ covers, so millions of files are not listed again on every start (adding or remo
 changes its folder's time and triggers a rescan). Paths are kept as one byte buffer with
 offsets, so the index costs a few bytes per file and worker processes share it.
 Empty class folders are warned about and left out. `load_image_folder` decodes one folder into
-memory (`vitkit.data.memory`). A split folder holding `targets.csv` takes its targets from the
+memory (`vitkit.data.in_memory`). A split folder holding `targets.csv` takes its targets from the
 table instead of class sub-folders (`vitkit.data.sources.table`).
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from vitkit.data.dataset import ImageDataset
-from vitkit.data.images import DecodedImage, decode_image
-from vitkit.data.memory import decode_into_memory, size_hw
+from vitkit.data.image_decoder import DecodedImage, decode_image
+from vitkit.data.in_memory import decode_into_memory, size_hw
 from vitkit.data.sources.table import (
     TABLE_NAME,
     TableRecords,
@@ -345,7 +345,7 @@ def load_image_folder(root: str | Path, image_size: int | tuple[int, int] | None
                       channels: int = 3, workers: int | None = None,
                       resize: bool = True) -> ImageDataset:
     """Decode every image under `root/<class_name>/` into an in-memory `ImageDataset`
-    (`vitkit.data.memory.decode_into_memory`: sizes, channels, workers and skipped files)."""
+    (`vitkit.data.in_memory.decode_into_memory`: sizes, channels, workers and skipped files)."""
     if channels not in (1, 3):
         raise DataError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels}")
     size = size_hw(image_size)  # checked before the folder is listed

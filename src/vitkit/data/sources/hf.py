@@ -6,10 +6,10 @@ fine_label or target (classes "0".."K-1"). Beyond classes (`TARGET_KINDS`): a li
 `ClassLabel` (`Sequence(ClassLabel)`) or of integers gives multi-hot float32 (N, K) targets
 named by the ClassLabel names (multi-label, task=multilabel); a float column (Value float16/32/
 64) gives float32 (N, 1) regression targets named by the column. Those are read map-style only
-(streaming=false). Images are read undecoded (bytes or path) and decoded
-by vitkit's one decoder, `vitkit.data.images.decode_image`, so a damaged image in a dataset is
-refused like a damaged file. Splits: training "train"; evaluation the first of validation,
-valid, val, test; both can be named. Where SPEC is looked for: `vitkit.data.sources.hf_open`.
+(streaming=false). Images are read undecoded (bytes or path) and decoded by vitkit's one
+decoder, `vitkit.data.image_decoder.decode_image`, so a damaged image in a dataset is refused
+like a damaged file. Splits: training "train"; evaluation the first of validation, valid, val,
+test; both can be named. Where SPEC is looked for: `vitkit.data.sources.hf_open`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
     List = None
 from datasets.utils.file_utils import xopen
 
-from vitkit.data.images import DecodedImage, decode_image
+from vitkit.data.image_decoder import DecodedImage, decode_image
 from vitkit.data.sources.hf_open import open_hf_splits
 from vitkit.data.sources.mapped import beyond_float32
 from vitkit.errors import DataError, MissingSplit, first_few

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from vitkit.data.dataset import STATS_CHUNK_BYTES, ImageDataset, channel_stats_of
-from vitkit.data.sources.arrayfile import ArrayFile
+from vitkit.data.sources.npy_rows import ArrayFile
 from vitkit.errors import DataError
 
 __all__ = ["MappedArrays", "as_nchw", "beyond_float32", "first_unfit", "geometry"]

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from vitkit.data.dataset import ImageDataset
-from vitkit.data.images import DecodedImage
+from vitkit.data.image_decoder import DecodedImage
 from vitkit.data.sources.mapped import MappedArrays
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vitkit.data.images import DecodedImage
+from vitkit.data.image_decoder import DecodedImage
 from vitkit.data.sources.records import ImageRecords
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitkit.data.images import DecodedImage, decode_image
+from vitkit.data.image_decoder import DecodedImage, decode_image
 from vitkit.errors import DataError, first_few, unclear_names
 
 __all__ = ["TABLE_NAME", "TableRecords", "as_class_labels", "check_same_columns",

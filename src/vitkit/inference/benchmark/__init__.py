@@ -13,8 +13,8 @@ variants x resolutions sweep of the paper's Figure 12.
 """
 
 from vitkit.inference.benchmark.engines import ENGINES, EngineOptions
-from vitkit.inference.benchmark.memory import largest_fitting_batch, peak_rss_growth
 from vitkit.inference.benchmark.peak import MatmulPeak, mfu
+from vitkit.inference.benchmark.rss import largest_fitting_batch, peak_rss_growth
 from vitkit.inference.benchmark.run import BenchmarkResult, benchmark
 from vitkit.inference.benchmark.sweep import DEFAULT_RESOLUTIONS, DEFAULT_VARIANTS, SweepRow, sweep
 

@@ -10,8 +10,8 @@ import torch
 
 from vitkit.errors import ConfigError
 from vitkit.inference.benchmark.engines import Engine, EngineOptions
-from vitkit.inference.benchmark.memory import PeakMemory, peak_rss_growth
 from vitkit.inference.benchmark.peak import MatmulPeak, mfu
+from vitkit.inference.benchmark.rss import PeakMemory, peak_rss_growth
 from vitkit.inference.benchmark.source import Size, load_benchmark_model
 from vitkit.inference.benchmark.timing import Timing, time_calls
 from vitkit.inference.merging import merge_schedule

@@ -16,12 +16,12 @@ import torch
 
 from vitkit.errors import ConfigError
 from vitkit.inference.benchmark.engines import Engine, EngineOptions
-from vitkit.inference.benchmark.memory import (
+from vitkit.inference.benchmark.peak import MatmulPeak, mfu
+from vitkit.inference.benchmark.rss import (
     LinearMemoryModel,
     largest_fitting_batch,
     peak_rss_growth,
 )
-from vitkit.inference.benchmark.peak import MatmulPeak, mfu
 from vitkit.inference.benchmark.run import check_counts, throughput, weights_mib
 from vitkit.inference.benchmark.source import load_benchmark_model
 from vitkit.summary import forward_flops
@@ -104,7 +104,7 @@ def sweep(variants: Sequence[str] = DEFAULT_VARIANTS,
           memory_cap_bytes: float | None = None, weights_dir: str | None = None
           ) -> tuple[list[SweepRow], MatmulPeak]:
     """Every (variant, resolution) in order; the matmul peak sampled between cells."""
-    from vitkit.inference.benchmark.memory import available_memory_bytes
+    from vitkit.inference.benchmark.rss import available_memory_bytes
 
     options = options or EngineOptions()
     check_counts(batch_size, warmup, iters)

@@ -185,7 +185,7 @@ _ALIASES = {"R50+ViT-B/16-i21k": "R50+B/16-i21k"}
 # timm's names of the same files, ARCH_RES.TAG ("vit_base_patch16_224.augreg_in21k_ft_in1k"):
 # its AugReg picks (the "-timm" file where the README picks another) and the 2020 release.
 # timm loads the 2020 release's "orig_in21k" without its head (num_classes=0); vitkit keeps
-# the file's. Checked against timm's pretrained configs in tests/test_catalog.py.
+# the file's. Checked against timm's pretrained configs in tests/weights/test_catalog.py.
 _TIMM_SIZE_WORDS = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge"}
 _RELEASE_2020_I21K = ("B/16", "B/32", "L/16", "L/32", "H/14", "R50+B/16")
 _RELEASE_2020_I1K = (("B/16", 224), ("B/16", 384), ("L/32", 384), ("R50+B/16", 384))

@@ -15,12 +15,17 @@ from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WeightsRecord
 
 log = logging.getLogger("vitkit.weights")
+# The names of a run's files: spelled here only; the writers (vitkit.train, data.skipped) import
+# them (tests/project/test_layout.py checks it).
 LAST, BEST, DIVERGED = "last.pt", "best.pt", "diverged.pt"
+METRICS_JSONL, METRICS_CSV, LEARNING_CURVE = "metrics.jsonl", "metrics.csv", "learning_curve.png"
+SKIPPED_FILES = "skipped_files.txt"
+TENSORBOARD = "tensorboard"
 CHECKPOINTS = (LAST, BEST, DIVERGED)  # each written whole: `.{name}.XXXX.tmp`, then renamed
 WEIGHTS_FILES = (BEST, LAST)  # the checkpoints read as the run's weights, in order of preference
-RUN_FILES = (*CHECKPOINTS, "metrics.jsonl", "metrics.csv", "learning_curve.png",
-             "skipped_files.txt")  # every file a run writes in its folder
-RUN_FOLDERS = ("tensorboard",)  # and every folder
+RUN_FILES = (*CHECKPOINTS, METRICS_JSONL, METRICS_CSV, LEARNING_CURVE,
+             SKIPPED_FILES)  # every file a run writes in its folder
+RUN_FOLDERS = (TENSORBOARD,)  # and every folder
 _KIND_WORDS = {"torch": "a PyTorch file of other contents", "safetensors": "a safetensors file",
                "npz": "an .npz archive"}
 
