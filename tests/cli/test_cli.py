@@ -11,6 +11,12 @@ import torch
 from vitkit.cli import main
 
 
+def says(text, *parts):
+    """Assert that the message names each part (case-insensitive), showing it otherwise."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"message lacks {missing}: {text}"
+
+
 def run(capsys, *argv):
     code = main(list(argv))
     out = capsys.readouterr()
@@ -89,8 +95,8 @@ def test_stray_arguments_are_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("verb", ["predict", "eval", "export", "benchmark", "serve", "probe"])
 def test_an_unknown_flag_is_reported_with_the_verbs_usage(verb, capsys):
-    """An unknown flag after a verb printed the top-level usage (`vitkit [-h] [--version]
-    VERB ...`), which lists none of the verb's flags; it is the verb's usage now."""
+    """An unknown flag after a verb is refused with that verb's usage (which lists its
+    flags), not the top-level one, naming the flag."""
     with pytest.raises(SystemExit) as exit_info:
         main([verb, "cifar10-tutorial", "x.png", "--bogus"])
     err = capsys.readouterr().err
@@ -141,7 +147,8 @@ def test_summary_of_a_binary_file_given_as_json_config(tmp_path, capsys):
     path = tmp_path / "weights.json"
     path.write_bytes(b"\x80\x02\xff\xfe binary")
     code, _, err = run(capsys, "summary", str(path))
-    assert code == 2 and "is not a JSON config file (it is binary)" in err
+    assert code == 2
+    says(err, str(path), "JSON config", "binary")
 
 
 # -- every verb: a VitkitError is one line and exit 2; anything else is a reported bug ---------
@@ -175,7 +182,7 @@ def test_an_unexpected_exception_keeps_its_traceback_and_asks_for_a_report(monke
     assert code == 1
     assert "Traceback" in err and "RuntimeError: boom" in err
     assert err.strip().splitlines()[-1].startswith("vitkit models: this is a bug in vitkit")
-    assert "please report this bug with the command you ran" in err
+    says(err, "report", "bug", "command you ran")
 
 
 def test_overrides_can_come_first_without_a_recipe(tmp_path):
@@ -184,9 +191,8 @@ def test_overrides_can_come_first_without_a_recipe(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
-@pytest.mark.parametrize("device, said", [("gpu", "device='gpu' is not a device name"),
-                                          ("cuda", "device='cuda' but this machine has no "
-                                                   "usable CUDA GPU")])
+@pytest.mark.parametrize("device, said", [("gpu", ("device='gpu'", "device name")),
+                                          ("cuda", ("device='cuda'", "no usable CUDA GPU"))])
 def test_train_on_a_device_this_machine_lacks_says_so_once(tmp_path, capsys, device, said):
     from vitkit.errors import ConfigError
     from vitkit.train.setup import pick_device
@@ -194,26 +200,31 @@ def test_train_on_a_device_this_machine_lacks_says_so_once(tmp_path, capsys, dev
     args = ["train", "digits", "total_steps=1", "progress=false", "--out", str(tmp_path)]
     assert main([*args, f"device={device}"]) == 2
     err = capsys.readouterr().err
-    assert err.count(said) == 1 and "Traceback" not in err and "device=auto" in err
-    with pytest.raises(ConfigError, match=said):  # the library's own door refuses it too
+    assert err.count(said[0]) == 1 and "Traceback" not in err, err
+    says(err, *said, "device=auto")
+    with pytest.raises(ConfigError) as refused:  # the library's own door refuses it too
         pick_device(device)
+    says(str(refused.value), *said, "device=auto")
     assert main([*args, "device=auto", "--overwrite"]) == 0  # the advice works
 
 
 @pytest.mark.parametrize("args, words", [
     (["benchmark", "--sweep", "--variants", "Ti/16", "--memory-gb", "nan"],
-     "argument --memory-gb: must be a finite number"),
+     ("--memory-gb", "finite")),
     (["benchmark", "--sweep", "--variants", "Ti/16", "--memory-gb", "inf"],
-     "argument --memory-gb: must be a finite number"),
-    (["summary", "B/16", "--max-depth", "0"], "argument --max-depth: must be >= 1")])
+     ("--memory-gb", "finite")),
+    (["summary", "B/16", "--max-depth", "0"], ("--max-depth", ">= 1"))])
 def test_options_that_meant_nothing_are_refused_at_the_flag(capsys, args, words):
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     assert exit_info.value.code == 2
-    assert words in capsys.readouterr().err
+    says(capsys.readouterr().err, *words)
+    if args[0] == "summary":  # the bound it names is taken
+        assert main([*args[:-1], "1"]) == 0
 
 
 def test_models_names_the_cache_in_use(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("VITKIT_CACHE", str(tmp_path / "my-cache"))
     assert main(["models"]) == 0
-    assert f"cached in {tmp_path / 'my-cache'}, or put the file" in capsys.readouterr().out
+    says(capsys.readouterr().out, "cached", str(tmp_path / "my-cache"))
+

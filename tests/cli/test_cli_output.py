@@ -27,6 +27,12 @@ from vitkit.train.loop import TrainResult
 TINY = ["model.depth=1", "progress=false"]
 
 
+def says(text, *parts):
+    """Assert that the message names each part (case-insensitive), showing it otherwise."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"message lacks {missing}: {text}"
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
@@ -67,14 +73,17 @@ def test_int8_export_prints_only_its_report(digits_run, tmp_path):
     assert done.stdout.splitlines()[0].startswith(f"wrote {out}")
     lines = done.stdout.splitlines()  # the file, the float graph's check, the int8 check
     assert len(lines) == 3, lines
-    assert lines[1].startswith("onnxruntime check of the fp32 graph before quantisation")
-    assert lines[2].startswith("onnxruntime check (int8 vs fp32)") and lines[2].endswith("OK")
-    assert done.stderr.strip() == f"{digits_run} is a run folder: using best.pt", done.stderr
+    assert lines[1].startswith("onnxruntime check") and "fp32" in lines[1], lines
+    assert lines[2].startswith("onnxruntime check") and "int8" in lines[2], lines
+    assert lines[2].endswith("OK"), lines
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # one note, nothing else
+    says(done.stderr, str(digits_run), "run folder", "best.pt")
 
 
 # -- Ctrl-C: one consistent line ---------------------------------------------------------------
 def test_a_stopped_run_says_stopped_at_its_step_never_done(tmp_path, capsys, monkeypatch):
-    """SIGINT in the second epoch (step 30 of 44; the last evaluation was at step 22)."""
+    """A run stopped by SIGINT (step 30 of 44) says where it stopped, its last evaluation
+    and the --resume that continues it, never "done:"; that resume finishes the run."""
     import vitkit.train.loop as loop
 
     observe = loop.NonFiniteGuard.observe
@@ -89,8 +98,8 @@ def test_a_stopped_run_says_stopped_at_its_step_never_done(tmp_path, capsys, mon
     assert main(["train", *TINY, "epochs=2", "--out", str(run)]) == 128 + signal.SIGINT
     out = capsys.readouterr().out
     assert "done:" not in out
-    assert "stopped by SIGINT at step 30 of 44; last evaluation at step 22: test top-1 " \
-           in out and f"continue with --resume {run / 'last.pt'}" in out
+    says(out, "stopped by SIGINT", "step 30 of 44", "step 22", "test top-1",
+         f"--resume {run / 'last.pt'}")
     monkeypatch.setattr(loop.NonFiniteGuard, "observe", observe)
     assert main(["train", "--resume", str(run / "last.pt")]) == 0  # the advice, followed
     out = capsys.readouterr().out
@@ -102,7 +111,7 @@ def test_each_evaluation_keeps_its_report_and_eval_json_is_the_latest(digits_run
     for split in ("test", "train"):
         assert main(["eval", str(digits_run_copy), "--split", split]) == 0
     out = capsys.readouterr().out
-    assert f"wrote {digits_run_copy / 'eval-digits-train.json'} (and eval.json, the latest)" in out
+    says(out, f"wrote {digits_run_copy / 'eval-digits-train.json'}", "eval.json")
     test = json.loads((digits_run_copy / "eval-digits-test.json").read_text())
     train = json.loads((digits_run_copy / "eval-digits-train.json").read_text())
     assert (test["split"], train["split"]) == ("test", "train")
@@ -142,8 +151,8 @@ def test_merging_more_tokens_than_the_model_has_is_refused(verb, extra, digits_r
     Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "digit.png")
     code = main([verb, str(digits_run), *extra, "--merge-tokens", "20"])
     err = capsys.readouterr().err
-    assert code == 2 and "cannot merge 20 tokens per layer: the model has 16 patch tokens " \
-                         "(+1 prefix)" in err and "use --merge-tokens 8 or less" in err, err
+    assert code == 2, err
+    says(err, "20 tokens", "16 patch tokens", "--merge-tokens 8 or less")
     assert main([verb, str(digits_run), *extra, "--merge-tokens", "8"]) == 0
 
 
@@ -193,8 +202,9 @@ def test_the_ema_score_is_said_beside_the_raw_one_and_which_weights_are_saved():
            "minutes": 0.3}
     text = TrainResult(Path("runs/ema"), Position(step=132, total_steps=132), row,
                        num_classes=10).format()
-    assert "test top-1 83.84%, top-5 99.00%; EMA weights 87.74% (the ones saved)" in text
+    says(text, "test top-1 83.84%", "top-5 99.00%", "EMA weights 87.74%", "the ones saved")
     row["ema_top1"] = 0.80
     text = TrainResult(Path("runs/ema"), Position(step=132, total_steps=132), row,
                        num_classes=10).format()
-    assert "EMA weights 80.00% (the raw ones are saved)" in text
+    says(text, "EMA weights 80.00%", "raw ones are saved")
+

@@ -19,6 +19,13 @@ from vitkit.train.config import TrainConfig, load_train_config
 B16_PARAMS = 86_567_656  # SPEC: ViT-B/16 at 224, 1000 classes
 
 
+def says(text, *parts):
+    """Assert that the message names each part (case-insensitive), showing it otherwise."""
+    text = str(text)
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"message lacks {missing}: {text}"
+
+
 def _example(message: str) -> str:
     """The `KEY=VALUE` a type error suggests ("...; for example depth=12 ...")."""
     match = re.search(r"for example (\S+=\S+)", message)
@@ -101,7 +108,7 @@ def test_badly_typed_overrides_name_key_value_type_and_the_example_works(overrid
         load_train_config("digits", [override])
     message = str(info.value)
     value = override.split("=", 1)[1]
-    assert f"{key}={value!r} is not valid: {key} takes {kind}" in message
+    says(message, f"{key}={value!r}", "not valid", kind)
     fixed = _example(message)
     assert fixed.startswith(f"{key}=")
     load_train_config("digits", [fixed])  # the suggested value is accepted
@@ -121,9 +128,9 @@ def test_json_configs_are_checked_by_the_same_types(tmp_path):
     for key, bad, good in (("depth", "two", 2), ("qkv_bias", "no", False),
                            ("img_size", [16, "x"], "16x32")):
         path.write_text(json.dumps({key: bad, "patch_size": 16}))
-        with pytest.raises(ConfigError, match=rf"{key}={re.escape(repr(bad))} is not valid: "
-                                              rf"{key} takes"):
+        with pytest.raises(ConfigError) as refused:
             ViTConfig.from_json(path)
+        says(refused.value, f"{key}={bad!r}", "not valid")
         path.write_text(json.dumps({key: good, "patch_size": 16}))
         config = ViTConfig.from_json(path)
         assert getattr(config, key) == (good if key != "img_size" else (16, 32))
@@ -132,11 +139,13 @@ def test_json_configs_are_checked_by_the_same_types(tmp_path):
 def test_recipe_files_are_checked_by_the_same_types(tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"epochs": "five", "model": "Ti/4"}))
-    with pytest.raises(ConfigError, match=r"epochs='five' is not valid: epochs takes a number"):
+    with pytest.raises(ConfigError) as refused:
         load_train_config(str(recipe))
+    says(refused.value, "epochs='five'", "a number", "for example")
     recipe.write_text(json.dumps({"model": {"variant": "Ti/4", "qkv_bias": "no"}}))
-    with pytest.raises(ConfigError, match=r"model.qkv_bias='no' is not valid.*true or false"):
+    with pytest.raises(ConfigError) as refused:
         load_train_config(str(recipe))
+    says(refused.value, "model.qkv_bias='no'", "true or false")
     recipe.write_text(json.dumps({"augment": {"flip": "no"}}))
     with pytest.raises(ConfigError, match=r"augment.flip='no' is not valid"):
         load_train_config(str(recipe))
@@ -147,8 +156,9 @@ def test_recipe_files_are_checked_by_the_same_types(tmp_path):
 
 
 def test_python_api_uses_the_same_check():
-    with pytest.raises(ConfigError, match=r"depth='two' is not valid: depth takes an integer"):
+    with pytest.raises(ConfigError) as refused:
         ViTConfig(depth="two")
+    says(refused.value, "depth='two'", "an integer")
     with pytest.raises(ConfigError, match=r"qkv_bias='no' is not valid"):
         ViTConfig(qkv_bias="no")
     with pytest.raises(ConfigError, match=r"epochs='five' is not valid"):
@@ -172,10 +182,14 @@ def test_json_quoted_and_null_values_from_the_cli():
 
 
 def test_unknown_nested_keys_say_which_keys_nest():
-    with pytest.raises(ConfigError, match=r"only model and augment have keys inside"):
+    with pytest.raises(ConfigError) as refused:
         load_train_config("digits", ["optim.lr=0.1"])
-    with pytest.raises(ConfigError, match=r"unknown model key\(s\) widht.*'width'"):
+    says(refused.value, "optim.lr", "model", "augment", "no dots")
+    assert load_train_config("digits", ["lr=0.1"]).lr == 0.1  # a top-level key: no dots
+    with pytest.raises(ConfigError) as refused:
         load_train_config("digits", ["model.widht=8"])
+    says(refused.value, "unknown model key", "widht", "'width'")
+    assert load_train_config("digits", ["model.width=8"]).model["width"] == 8
 
 
 def _train_and_follow(argv: list[str], tmp_path: Path, capsys) -> str:
@@ -186,7 +200,8 @@ def _train_and_follow(argv: list[str], tmp_path: Path, capsys) -> str:
     except SystemExit as exit_info:  # argparse refuses a flag
         code = exit_info.code
     err = capsys.readouterr().err
-    assert code == 2 and "training settings are KEY=VALUE, e.g. total_steps=2" in err, err
+    assert code == 2, err
+    says(err, "KEY=VALUE", "total_steps=2")
     assert main(["train", "total_steps=2", *out]) == 0  # the advice, followed
     assert (tmp_path / "run" / "last.pt").exists()
     return err
@@ -195,7 +210,7 @@ def _train_and_follow(argv: list[str], tmp_path: Path, capsys) -> str:
 @pytest.mark.parametrize("flag", [["--total-steps", "2"], ["--total_steps=2"]])
 def test_a_training_setting_as_a_flag_suggests_key_value(flag, tmp_path, capsys):
     err = _train_and_follow(flag, tmp_path, capsys)
-    assert f"unrecognized argument {flag[0].split('=')[0]}: training settings" in err
+    says(err, f"unrecognized argument {flag[0].split('=')[0]}", "training settings")
     assert "usage: vitkit train" in err  # the verb's usage, not the top level's
 
 
@@ -209,8 +224,7 @@ def test_finetune_settings_as_flags_get_the_same_advice(digits_run, tmp_path, ca
     with pytest.raises(SystemExit):
         main(["finetune", weights, "--total-steps", "1", "--out", str(tmp_path / "ft")])
     err = capsys.readouterr().err
-    assert "unrecognized argument --total-steps: training settings are KEY=VALUE, e.g. " \
-           "total_steps=1" in err and "usage: vitkit finetune" in err
+    says(err, "--total-steps", "KEY=VALUE", "total_steps=1", "usage: vitkit finetune")
     assert main(["finetune", weights, "total_steps=1", "warmup_steps=0", "data=digits",
                  "progress=false",
                  "--out", str(tmp_path / "ft")]) == 0
@@ -218,5 +232,5 @@ def test_finetune_settings_as_flags_get_the_same_advice(digits_run, tmp_path, ca
 
 def test_a_recipe_word_that_is_a_setting_without_a_value(capsys, tmp_path):
     assert main(["train", "digits", "epochs", "--out", str(tmp_path)]) == 2
-    assert "'epochs' is not KEY=VALUE: training settings are KEY=VALUE, e.g. epochs=..." \
-        in capsys.readouterr().err
+    says(capsys.readouterr().err, "'epochs'", "KEY=VALUE", "epochs=")
+

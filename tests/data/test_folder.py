@@ -22,6 +22,12 @@ from vitkit.data.sources import open_source
 from vitkit.data.sources.folder import load_image_folder
 
 
+def says(text: str, *parts: str) -> None:
+    """Assert that a message names each of `parts` (case-insensitive), showing it if not."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"{missing} not in message: {text!r}"
+
+
 def _pixels(h: int, w: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
 
@@ -90,19 +96,24 @@ def test_mixed_sizes_resized(tmp_path: Path) -> None:
 def test_wrong_size_without_resize(tmp_path: Path) -> None:
     _save(tmp_path / "a/ok.png", _pixels(8, 8, 1))
     _save(tmp_path / "a/wide.png", _pixels(8, 20, 2))
-    with pytest.raises(DataError, match=r"a/wide\.png is 8x20 \(HxW\) but image_size is 8x8.*resi"):
-        load_image_folder(tmp_path, image_size=8, resize=False, workers=0)
-    with pytest.raises(DataError, match=r"a/wide\.png is 8x20"):
-        load_image_folder(tmp_path, image_size=8, resize=False, workers=2)
+    for workers in (0, 2):
+        with pytest.raises(DataError) as caught:
+            load_image_folder(tmp_path, image_size=8, resize=False, workers=workers)
+        says(str(caught.value), "a/wide.png", "8x20", "image_size", "8x8", "resize=True")
+    assert load_image_folder(tmp_path, image_size=8, resize=True,  # the advice
+                             workers=0).images.shape == (2, 3, 8, 8)
 
 
 def test_mixed_sizes_without_image_size(tmp_path: Path) -> None:
     for i in range(3):
         _save(tmp_path / f"a/{i}.png", _pixels(8, 8, i))
     _save(tmp_path / "b/odd.png", _pixels(5, 7, 9))
-    with pytest.raises(DataError, match=r"2 different sizes.*8x8 \(3 files.*5x7 \(1 files, "
-                                        r"e\.g\. b/odd\.png\).*image_size"):
+    with pytest.raises(DataError) as caught:
         load_image_folder(tmp_path, workers=0)
+    says(str(caught.value), "2 different sizes", "8x8 (3 files", "5x7 (1 files", "b/odd.png",
+         "image_size=")
+    assert load_image_folder(tmp_path, image_size=8,  # the advice
+                             workers=0).images.shape == (4, 3, 8, 8)
 
 
 def test_corrupt_and_truncated_files_are_skipped(
@@ -119,9 +130,8 @@ def test_corrupt_and_truncated_files_are_skipped(
     assert ds.labels.tolist() == [0, 0, 0, 1, 1]
     assert len(ds.notes) == 1
     note = ds.notes[0]
-    assert note.startswith("skipped 2 of 7 files (1 not an image, 1 truncated): cat/bad.jpg "
-                           "(not an image: no image format recognised)")
-    assert "dog/cut.jpg (truncated: image file is truncated" in note
+    says(note, "skipped 2 of 7 files", "1 not an image", "1 truncated", "cat/bad.jpg",
+         "no image format recognised", "dog/cut.jpg", "image file is truncated")
     assert str(root) not in note  # reasons are short: no full paths
     assert any("skipped 2 of 7 files" in r.getMessage() for r in caplog.records)
     assert [(Path(p).relative_to(root).as_posix(), r.partition(":")[0])
@@ -132,8 +142,9 @@ def test_corrupt_and_truncated_files_are_skipped(
 def test_all_unreadable(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.png").write_bytes(b"\x89PNG garbage")
-    with pytest.raises(DataError, match=r"no readable images.*all 1 files were skipped.*a/x\.png"):
+    with pytest.raises(DataError) as caught:
         load_image_folder(tmp_path, workers=0)
+    says(str(caught.value), "no readable images", "all 1 files", "skipped", "a/x.png")
 
 
 def test_one_channel(tmp_path: Path) -> None:
@@ -156,8 +167,9 @@ def test_folder_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None
     with pytest.raises(DataError, match="no class folders"):
         load_image_folder(tmp_path)
     _save(tmp_path / "loose.png", _pixels(4, 4, 0))
-    with pytest.raises(DataError, match=r"1 images lie directly in it.*one sub-folder per class"):
+    with pytest.raises(DataError) as caught:
         load_image_folder(tmp_path)
+    says(str(caught.value), "1 images", "directly", "one sub-folder per class")
     (tmp_path / "cat").mkdir()
     (tmp_path / "cat" / "readme.txt").write_text("no images here")
     with pytest.raises(DataError, match=r"no images in any class folder"):
@@ -166,7 +178,7 @@ def test_folder_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level(logging.WARNING, logger="vitkit.data"):
         loaded = load_image_folder(tmp_path)  # the empty class is warned about and left out
     assert loaded.classes == ["dog"] and len(loaded) == 1
-    assert "class folder(s) with no images, left out: cat" in caplog.text
+    says(caplog.text, "class folder(s)", "no images", "left out", "cat")
     with pytest.raises(DataError, match="channels must be 1"):
         load_image_folder(tmp_path, channels=4)
     with pytest.raises(DataError, match="image_size must be"):
@@ -221,7 +233,7 @@ def test_every_skipped_file_named_written_and_fixed(
                                                   "truncated": 1, "too many pixels": 1}
     summary = [r.getMessage() for r in caplog.records if "skipped 5 of 11 files" in r.getMessage()]
     assert len(summary) == 1
-    assert "(2 not an image, 1 empty file, 1 too many pixels, 1 truncated)" in summary[0]
+    says(summary[0], "2 not an image", "1 empty file", "1 too many pixels", "1 truncated")
 
     written = write_skipped_files(tmp_path / "run", train, test)
     assert written == tmp_path / "run" / "skipped_files.txt"
@@ -249,9 +261,10 @@ def test_skips_named_by_pool_workers_too(tmp_path: Path, monkeypatch: pytest.Mon
     serial = load_image_folder(tmp_path, image_size=4, workers=0)
     pooled = load_image_folder(tmp_path, image_size=4, workers=2)
     assert serial.skipped_files == pooled.skipped_files
-    assert [(Path(p).name, r) for p, r in pooled.skipped_files] == [
-        ("big.png", "too many pixels: 64 pixels is over Pillow's decompression-bomb limit of 20"),
-        ("empty.jpg", "empty file: 0 bytes")]
+    assert [(Path(p).name, r.partition(":")[0]) for p, r in pooled.skipped_files] == [
+        ("big.png", "too many pixels"), ("empty.jpg", "empty file")]
+    says(pooled.skipped_files[0][1], "64 pixels", "decompression-bomb limit of 20")
+    says(pooled.skipped_files[1][1], "0 bytes")
     assert torch.equal(serial.images, pooled.images) and len(pooled) == 4
 
 
@@ -293,9 +306,10 @@ def test_a_one_class_folder_is_refused_and_a_second_class_trains(tmp_path, capsy
     data = _folder(tmp_path / "data", ["cat"])
     assert main(["train", "data=folder", f"data_dir={data}", *TINY, "--out",
                  str(tmp_path / "run")]) == 2
-    assert f"{data} holds one class (cat), and a classifier needs two or more: give the data " \
-        "two classes or more (a folder: one sub-folder per class in train/ and in val/" \
-        in capsys.readouterr().err
+    err = capsys.readouterr().err
+    says(err, str(data), "one class (cat)", "two or more", "one sub-folder per class", "train/",
+         "val/")
+    assert "Traceback" not in err
     _folder(data, ["cat", "dog"])  # the advice followed
     assert main(["train", "data=folder", f"data_dir={data}", *TINY, "--out",
                  str(tmp_path / "run")]) == 0

@@ -21,6 +21,12 @@ from vitkit.errors import InputError
 from vitkit.preprocess import Preprocess
 
 
+def says(text: str, *parts: str) -> None:
+    """Assert that a message names each of `parts` (case-insensitive), showing it if not."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"{missing} not in message: {text!r}"
+
+
 def _pixels(h: int, w: int, channels: int = 3, seed: int = 0) -> np.ndarray:
     shape = (h, w) if channels == 1 else (h, w, channels)
     return np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8)
@@ -55,10 +61,11 @@ def test_zero_byte_file_refused_then_fixed(tmp_path: Path) -> None:
     path = tmp_path / "empty.png"
     path.write_bytes(b"")
     decoded = decode_image(path)
-    assert not decoded.ok and decoded.reason == "empty file: 0 bytes"
-    with pytest.raises(InputError, match=r"empty\.png as an image \(empty file: 0 bytes\); the "
-                                         r"file has 0 bytes: copy or download it again"):
+    assert not decoded.ok and decoded.kind == "empty file"
+    says(decoded.reason, "empty file", "0 bytes")
+    with pytest.raises(InputError) as caught:
         open_image(path)
+    says(str(caught.value), "empty.png", "empty file", "0 bytes", "copy or download it again")
     original = _pixels(4, 5)
     path.write_bytes(_png_bytes(Image.fromarray(original)))  # the advice: copy it again
     assert np.array_equal(np.asarray(open_image(path)), original)
@@ -69,13 +76,15 @@ def test_text_file_named_png_is_not_an_image(tmp_path: Path) -> None:
     path.write_text("cat,dog\n1,0\n")
     decoded = decode_image(path)
     assert decoded.kind == "not an image"
-    assert decoded.detail == "the file is text ('cat,dog\\n1,0'...), not an image"
-    with pytest.raises(InputError, match=r"labels\.png.*not an image.*pass image files Pillow "
-                                         r"can decode"):
+    says(decoded.detail, "text", "'cat,dog\\n1,0'", "not an image")
+    with pytest.raises(InputError) as caught:
         open_image(path)
+    says(str(caught.value), "labels.png", "not an image", "image files Pillow can decode")
     random_bytes = tmp_path / "noise.jpg"
     random_bytes.write_bytes(np.random.default_rng(0).bytes(300))
-    assert decode_image(random_bytes).reason == "not an image: no image format recognised"
+    refused = decode_image(random_bytes)
+    assert refused.kind == "not an image"
+    says(refused.reason, "no image format recognised")
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
@@ -90,8 +99,9 @@ def test_truncated_file_refused_and_refetched(tmp_path: Path, fmt: str) -> None:
     assert decoded.kind == "truncated" and "truncated" in decoded.detail
     assert "fetch it again" in decoded.fix
     path.write_bytes(full[:4])  # cut inside the header: Pillow cannot even identify it
-    assert decode_image(path).reason == (f"corrupt: starts like a {fmt} file but its header is "
-                                         f"damaged or cut short")
+    header_cut = decode_image(path)
+    assert header_cut.kind == "corrupt"
+    says(header_cut.reason, fmt, "header", "damaged or cut short")
     path.write_bytes(full)  # the advice: fetch it again
     expected = original if fmt == "PNG" else np.asarray(Image.open(io.BytesIO(full)))
     assert np.array_equal(_decoded(path), expected)
@@ -106,8 +116,8 @@ def test_corrupt_jpeg_refused(tmp_path: Path) -> None:
     path = tmp_path / "bad.jpg"
     path.write_bytes(bytes(data))
     decoded = decode_image(path)
-    assert decoded.kind == "corrupt" and decoded.detail == "broken data stream when reading " \
-                                                           "image file"
+    assert decoded.kind == "corrupt"
+    says(decoded.detail, "broken data stream")
 
 
 def test_decompression_bomb_refused_without_warnings(tmp_path: Path,
@@ -122,17 +132,17 @@ def test_decompression_bomb_refused_without_warnings(tmp_path: Path,
     assert caught == []
     assert refused_huge.kind == refused_large.kind == "too many pixels"
     limit = Image.MAX_IMAGE_PIXELS
-    assert refused_huge.detail == (f"10,000,000,000 pixels is over Pillow's decompression-bomb "
-                                   f"limit of {limit:,}")
-    assert refused_large.detail == (f"10000x10000 = 100,000,000 pixels is over Pillow's "
-                                    f"decompression-bomb limit of {limit:,}")
+    says(refused_huge.detail, "10,000,000,000 pixels", "decompression-bomb", f"{limit:,}")
+    says(refused_large.detail, "10000x10000", "100,000,000 pixels", "decompression-bomb",
+         f"{limit:,}")
     # A real small image under a lowered limit; the advice (raise the limit) makes it load.
     path = tmp_path / "small.png"
     original = _pixels(12, 12)
     path.write_bytes(_png_bytes(Image.fromarray(original)))
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
-    with pytest.raises(InputError, match=r"12x12 = 144 pixels.*raise PIL\.Image\.MAX_IMAGE_PIXELS"):
+    with pytest.raises(InputError) as caught:
         open_image(path)
+    says(str(caught.value), "12x12", "144 pixels", "raise PIL.Image.MAX_IMAGE_PIXELS")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
     assert np.array_equal(np.asarray(open_image(path)), original)
 
@@ -147,8 +157,9 @@ def test_floating_point_pixels_unsupported(tmp_path: Path) -> None:
 def test_channels_other_than_gray_or_rgb(tmp_path: Path) -> None:
     path = tmp_path / "a.png"
     Image.fromarray(_pixels(2, 2)).save(path)
-    with pytest.raises(InputError, match="1 \\(grayscale\\) or 3 \\(RGB\\) channels, not 4"):
+    with pytest.raises(InputError) as caught:
         decode_image(path, channels=4)
+    says(str(caught.value), "1 (grayscale)", "3 (RGB)", "not 4")
 
 
 # -- converted correctly --------------------------------------------------------------------
@@ -283,8 +294,9 @@ def test_explain_reads_files_through_the_decoder(tmp_path: Path) -> None:
     assert names == [str(path)] and (batch == 255).all()  # scaled, as the decoder does
     bad = tmp_path / "notes.png"
     bad.write_text("not a picture")
-    with pytest.raises(InputError, match=r"notes\.png as an image \(not an image"):
+    with pytest.raises(InputError) as caught:
         images_from_files([path, bad], preprocess)
+    says(str(caught.value), "notes.png", "not an image")
 
 
 def test_predict_reads_files_through_the_decoder(tmp_path: Path) -> None:
@@ -315,8 +327,7 @@ def test_predict_reads_files_through_the_decoder(tmp_path: Path) -> None:
     for other in results[3:]:  # the comparison can fail: another decoding predicts otherwise
         assert (other.indices != results[0].indices
                 or not np.allclose(other.probs, results[0].probs, atol=0.02))
-    assert results[2].error == ("cannot read image (empty file: 0 bytes); the file has 0 bytes: "
-                                "copy or download it again")
+    says(results[2].error, "empty file", "0 bytes", "copy or download it again")
 
 
 # -- bounded fuzz -----------------------------------------------------------------------------

@@ -26,6 +26,13 @@ from vitkit.weights import save_pretrained
 REL_TOL = 1e-8
 
 
+def says(text, *parts):
+    """Assert that the message names each part (case-insensitive), showing it otherwise."""
+    text = str(text)
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"message lacks {missing}: {text}"
+
+
 def normal_equations(x: np.ndarray, y: np.ndarray, num_classes: int, l2: float
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(W, mean, std) by solving (X^T X + l2 I) W = X^T Y directly (no eigendecomposition)."""
@@ -101,8 +108,9 @@ def test_shots_are_drawn_per_class_and_nested_as_in_big_vision():
 
 def test_too_many_shots_name_the_class_and_the_largest_possible_count():
     labels = np.array([0] * 10 + [1] * 3 + [2] * 8)
-    with pytest.raises(InputError, match=r"'b' \(3 images\).*--shots 3") as error:
+    with pytest.raises(InputError) as error:
         sample_shots(labels, [1, 5], seed=0, num_classes=3, class_names=["a", "b", "c"])
+    says(error.value, "'b'", "3 images", "--shots 3")
     largest = int(str(error.value).split("--shots ")[1].split(";")[0])
     drawn = sample_shots(labels, [1, largest], seed=0, num_classes=3)  # the advice works
     assert len(drawn[largest]) == 3 * largest
@@ -146,7 +154,7 @@ def test_fewshot_of_features_only_weights(digits_run, tmp_path, capsys):
 def test_too_many_shots_on_the_cli_says_the_largest_and_that_works(digits_run, tmp_path, capsys):
     assert main(["fewshot", str(digits_run), "--shots", "1,500", "--out", str(tmp_path)]) == 2
     message = capsys.readouterr().err
-    assert "shots per class is more than the training split holds" in message
+    says(message, "shots per class", "training split", "--shots ")
     largest = message.split("--shots ")[1].split(";")[0]
     assert main(["fewshot", str(digits_run), "--shots", largest, "--seeds", "1",
                  "--out", str(tmp_path)]) == 0
@@ -172,15 +180,17 @@ def test_fewshot_compares_several_weights_on_one_figure(digits_run, tmp_path, ca
 
 
 def test_a_class_without_training_images_draws_none_and_is_never_the_advice():
-    """Labels 1..3 (arrays may number classes from 1) or a class only the test split has:
-    class 0 held 0 training images, so every shot count was refused with the advice
-    "--shots 0", itself refused. Such a class draws none (big_vision's empty permutation),
-    the advice names the smallest class that has images, and the curve runs."""
+    """A class without training images (labels 1..3, or a class only the test split has)
+    draws none, as big_vision's empty permutation does; too many shots are refused naming
+    the smallest class that has images, never "--shots 0", and the curve runs."""
     labels = np.array([1] * 6 + [2] * 4 + [3] * 5)
     drawn = sample_shots(labels, [1, 4], seed=0, num_classes=4)
     np.testing.assert_array_equal(np.bincount(labels[drawn[4]], minlength=4), [0, 4, 4, 4])
-    with pytest.raises(InputError, match=r"'class 2' \(4 images\).*--shots 4"):
+    with pytest.raises(InputError) as error:
         sample_shots(labels, [5], seed=0, num_classes=4)
+    says(error.value, "'class 2'", "4 images", "--shots 4")
+    assert "--shots 0" not in str(error.value)
+    assert len(sample_shots(labels, [4], seed=0, num_classes=4)[4]) == 12  # the advice works
     centres = np.random.default_rng(0).normal(size=(4, 6))
     x = centres[labels] + 0.1 * np.random.default_rng(1).normal(size=(len(labels), 6))
     result = fewshot_curve(x, labels, x, labels, 4, shots=[1, 4], seeds=2)
@@ -188,18 +198,17 @@ def test_a_class_without_training_images_draws_none_and_is_never_the_advice():
 
 
 @pytest.mark.parametrize(("change", "error", "message"), [
-    ("nan_test", InputError, r"1 of the 40 feature rows hold inf or NaN \(row 3 first\)"),
-    ("inf_train", InputError, r"1 of the 60 feature rows hold inf or NaN"),
-    ("label_too_large", InputError, r"a label is 7 but num_classes is 3: pass num_classes=8"),
-    ("fewer_labels", InputError, r"40 test features but 39 test labels"),
-    ("other_width", InputError, r"training features have 6 dims and the test features 5"),
-    ("fractional_label", InputError, r"whole class indices, got 1.7"),
+    ("nan_test", InputError, ("1 of the 40 feature rows", "inf or NaN", "row 3")),
+    ("inf_train", InputError, ("1 of the 60 feature rows", "inf or NaN")),
+    ("label_too_large", InputError, ("label is 7", "num_classes is 3", "num_classes=8")),
+    ("fewer_labels", InputError, ("40 test features", "39 test labels")),
+    ("other_width", InputError, ("6 dims", "test features 5")),
+    ("fractional_label", InputError, ("whole class indices", "1.7")),
 ])
 def test_the_frozen_feature_protocols_refuse_bad_arrays_by_name(change, error, message):
-    """The Python API took NaN features silently (a few-shot accuracy of a third; inf raised
-    numpy's LinAlgError), labels above num_classes as raw IndexErrors, arrays of other lengths
-    or widths as broadcast errors, and truncated 1.7 to class 1. Each is named now, by the
-    few-shot solve, the kNN and the linear probe alike."""
+    """NaN or inf features, labels above num_classes, arrays of other lengths or widths and
+    fractional labels are each refused by name, by the few-shot solve, the kNN and the
+    linear probe alike; a label above num_classes names the num_classes that takes it."""
     from vitkit.evaluation import knn_accuracy, linear_probe
 
     x_train, y_train, x_test, y_test = _problem(60, 6, 3, seed=1)
@@ -217,8 +226,11 @@ def test_the_frozen_feature_protocols_refuse_bad_arrays_by_name(change, error, m
     else:
         y_test[2] = 1.7
     for protocol in (fewshot_lsr_accuracy, knn_accuracy, linear_probe):
-        with pytest.raises(error, match=message):
+        with pytest.raises(error) as refused:
             protocol(x_train, y_train, x_test, y_test, 3)
+        says(refused.value, *message)
+        if change == "label_too_large":  # the advice, followed
+            protocol(x_train, y_train, x_test, y_test, 8)
 
 
 def test_knn_k_below_one_and_no_seeds_are_refused():
@@ -227,15 +239,14 @@ def test_knn_k_below_one_and_no_seeds_are_refused():
 
     x, y, _, _ = _problem(30, 4, 3)
     with pytest.raises(ConfigError, match="k >= 1"):
-        knn_accuracy(x, y, x, y, 3, k=0)  # voted class 0 for every image (0.25 in a trial)
+        knn_accuracy(x, y, x, y, 3, k=0)  # no neighbours to vote
     with pytest.raises(ConfigError, match="at least one seed"):
-        fewshot_curve(x, y, x, y, 3, shots=[1], seeds=0)  # a NaN mean, with numpy warnings
+        fewshot_curve(x, y, x, y, 3, shots=[1], seeds=0)  # no mean to take
 
 
 def test_features_that_overflow_are_refused_by_fewshot_and_probe(digits_run, tmp_path, capsys):
-    """Weights whose features overflow to inf (every weight finite) made `fewshot` fail with
-    numpy's LinAlgError ("a bug in vitkit", exit 1) and `probe` print 10% with advice to raise
-    max_iter; both refuse it now, naming the images, before any protocol runs."""
+    """Weights whose features overflow to inf (every weight finite) are refused by `fewshot`
+    and `probe` as a clean error (exit 2), naming the images, before any protocol runs."""
     model = load_pretrained(digits_run)
     with torch.no_grad():
         model.blocks[-1].mlp.fc2.weight.mul_(1e38)
@@ -243,14 +254,13 @@ def test_features_that_overflow_are_refused_by_fewshot_and_probe(digits_run, tmp
     for verb in (["fewshot", "--shots", "1", "--out", str(tmp_path)], ["probe"]):
         assert main([verb[0], str(tmp_path / "overflow"), "--data", "digits", *verb[1:]]) == 2
         err = capsys.readouterr().err
-        assert "gives features that are not finite (inf or NaN) for" in err, err
-        assert "train images of digits" in err
+        says(err, "not finite", "inf or NaN", "train images of digits")
 
 
 def test_fewshot_of_a_regression_model_is_refused_before_reading_images(tmp_path, capsys,
                                                                          monkeypatch):
-    """The refusal (fewshot draws per class: use probe) came after every feature of both
-    splits was extracted: minutes on a large data set. It comes before any image is read."""
+    """`fewshot` of a regression model is refused (fewshot draws per class: use probe)
+    before any image is read."""
     import vitkit.evaluation.features as features
     from vitkit import create_model
     from vitkit.tasks import TaskSpec
@@ -262,4 +272,5 @@ def test_fewshot_of_a_regression_model_is_refused_before_reading_images(tmp_path
                         lambda *a, **k: pytest.fail("images read before the task check"))
     assert main(["fewshot", str(tmp_path / "regressor"), "--data", "digits",
                  "--out", str(tmp_path)]) == 2
-    assert "fewshot draws images per class" in capsys.readouterr().err
+    says(capsys.readouterr().err, "fewshot draws images per class", "probe")
+

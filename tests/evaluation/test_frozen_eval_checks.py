@@ -86,9 +86,9 @@ def _objective(x, y, weight, bias, weight_decay: float) -> float:
 
 
 def test_a_probe_needing_more_than_1000_iterations_reaches_scikit_learns_optimum():
-    """scikit-learn (tol 1e-12) is the reference; the old cap of 1000 iterations stopped at
-    its cap, 1.0e-7 above its objective on a Zen 3 EPYC and 1.7e-8 on an Emerald Rapids Xeon
-    (the path of L-BFGS differs between CPUs), the current one within 5e-8 (measured 2.3e-8)."""
+    """scikit-learn (tol 1e-12) is the reference: a cap of 1000 iterations stops short of its
+    objective on this problem (by how much depends on the CPU's L-BFGS path), and the default
+    cap reaches it within 5e-8."""
     from sklearn.linear_model import LogisticRegression
 
     x, y = _low_rank_features()
@@ -97,7 +97,8 @@ def test_a_probe_needing_more_than_1000_iterations_reaches_scikit_learns_optimum
     best = _objective(x, y, reference.coef_.T, reference.intercept_, wd)
     old = fit_logistic(x, y, 5, wd, max_iter=1000)
     probe = fit_logistic(x, y, 5, wd)
-    assert old.iterations == 1000 and probe.iterations > 1000  # the old cap cut it short
+    assert old.iterations == 1000 and probe.iterations > 1000  # 1000 stops short
+
     assert _objective(x, y, old.weight, old.bias, wd) > best
     assert abs(_objective(x, y, probe.weight, probe.bias, wd) - best) < 5e-8
 
@@ -169,4 +170,5 @@ def test_knn_with_k_above_the_training_images_says_the_k_it_used(monkeypatch, ca
     report = frozen_report.probe_report("weights", k=100000)
     assert "kNN (k=12, 100000 asked, T=0.07, cosine)" in report.text
     assert report.data["knn"]["k"] == 12 and report.data["knn"]["k_asked"] == 100000
-    assert "k=100000 is more than the 12 training images" in caplog.text
+    for part in ("k=100000", "12 training images"):
+        assert part in caplog.text, caplog.text

@@ -17,6 +17,13 @@ from vitkit.tasks import LOSS_MEANINGS, LOSSES, TaskSpec, infer_task, make_task
 from vitkit.train.config import check_task
 
 
+def says(text, *parts):
+    """Assert that the message names each part (case-insensitive), showing it otherwise."""
+    text = str(text)
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"message lacks {missing}: {text}"
+
+
 def test_regression_metrics_equal_scikit_learn() -> None:
     rng = np.random.default_rng(0)
     true = rng.normal(3.0, 2.0, size=(200, 3))
@@ -64,16 +71,23 @@ def test_targets_choose_the_task() -> None:
 
 
 def test_targets_that_do_not_fit_are_refused_by_name() -> None:
-    with pytest.raises(DataError, match=r"NaN or inf, at index 2"):
+    with pytest.raises(DataError) as refused:
         infer_task(np.array([0.1, 0.2, np.nan]))
-    with pytest.raises(DataError, match="task=multilabel needs"):
+    says(refused.value, "NaN or inf", "index 2")
+    with pytest.raises(DataError) as refused:
         infer_task(np.array([[0.5, 2.0]]), "multilabel")
-    with pytest.raises(DataError, match="task=classification needs"):
+    says(refused.value, "task=multilabel", "0 and 1")
+    with pytest.raises(DataError) as refused:
         infer_task(np.array([0.5, 2.0]), "classification")
-    with pytest.raises(ConfigError, match="loss='huber' does not apply to task=classification"):
+    says(refused.value, "task=classification", "integer class indices", "task=regression")
+    assert infer_task(np.array([0.5, 2.0]), "regression").kind == "regression"  # as advised
+    with pytest.raises(ConfigError) as refused:
         infer_task(np.array([0, 1]), loss="huber")
-    with pytest.raises(ConfigError, match="label_smoothing is for classification"):
+    says(refused.value, "loss='huber'", "task=classification", "cross_entropy")
+    assert infer_task(np.array([0, 1]), loss="cross_entropy").kind == "classification"
+    with pytest.raises(ConfigError) as refused:
         make_task(TaskSpec("regression")).training_targets(torch.zeros(2, 1), 1, 0.1)
+    says(refused.value, "label_smoothing", "classification", "drop label_smoothing")
 
 
 @pytest.mark.parametrize("given, meant", [
@@ -84,25 +98,26 @@ def test_targets_that_do_not_fit_are_refused_by_name() -> None:
 def test_a_common_name_of_a_loss_is_suggested_as_that_loss_not_accepted(given, meant) -> None:
     with pytest.raises(ConfigError) as refused:
         check_task(None, given)
-    assert str(refused.value).endswith(f" Did you mean {meant!r} ({LOSS_MEANINGS[meant]})?")
+    says(refused.value, f"loss={given!r}", f"Did you mean {meant!r}", LOSS_MEANINGS[meant])
     kind = next(kind for kind, names in LOSSES.items() if meant in names)
     check_task(kind, meant)  # the suggestion is accepted
     other = next(other for other in LOSSES if other != kind)  # a task that does not take it
-    with pytest.raises(ConfigError, match=rf"{given!r} is {meant!r} here \(.*\), a loss of "
-                                          rf"task={kind}\.$"):
+    with pytest.raises(ConfigError) as refused:
         check_task(other, given)
+    says(refused.value, f"{given!r} is {meant!r}", f"task={kind}")
 
 
 def test_a_loss_of_another_task_names_that_task_and_a_bad_saved_loss_is_a_config_error(
         ) -> None:
-    with pytest.raises(ConfigError, match=r"'mse' \(mean squared error\) is a loss of "
-                                          r"task=regression\.$"):
+    with pytest.raises(ConfigError) as refused:
         check_task("classification", "mse")
-    with pytest.raises(ConfigError, match=r"'bce' \(binary cross-entropy with logits\) is a "
-                                          r"loss of task=multilabel\.$"):
+    says(refused.value, "'mse'", "mean squared error", "task=regression")
+    with pytest.raises(ConfigError) as refused:
         TaskSpec("regression", loss="bce")
-    with pytest.raises(ConfigError, match="loss=1 does not apply to task=regression"):
+    says(refused.value, "'bce'", "binary cross-entropy", "task=multilabel", "mse, huber, l1")
+    with pytest.raises(ConfigError) as refused:
         TaskSpec.from_dict({"kind": "regression", "loss": 1})  # as a config.json may hold
+    says(refused.value, "loss=1", "task=regression", "mse, huber, l1")
 
 
 def test_huber_is_smooth_l1_as_its_suggestion_says() -> None:
@@ -121,21 +136,21 @@ def test_spec_round_trips_through_a_dict() -> None:
 
 @pytest.mark.parametrize("kind", ["multilabel", "regression"])
 def test_repeated_output_names_are_refused_where_outputs_are_keyed_by_name(kind):
-    """A multi-label model saved with names ['cat', 'cat', 'dog'] reported two outputs under
-    one key: output 0's probability would be lost under the other's."""
+    """Output names that repeat are refused for tasks whose outputs are keyed by name (one
+    output would hide the other), naming the name; a class list may repeat."""
     from vitkit.errors import ConfigError
     from vitkit.tasks import TaskSpec
 
-    with pytest.raises(ConfigError, match=rf"the output names of a {kind} task repeat "
-                                          r"\('cat'\).*give every output a name of its own"):
+    with pytest.raises(ConfigError) as refused:
         TaskSpec(kind, names=["cat", "cat", "dog"])
+    says(refused.value, "output names", kind, "repeat", "('cat')", "a name of its own")
     assert TaskSpec(kind, names=["cat", "cat 2", "dog"]).names == ["cat", "cat 2", "dog"]
     assert TaskSpec("classification", names=["cat", "cat"]).names == ["cat", "cat"]  # a list
 
 
 def test_a_file_written_with_repeated_output_names_loads_with_them_told_apart(tmp_path, caplog):
-    """Folders and checkpoints written before repeats were refused still load (a review of the
-    refusal found them reported as damaged): each repeated name gets its output's number."""
+    """A saved folder whose output names repeat still loads, with a warning: each repeated
+    name gets its output's number, so no output is lost."""
     import json
     import logging
 
@@ -151,6 +166,7 @@ def test_a_file_written_with_repeated_output_names_loads_with_them_told_apart(tm
     with caplog.at_level(logging.WARNING):
         loaded = vitkit.load_pretrained(folder)
     assert loaded.task.names == ["cat (output 1)", "cat (output 2)", "dog"]
-    assert "output names repeat ('cat')" in caplog.text
+    says(caplog.text, "output names repeat", "('cat')")
+
     probs = make_task(loaded.task).describe(torch.zeros(1, 3))[0]["probs"]
     assert list(probs) == ["cat (output 1)", "cat (output 2)", "dog"]  # three, none lost

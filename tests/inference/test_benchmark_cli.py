@@ -28,6 +28,12 @@ KEYS = ("images_per_s", "latency_ms_median", "latency_ms_p90", "peak_memory_mib"
         "gflops_per_image", "peak_gflops", "mfu")
 
 
+def says(text: str, *parts: str) -> None:
+    """Assert that a message names each of `parts` (case-insensitive), showing it if not."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"{missing} not in message: {text!r}"
+
+
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(["benchmark", *argv])
     out, err = capsys.readouterr()
@@ -63,7 +69,7 @@ def test_benchmark_prints_images_per_s_latency_peak_memory_and_mfu(capsys):
     assert "MFU can pass 100%" not in out  # fp32 against the fp32 peak
     code, out, err = run_cli(capsys, "cifar10-tutorial", "--precision", "int8", *FAST)
     assert code == 0, err
-    assert "(the fp32 peak: int8 matmuls can run faster, so MFU can pass 100%)" in out
+    says(out, "fp32 peak", "int8", "MFU can pass 100%")
 
 
 def test_benchmark_json_has_positive_measurements_consistent_with_each_other(capsys):
@@ -129,9 +135,7 @@ def test_benchmark_on_onnxruntime_times_only_a_graph_that_equals_the_model(
     code, _, err = run_cli(capsys, "cifar10-tutorial", "--engine", "onnxruntime",
                            *(["--int8"] if int8 else []), *FAST)
     assert code != 0 and "Traceback" not in err
-    assert re.search(r"the ONNX outputs differ from PyTorch by 0\.05\d* \(batch [13] at 32x32\)",
-                     err), err
-    assert "Time PyTorch instead: --engine torch." in err
+    says(err, "ONNX outputs differ from PyTorch", "0.05", "32x32", "--engine torch")
     assert run_cli(capsys, "cifar10-tutorial", "--engine", "torch",
                    *(["--int8"] if int8 else []), *FAST)[0] == 0  # the fix, followed
 
@@ -191,9 +195,8 @@ def test_sweep_writes_a_two_panel_png_and_one_row_per_variant_and_resolution(cap
         assert needed(row["largest_batch"]) <= cap < needed(row["largest_batch"] + 1)
 
 def test_sweep_reports_the_figure_file_it_wrote_for_a_name_without_a_suffix(capsys, tmp_path):
-    """matplotlib adds .png to a name without a suffix: the report names that file, the one
-    written (it said `wrote adir`, and adir did not exist); a suffix that is no image format
-    gets .png too (savefig refused it, after the whole sweep)."""
+    """A figure name without a suffix, or with one that is no image format, gets .png; the
+    report names the file written."""
     for given, written in (("adir", "adir.png"), ("sweep.v2", "sweep.v2.png")):
         code, out, err = run_cli(capsys, "--sweep", "--variants", "cifar10-tutorial",
                                  "--resolutions", "32", "--memory-gb", "2", "--out",
@@ -208,8 +211,8 @@ def test_sweep_reports_the_figure_file_it_wrote_for_a_name_without_a_suffix(caps
 
 def test_a_figure_that_cannot_be_written_is_refused_before_the_sweep(capsys, tmp_path,
                                                                     monkeypatch):
-    """--out whose figure file is a folder (`fig` -> fig.png/), or .pgf without LaTeX, failed
-    after the whole sweep; it is refused at once, and the suggested file works."""
+    """--out whose figure file is a folder (`fig` -> fig.png/), or .pgf without LaTeX, is
+    refused before the sweep runs, naming the problem and a file that works."""
     import vitkit.inference.benchmark.figure as figure
 
     (tmp_path / "fig.png").mkdir()
@@ -219,7 +222,7 @@ def test_a_figure_that_cannot_be_written_is_refused_before_the_sweep(capsys, tmp
     for given, problem in (("fig", "which is a folder"), ("x.pgf", "not installed")):
         code, out, err = run_cli(capsys, *sweep, "--out", str(tmp_path / given))
         assert code == 2 and out == ""  # no sweep row was run
-        assert problem in err
+        says(err, given, problem)
         suggested = re.search(r"e\.g\. (\S+)$", err.strip())[1]
         code, out, err = run_cli(capsys, *sweep, "--out", suggested)
         assert code == 0, err
@@ -256,7 +259,8 @@ def test_latency_percentile_matches_numpy():
 # -- bad input: the message names the fix, and the fix works -----------------------------------
 def test_unknown_variant_suggests_the_name_that_works(capsys):
     code, _, err = run_cli(capsys, "cifar10-tutorail", *FAST)
-    assert code == 2 and "unknown model 'cifar10-tutorail'" in err
+    assert code == 2
+    says(err, "unknown model", "cifar10-tutorail")
     suggestion = re.search(r"Did you mean '([^']+)'", err)[1]
     code, out, err = run_cli(capsys, suggestion, *FAST)
     assert code == 0 and "images/s" in out, err
@@ -264,7 +268,8 @@ def test_unknown_variant_suggests_the_name_that_works(capsys):
 
 def test_img_size_not_divisible_by_the_patch_suggests_a_size_that_works(capsys):
     code, _, err = run_cli(capsys, "cifar10-tutorial", "--img-size", "30", *FAST)
-    assert code == 2 and "not divisible by patch size 4" in err
+    assert code == 2
+    says(err, "30x30", "not divisible", "patch size 4")
     suggestion = re.search(r"e\.g\. (\d+x\d+)", err)[1]
     result = run_json(capsys, "cifar10-tutorial", "--img-size", suggestion, *FAST)
     assert result["img_size"] == [int(n) for n in suggestion.split("x")]
@@ -274,8 +279,9 @@ def test_batch_size_zero_is_refused_with_the_smallest_that_works(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["benchmark", "cifar10-tutorial", "--batch-size", "0"])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "--batch-size: must be >= 1, got 0" in err
-    smallest = re.search(r"must be >= (\d+)", err)[1]
+    assert exit_info.value.code == 2
+    says(err, "--batch-size", ">= 1", "got 0")
+    smallest = re.search(r">= (\d+)", err)[1]
     result = run_json(capsys, "cifar10-tutorial", "--batch-size", smallest, "--warmup", "0",
                       "--iters", "2")
     assert result["batch_size"] == 1 and result["images_per_s"] > 0
@@ -283,7 +289,8 @@ def test_batch_size_zero_is_refused_with_the_smallest_that_works(capsys):
 
 def test_benchmark_without_a_model_or_sweep_says_what_to_give(capsys):
     code, _, err = run_cli(capsys, *FAST)
-    assert code == 2 and "vitkit benchmark B/16" in err and "--sweep" in err
+    assert code == 2
+    says(err, "vitkit benchmark B/16", "--sweep")
 
 
 def test_int8_engine_picks_the_eager_implementation_and_is_refused_on_onnxruntime(capsys):
@@ -293,14 +300,14 @@ def test_int8_engine_picks_the_eager_implementation_and_is_refused_on_onnxruntim
     assert "int8 (torch engine)" in result["engine"]
     code, _, err = run_cli(capsys, "cifar10-tutorial", "--int8-engine", "torch", "--engine",
                            "onnxruntime", *FAST)
-    assert code == 2 and "--int8-engine applies to the torch engine only" in err
+    assert code == 2
+    says(err, "--int8-engine", "torch engine", "--engine torch")
 
 
 def test_the_sweep_measures_batch_one_after_a_first_call(tmp_path):
-    """In a fresh process the first forward allocates what later calls reuse: measured then,
-    batch 1 took 11.7 MiB against 2.4 MiB at batch 8, the fitted slope fell to its floor
-    (0.06 MiB per image) and Ti/16 at 64 px was promised batch 16,699 under 1 GiB, where one
-    forward at batch 4,096 needs about 0.2 MiB per image (about 4,900 fit)."""
+    """Batch 1's memory is measured after a first call (whose one-off allocations later calls
+    reuse), so in a fresh process the per-image slope is real and Ti/16 at 64 px under 1 GiB
+    gets a largest batch that fits (about 0.2 MiB per image), not one ten times too big."""
     import os
     import subprocess
     import sys
@@ -322,18 +329,16 @@ def test_the_sweep_measures_batch_one_after_a_first_call(tmp_path):
                                    ["--memory-gb", "1"], ["--out", "sweep.png"]])
 def test_sweep_settings_without_sweep_are_refused_not_ignored(capsys, flags):
     """--variants, --resolutions, --memory-gb and --out set the sweep only: without --sweep
-    they were ignored silently (one benchmark of MODEL ran, at its own size); refused now,
-    and the advice followed (--sweep, or the flag dropped) runs."""
+    they are refused, naming the flag and advising --sweep or dropping it; dropped, it runs."""
     code, _, err = run_cli(capsys, "cifar10-tutorial", *flags, *FAST)
-    assert code == 2 and f"{flags[0]} sets the sweep" in err
-    assert "add --sweep" in err and f"drop {flags[0]}" in err
+    assert code == 2
+    says(err, flags[0], "sweep", "add --sweep", f"drop {flags[0]}")
     assert run_json(capsys, "cifar10-tutorial", *FAST)["images_per_s"] > 0  # dropped
 
 
 def test_compile_with_onnxruntime_int8_says_it_does_not_compile(capsys):
-    """--compile where the int8 engine is ONNX Runtime's (as auto often picks) labelled the
-    row "torch.compile, frozen weights" and compiled a wrapper around the session; the row
-    says now that nothing was compiled, and the first call is not called a compile."""
+    """--compile where the int8 engine is ONNX Runtime's compiles nothing: the row says so,
+    and the first call is not called a compile."""
     pytest.importorskip("onnxruntime")
     result = run_json(capsys, "cifar10-tutorial", "--int8-engine", "onnxruntime", "--compile",
                       *FAST)
@@ -346,16 +351,16 @@ def test_compile_with_onnxruntime_int8_says_it_does_not_compile(capsys):
 
 def test_a_batch_too_large_for_memory_is_an_error_naming_the_fix_not_a_bug(capsys):
     args = ["benchmark", "cifar10-tutorial", "--threads", "1", "--iters", "1", "--warmup", "0"]
-    assert main([*args, "--batch-size", "100000000"]) == 2  # was 1 and "a bug in vitkit"
+    assert main([*args, "--batch-size", "100000000"]) == 2  # a user error, not a crash
     err = capsys.readouterr().err
-    assert "error: out of memory (" in err and "lower the batch size or the image size" in err
+    says(err, "error:", "out of memory", "lower the batch size")
     assert "Traceback" not in err
     assert main([*args, "--batch-size", "2"]) == 0  # as advised
 
 
 def test_an_empty_variant_list_is_refused_as_an_empty_resolution_list_is(capsys):
     assert main(["benchmark", "--sweep", "--variants", "", "--threads", "1"]) == 2
-    assert "no variants given" in capsys.readouterr().err
+    says(capsys.readouterr().err, "no variants", "separated by commas")
 
 
 def test_benchmark_int8_help_names_the_engine_auto_picks():

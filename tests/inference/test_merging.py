@@ -233,16 +233,21 @@ def test_merging_works_with_a_dynamic_image_size():
 @pytest.mark.parametrize("r", [-1, 1.5, "2"])
 def test_a_bad_r_is_refused_with_the_fix(r):
     model = small_model()
-    with pytest.raises(ConfigError, match="integer >= 0") as info:
+    with pytest.raises(ConfigError) as info:
         apply_token_merging(model, r)
-    assert "use 0 for no merging" in str(info.value)
+    message = str(info.value)
+    for part in ("tokens to merge", repr(r), "integer >= 0", "use 0"):
+        assert part in message, message
     assert apply_token_merging(model, 0) is model  # the advice works
     assert type(model) is VisionTransformer
 
 
 def test_a_non_vitkit_model_is_refused():
-    with pytest.raises(ConfigError, match="VisionTransformer"):
+    with pytest.raises(ConfigError) as info:
         apply_token_merging(torch.nn.Linear(2, 2), 1)
+    message = str(info.value)
+    for part in ("VisionTransformer", "Linear", "vitkit.create_model"):
+        assert part in message, message
 
 
 def test_the_merge_schedule_is_the_token_count_each_layer_keeps():
@@ -262,8 +267,10 @@ def test_the_merge_schedule_is_the_token_count_each_layer_keeps():
     assert forward_flops(model.config, tokens_per_layer=[17] * 4) == forward_flops(model.config)
     merged = forward_flops(model.config, tokens_per_layer=merge_schedule(model.config, 3, 17))
     assert merged < forward_flops(model.config)
-    with pytest.raises(ConfigError, match="the token schedule has 3 layers, the model 4"):
+    with pytest.raises(ConfigError) as info:
         forward_flops(model.config, tokens_per_layer=[17, 17, 17])
+    for part in ("token schedule", "3 layers", "4"):
+        assert part in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize("r", [2, 3])
@@ -309,7 +316,7 @@ def test_a_one_block_merging_model_takes_the_shortcut_with_no_sizes_yet():
 
 def test_merge_tokens_exports_to_onnx_with_several_merges_into_one_token(tmp_path):
     """The merge as ONNX: onnxruntime gives the same tokens and sizes when several A tokens
-    merge into one B token (a scatter-add exported without its reduction kept only one)."""
+    merge into one B token (every one of them is added in, not only one)."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
 

@@ -80,8 +80,10 @@ def test_a_live_model_runs_in_its_context_and_keeps_its_mode(model):
     with torch.no_grad():
         x = model.preprocess.normalize(pictures())
         assert torch.equal(outputs, (model(x) + model(x.flip(-1))) / 2)
-    with pytest.raises(ConfigError, match="runs the model as it is"):
+    with pytest.raises(ConfigError) as info:
         Predictor.from_model(model, InferenceOptions(precision="bf16"), context=Context)
+    for part in ("context", "as it is", "precision", "merge_tokens"):
+        assert part in str(info.value), str(info.value)
 
 
 def test_auto_measures_on_the_first_batch_when_asked(model, caplog):
@@ -90,17 +92,22 @@ def test_auto_measures_on_the_first_batch_when_asked(model, caplog):
     assert not predictor.ready
     with caplog.at_level(logging.INFO):
         predictor(pictures())
-    assert predictor.ready and "precision fp32 (asked)" in caplog.text
+    assert predictor.ready and "precision fp32" in caplog.text and "asked" in caplog.text
 
 
 def test_a_contradiction_is_refused_before_the_weights_are_read(tmp_path):
-    with pytest.raises(ConfigError, match="--int8 means --precision int8"):
-        Predictor.load(tmp_path / "missing", InferenceOptions(precision="bf16",
-                                                              int8_engine="torch"))
-    with pytest.raises(ConfigError, match="tta="):
-        InferenceOptions(tta="mirror")
-    with pytest.raises(ConfigError, match="not both"):
-        InferenceOptions.given(InferenceOptions(), precision="bf16")
+    refusals = {
+        ("--int8", "--precision bf16", "drop"): lambda: Predictor.load(
+            tmp_path / "missing", InferenceOptions(precision="bf16", int8_engine="torch")),
+        ("tta='mirror'", "flip"): lambda: InferenceOptions(tta="mirror"),
+        ("options=InferenceOptions", "precision=", "not both"): lambda: InferenceOptions.given(
+            InferenceOptions(), precision="bf16"),
+    }
+    for parts, call in refusals.items():
+        with pytest.raises(ConfigError) as info:
+            call()
+        for part in parts:
+            assert part in str(info.value), str(info.value)
 
 
 def test_rows_name_the_classes(model):
@@ -110,8 +117,9 @@ def test_rows_name_the_classes(model):
     assert [row.path for row in rows] == ["a.png", "b.png"]
     assert set(rows[0].labels) <= {"cat", "dog", "sky"} and len(rows[0].labels) == 2
     assert predictor.describe(outputs, 1)[0]["top"][0]["label"] == rows[0].labels[0]
-    with pytest.raises(InputError, match="topk must be >= 1"):
+    with pytest.raises(InputError) as info:
         predictor.predictions(["a.png"], outputs[:1], topk=0)
+    assert all(part in str(info.value) for part in ("topk", ">= 1", "got 0")), str(info.value)
 
 
 def test_load_keeps_where_the_weights_came_from(model, tmp_path):

@@ -23,6 +23,12 @@ from vitkit.inference.quantize import quantize_int8
 MIN_AGREEMENT = 0.97
 
 
+def says(text: str, *parts: str) -> None:
+    """Assert that a message names each of `parts` (case-insensitive), showing it if not."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"{missing} not in message: {text!r}"
+
+
 @pytest.fixture(scope="module")
 def digits_test() -> tuple[torch.Tensor, torch.Tensor]:
     test = open_source("digits")[1]
@@ -65,17 +71,20 @@ def test_a_missing_int8_engine_says_how_to_install_it(monkeypatch, digits_run):
     model = load_pretrained(digits_run)
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
-    with pytest.raises(ConfigError, match=r"pip install 'vitkit\[int8\]'") as info:
+    with pytest.raises(ConfigError) as info:
         quantize_int8(model, "torchao")
-    assert "use engine 'torch'" in str(info.value)
+    says(str(info.value), "torchao", "pip install 'vitkit[int8]'", "engine 'torch'")
     assert quantize_int8(model, "torch") is not model  # the advice works
     assert "torchao" not in available_engines()  # and auto does not measure it
 
 
 def test_an_unknown_int8_engine_is_refused(digits_run):
-    with pytest.raises(ConfigError,
-                       match=r"use one of torch, onednn, onnxruntime, torchao or 'auto'"):
-        quantize_int8(load_pretrained(digits_run), "tensorrt")
+    """An unknown engine is refused, naming it and the engines there are; a named one runs."""
+    model = load_pretrained(digits_run)
+    with pytest.raises(ConfigError) as info:
+        quantize_int8(model, "tensorrt")
+    says(str(info.value), "tensorrt", "torch", "onednn", "onnxruntime", "torchao", "'auto'")
+    assert quantize_int8(model, "torch") is not model  # one of those named
 
 
 def test_torchao_engine_agrees_when_installed(digits_run, digits_test):
@@ -113,8 +122,9 @@ def test_check_onnx_int8_catches_a_graph_of_another_model(digits_run, tmp_path):
     other = load_pretrained(digits_run).eval()
     with torch.no_grad():
         other.head.weight.mul_(-1)  # the logits change sign: top-1 flips everywhere
-    with pytest.raises(ExportError, match="export without --int8"):
+    with pytest.raises(ExportError) as info:
         check_onnx_int8(other, path)
+    says(str(info.value), "int8 ONNX", "without --int8")
 
 
 def test_cli_eval_predict_and_export_take_int8_and_merge_tokens(digits_run, tmp_path, capsys):
@@ -140,7 +150,7 @@ def test_cli_eval_predict_and_export_take_int8_and_merge_tokens(digits_run, tmp_
     lines = capsys.readouterr().out.strip().splitlines()
     # one line per image, then the digits model's note on what it reads
     # (inference/test_predict.py)
-    assert lines[-1].startswith("note: a digits model reads light strokes")
+    assert lines[-1].startswith("note: ") and "light strokes" in lines[-1]
     assert len(lines[:-1]) == 3 and all("%" in line for line in lines[:-1])
 
     target = tmp_path / "m.int8.onnx"
@@ -153,7 +163,7 @@ def test_cli_eval_predict_and_export_take_int8_and_merge_tokens(digits_run, tmp_
 def test_cli_refuses_negative_merge_tokens(digits_run, capsys):
     with pytest.raises(SystemExit):
         main(["eval", str(digits_run), "--merge-tokens", "-1"])
-    assert "must be >= 0" in capsys.readouterr().err
+    says(capsys.readouterr().err, "--merge-tokens", ">= 0", "-1")
 
 
 def test_cli_exports_a_merging_graph_at_the_models_size(digits_run, tmp_path, capsys):
@@ -166,7 +176,7 @@ def test_cli_exports_a_merging_graph_at_the_models_size(digits_run, tmp_path, ca
     assert out.rstrip().endswith("OK") and read_metadata(target)["merge_tokens"] == 2
     assert main(["export", str(checkpoint), "--merge-tokens", "2", "--dynamic-size"]) == 2
     err = capsys.readouterr().err
-    assert "exports at its image size only" in err and "export without --dynamic-size" in err
+    says(err, "image size only", "without --dynamic-size")
     assert main(["export", str(checkpoint), "--merge-tokens", "2"]) == 0  # the fix
     assert (tmp_path / "best.merge2.onnx").is_file() and capsys.readouterr().out.rstrip() \
         .endswith("OK")
@@ -275,8 +285,8 @@ def test_the_int8_scheme_follows_the_cpu_and_is_named(monkeypatch, flags, scheme
 
 def test_int8_keeps_a_trained_model_closer_to_fp32_than_torchs_seven_bits(digits_run, digits_test):
     """On the trained digits model, vitkit's schemes (those this CPU can run without
-    saturating) follow the fp32 logits more closely than torch's 7-bit activations (measured:
-    mean error 0.016-0.018 against 0.031)."""
+    saturating) follow the fp32 logits more closely than torch's 7-bit activations: under
+    0.75x their mean error."""
     from vitkit.inference.int8_ranges import int8_scheme, quantize_linears
 
     here = int8_scheme()
@@ -312,11 +322,10 @@ def test_an_int8_export_checks_its_float_graph_before_quantising(digits_run, tmp
     diff, agreement = check_onnx_int8(model, unchecked)  # int8's own check lets it through
     assert diff >= 0.5 * unfaithful_exporter and agreement > 0.9
     target = tmp_path / "checked.onnx"
-    with pytest.raises(ExportError, match=r"before int8 quantisation, the ONNX outputs differ "
-                                          r"from PyTorch by 0\.05\d* \(batch [13] at 8x8\), above "
-                                          r"the tolerance 0\.0001\d* \(0\.0001 \+ 1e-05 x the "
-                                          r"outputs' largest magnitude"):
+    with pytest.raises(ExportError) as info:
         export_onnx_int8(model, target)
+    says(str(info.value), "before int8 quantisation", "ONNX outputs differ from PyTorch", "0.05",
+         "8x8", "tolerance", "0.0001", "1e-05")
     assert not target.exists() and not list(tmp_path.glob("*.tmp"))
 
 
@@ -349,10 +358,10 @@ def test_the_onnxruntime_engine_refuses_an_unfaithful_graph_and_auto_passes_it_b
     pytest.importorskip("onnxruntime")
     images, _ = digits_test
     model = load_pretrained(digits_run).eval()
-    with pytest.raises(ExportError, match=r"the onnxruntime int8 engine cannot run this model: "
-                                          r"before int8 quantisation, .* Use another int8 "
-                                          r"engine: --int8-engine torch( \(or onednn\))?\.$"):
+    with pytest.raises(ExportError) as info:
         quantize_int8(model, "onnxruntime")
+    says(str(info.value), "onnxruntime int8 engine", "cannot run this model",
+         "before int8 quantisation", "another int8 engine", "--int8-engine torch")
     fp32 = _logits(model, images)  # the fix, followed: torch's engine
     int8 = _logits(quantize_int8(model, "torch"), images)
     assert (fp32.argmax(1) == int8.argmax(1)).double().mean() >= MIN_AGREEMENT
@@ -360,8 +369,9 @@ def test_the_onnxruntime_engine_refuses_an_unfaithful_graph_and_auto_passes_it_b
 
     engine, reason = choose_int8_engine(model, images[:8])  # every engine timed but that one
     assert engine in available_engines() and engine != "onnxruntime"
-    assert "onnxruntime not timed (before int8 quantisation, the ONNX outputs differ from " \
-        "PyTorch by 0.05" in reason and not reason.endswith(".")
+    says(reason, "onnxruntime not timed", "before int8 quantisation", "ONNX outputs differ",
+         "0.05")
+    assert not reason.endswith(".")
     assert "onnxruntime " not in reason.split(";")[0]  # no time measured for it
 
 
@@ -371,23 +381,22 @@ def test_cli_eval_and_export_refuse_an_unfaithful_graph_and_evals_fix_works(
     out = tmp_path / "eval"
     assert main(["eval", str(digits_run), "--out", str(out), "--int8-engine", "onnxruntime"]) != 0
     err = capsys.readouterr().err
-    assert "the onnxruntime int8 engine cannot run this model" in err
-    assert "Traceback" not in err and "--int8-engine torch" in err
+    says(err, "onnxruntime int8 engine", "cannot run this model", "--int8-engine torch")
+    assert "Traceback" not in err
     assert main(["eval", str(digits_run), "--out", str(out), "--int8-engine", "torch"]) == 0
     assert json.loads((out / "eval.json").read_text())["int8"] == "torch"
     target = tmp_path / "m.int8.onnx"  # vitkit export --int8 refuses the graph and writes none
     assert main(["export", str(digits_run / "best.pt"), "--int8", "--out", str(target)]) != 0
     err = capsys.readouterr().err
-    assert "before int8 quantisation, the ONNX outputs differ from PyTorch by 0.05" in err
+    says(err, "before int8 quantisation", "ONNX outputs differ", "0.05")
     assert not target.exists() and not list(tmp_path.glob("*.tmp"))
 
 
 # -- the int8 graph: what it quantises, and its checks ------------------------------------------
 
 def test_onnx_int8_quantises_matmul_and_gemm_only(tmp_path):
-    """As documented ("int8 MatMul/Gemm weights"): ONNX Runtime's default also turned each
-    Conv into a ConvInteger, which on the shipped conv-stem model moved the logits 13x as far
-    from fp32 (1.47 against 0.11 at most)."""
+    """As documented ("int8 MatMul/Gemm weights"): convolutions stay float, no ConvInteger
+    (which moves a conv-stem model's logits far from fp32)."""
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from vitkit import create_model
@@ -411,15 +420,16 @@ def test_onnxruntime_int8_of_a_dynamic_size_model_takes_other_sizes(digits_run, 
     images = torch.nn.functional.interpolate(digits_test[0][:64], size=(16, 12),
                                              mode="bilinear")
     fp32 = _logits(model, images)
-    got = _logits(int8, images)  # was ONNX Runtime's "Got invalid dimensions" error
+    got = _logits(int8, images)  # another size runs
     assert (got - fp32).abs().max() <= 0.05 * (fp32.max() - fp32.min())
-    with pytest.raises(InputError, match=r"does not fit the model's patch stem"):  # not cropped
+    with pytest.raises(InputError) as info:  # refused, not cropped
         int8(images[..., :15, :])
+    says(str(info.value), "15x12", "does not fit", "patch stem")
 
     merging = quantize_int8(apply_token_merging(copy.deepcopy(model), 2), "onnxruntime")
-    with pytest.raises(InputError, match=r"for an onnxruntime int8 graph of 8x8 \(token "
-                                          r"merging fixes the size\): feed 8x8 images, or use "
-                                          r"another int8 engine: --int8-engine torch"):
+    with pytest.raises(InputError) as info:
         merging(images)
+    says(str(info.value), "16x12", "onnxruntime int8 graph of 8x8", "token merging",
+         "feed 8x8 images", "--int8-engine torch")
     torch_int8 = quantize_int8(apply_token_merging(copy.deepcopy(model), 2), "torch")
     assert _logits(torch_int8, images).shape == (64, 10)  # the advice

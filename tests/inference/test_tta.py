@@ -46,8 +46,10 @@ def test_the_tta_choice_defaults_to_the_training_run_and_unknown_ones_are_refuse
     assert recorded_tta(None, "flip") == "flip"
     assert recorded_tta(None) == "none"  # weights of other origins record none
     assert recorded_tta("none", "flip") == "none"  # asked for wins
-    with pytest.raises(ConfigError, match=r"tta='mirror' is not one of none, flip"):
+    with pytest.raises(ConfigError) as info:
         with_tta(_model(), "mirror")
+    for part in ("tta='mirror'", "none", "flip"):
+        assert part in str(info.value), str(info.value)
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +147,10 @@ def test_a_saved_model_folder_keeps_the_runs_tta_for_eval(flip_run: Path, tmp_pa
     assert load_pretrained(folder, num_classes=3).eval_tta == "none"  # not what was trained
     meta = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**meta, "eval_tta": "mirror"}))
-    with pytest.raises(CheckpointError, match=r"tta='mirror' is not one of none, flip.*"
-                                              r"Fix the file, or write the folder again with "
-                                              r"save_pretrained"):
+    with pytest.raises(CheckpointError) as info:
         load_pretrained(folder)
+    for part in ("tta='mirror'", "none", "flip", "save_pretrained"):
+        assert part in str(info.value), str(info.value)
     save_pretrained(model, folder)  # the message's fix: the folder reads again, flip kept
     assert load_pretrained(folder).eval_tta == "flip"
 
@@ -176,7 +178,8 @@ def test_eval_and_predict_warn_when_flip_tta_meets_a_run_without_flips(flip_run:
 
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         assert main(["eval", str(flip_run), "--out", str(flip_run / "eval")]) == 0
-    assert "the training run never flipped its inputs (augment.flip=false)" in caplog.text
+    for part in ("never flipped its inputs", "augment.flip=false", "--tta none"):
+        assert part in caplog.text, caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         assert main(["eval", str(flip_run), "--tta", "none", "--out", str(flip_run / "eval")]) \
@@ -204,7 +207,9 @@ def test_training_with_flip_tta_and_no_flips_warns(caplog) -> None:
 
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         augment_config(load_train_config("digits", ["tta=flip"]), streamed=False)
-    assert "does not flip its training inputs (augment.flip=false)" in caplog.text
+    for part in ("tta=flip", "does not flip", "augment.flip=false", "tta=none",
+                 "augment.flip=true"):
+        assert part in caplog.text, caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         augment_config(load_train_config("digits", ["tta=flip", "augment.flip=true"]),

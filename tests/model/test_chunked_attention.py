@@ -157,11 +157,10 @@ def test_compile_traces_the_chunked_attention_as_one_op_with_eager_values_and_gr
 
 
 def test_torch_func_and_export_of_a_small_model_leave_the_chunked_path():
-    """The chunked op has no torch.func rules and is vitkit's own: an eval-mode model with
-    grad on took it, so `jacrev` saliency failed (functorch's "autograd.Function ... must
-    override setup_context"), as did per-sample gradients (vmap(grad)) in training mode, and
-    `torch.export` wrote a graph holding `vitkit.chunked_attention` (its batch fixed, and
-    unloadable without vitkit). They take SDPA now; training still takes the chunked path."""
+    """Under torch.func (`jacrev`, per-sample `vmap(grad)`) and `torch.export` the model
+    takes SDPA, not vitkit's chunked op (which has no torch.func rules), so they work and the
+    exported graph holds no vitkit op; training otherwise still takes the chunked path."""
+
     from torch.func import functional_call, grad, jacrev, vmap
 
     from vitkit import create_model

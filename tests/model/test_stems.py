@@ -70,7 +70,8 @@ def test_conv_stem_strides_place_the_downsampling_and_a_wrong_list_says_how():
     assert [conv.stride for conv in default._convs()] == [(1, 1), (2, 2), (2, 2), (2, 2)]
     with pytest.raises(ConfigError, match=r"e\.g\. \[1, 2, 2, 2\]") as info:
         meta_model("Ti/8", stem="conv", stem_channels=(8, 16, 16, 24), stem_strides=(2, 2, 1, 1))
-    assert "log2(patch_size)=3 of them 2" in str(info.value)
+    for part in ("stem_strides=[2, 2, 1, 1]", "log2(patch_size)=3", "patch size 8"):
+        assert part in str(info.value), str(info.value)
     example = json.loads(str(info.value).rsplit("e.g. ", 1)[1])  # the message's fix works
     fixed = meta_model("Ti/8", stem="conv", stem_channels=(8, 16, 16, 24), stem_strides=example)
     assert fixed.config.stem_strides == (1, 2, 2, 2)
@@ -105,9 +106,11 @@ def test_pooled_conv_stem_is_conv_then_max_pool_then_norm_and_relu():
 
 
 def test_stem_pool_without_a_conv_stem_says_how_to_fix_it():
-    with pytest.raises(ConfigError, match="stem_pool=True pools inside a conv stem") as info:
+    with pytest.raises(ConfigError, match="stem_pool=True") as info:
         meta_model("Ti/16", stem_pool=True)
-    assert "set stem='conv' with stem_channels, or drop stem_pool" in str(info.value)
+    for part in ("conv stem", "'patch'", "stem='conv'", "stem_channels", "drop stem_pool"):
+        assert part in str(info.value), str(info.value)
+
     fixed = meta_model("Ti/8", stem="conv", stem_channels=(8, 16, 24), stem_pool=True)
     assert fixed.patch_embed.token_grid((224, 224)) == (28, 28)
     assert meta_model("Ti/16").config.stem_pool is False  # ... or drop it

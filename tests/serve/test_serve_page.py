@@ -297,7 +297,7 @@ def test_a_token_in_the_address_is_sent_to_the_api(browser, guarded, service, pi
         "a figure behind the token")
     page(browser, guarded.url)  # no token: the API's 401 message is shown
     error = browser.find_element("id", "error")
-    assert error.is_displayed() and error.text.startswith("401: missing or wrong token")
+    assert error.is_displayed() and error.text.startswith("401: ") and "token" in error.text
 
 
 def test_the_page_needs_nothing_from_elsewhere(server):
@@ -318,8 +318,8 @@ def test_the_page_needs_nothing_from_elsewhere(server):
 
 def test_a_slower_earlier_upload_does_not_replace_the_last_ones_predictions(
         browser, server, picture, tmp_path, monkeypatch):
-    """The page showed whichever /api/predict answer came last: a file that took longer to
-    decode, chosen first, put its classes under the name of the file chosen after it."""
+    """The page shows the predictions of the file chosen last, under its name, even when an
+    earlier file's slower /api/predict answer comes back after them."""
     import vitkit.serve.app as app_module
 
     decode = app_module.decode_files
@@ -369,7 +369,8 @@ def test_a_token_with_a_plus_works_url_encoded_as_the_401_says(browser, guarded_
     page(browser, f"{guarded_plus.url}/?token=s3cr+t/x=")  # '+' reads as a space
     error = browser.find_element("id", "error")
     assert error.is_displayed()
-    assert "open the page as /?token=TOKEN with the token URL-encoded (a + as %2B)" in error.text
+    for part in ("/?token=TOKEN", "URL-encoded", "%2B"):
+        assert part in error.text, error.text
     page(browser, f"{guarded_plus.url}/?token=s3cr%2Bt%2Fx%3D")  # as the message says
     assert browser.find_element("id", "model-name").text == service.name
     assert not browser.find_element("id", "error").is_displayed()

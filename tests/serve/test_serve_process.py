@@ -159,8 +159,8 @@ def test_without_the_serve_extra_the_command_says_what_to_install():
                           "from vitkit.cli import main; sys.exit(main(['serve', 'x']))"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 2, out.stderr
-    assert "vitkit serve needs fastapi, not installed here: pip install 'vitkit[serve]'" \
-        in out.stderr
+    for part in ("vitkit serve", "fastapi", "not installed", "pip install 'vitkit[serve]'"):
+        assert part in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -175,9 +175,9 @@ def test_a_port_in_use_is_refused_before_anything_loads_and_another_port_serves(
                                   "--port", str(port)], env=env, capture_output=True, text=True,
                                  timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert f"vitkit serve: error: cannot listen on 127.0.0.1:{port} (Address already in use): " \
-        f"another server holds port {port}: pass another --port (e.g. --port {port + 1})" \
-        in refused.stderr
+    assert refused.stderr.startswith("vitkit serve: error: "), refused.stderr
+    for part in ("cannot listen", f"127.0.0.1:{port}", "another --port", f"--port {port + 1}"):
+        assert part in refused.stderr, refused.stderr
     assert "Ctrl-C to stop" not in refused.stdout  # no success line first
     (tmp_path / "tmp").mkdir()
     process, url = _start(weights, tmp_path / "tmp")  # the advice: another port
@@ -191,5 +191,6 @@ def test_a_port_out_of_range_is_refused_by_the_arguments(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["serve", "weights", "--port", "70000"])
     assert exited.value.code == 2
-    assert "argument --port: '70000' is not a port: give a number from 0 to 65535" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    for part in ("--port", "'70000'", "not a port", "0 to 65535"):
+        assert part in err, err

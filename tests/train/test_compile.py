@@ -108,8 +108,9 @@ def test_compile_without_a_c_compiler_says_what_to_install(tmp_path, monkeypatch
 
 
 def test_resizing_keeps_adamw_second_moments_non_negative(tmp_path):
-    """Bicubic resampling of exp_avg_sq to a larger grid overshoots below zero, and AdamW's
-    square root of it made the first steps at the new size NaN (this run, before the fix)."""
+    """Moving to a larger grid, AdamW's second moments of the position embedding stay
+    non-negative (bicubic resampling overshoots below zero, and their square root would be
+    NaN), so the steps at the new size stay finite."""
     cfg = load_train_config("digits", [*TINY, "total_steps=6", "batch_size=32",
                                        "resolution_schedule=[[0, 4], [0.5, 8]]",
                                        f"out_dir={tmp_path}"])

@@ -15,6 +15,13 @@ import torch
 from vitkit.cli import main
 from vitkit.train.checkpoint import load_state
 
+
+def says(text: str, *parts: str) -> None:
+    """Assert that a message names each of `parts` (case-insensitive), showing it if not."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"{missing} not in message: {text!r}"
+
+
 TINY = ['model={"img_size": 8, "patch_size": 4, "in_chans": 1, "width": 16, "depth": 1, '
         '"num_heads": 2, "mlp_dim": 32}', "progress=false", "warmup_epochs=0"]
 
@@ -54,9 +61,8 @@ def test_a_resume_within_an_epoch_keeps_its_batch_and_the_advice_works(tmp_path,
     assert (_position(run)["epoch"], _position(run)["batch"]) == (1, 2)
     resume = ["train", "total_steps=8", "--resume", str(run / "last.pt")]
     assert main([*resume, "batch_size=16"]) == 2
-    assert "the checkpoint stopped within epoch 2 (after its batch 2), whose rest is read in " \
-        "the batches it began with (batch_size=32): resume with batch_size=32" \
-        in capsys.readouterr().err
+    says(capsys.readouterr().err, "within epoch 2", "batch 2", "batches it began with",
+         "resume with batch_size=32")
     # the advice followed; accum_steps splits the same batches, so it may change mid-epoch
     assert main([*resume, "batch_size=32", "accum_steps=2"]) == 0
     assert _position(run)["step"] == 8
@@ -101,9 +107,8 @@ def test_a_resume_within_an_epoch_keeps_its_train_limit_and_the_advice_works(tmp
                  "test_limit=64", "--out", str(run)]) == 0
     resume = ["train", "total_steps=5", "--resume", str(run / "last.pt")]
     assert main([*resume, "train_limit=64"]) == 2
-    assert "the checkpoint stopped within epoch 1 (after its batch 3), whose rest is read in " \
-        "the batches it began with (train_limit=128): resume with train_limit=128" \
-        in capsys.readouterr().err
+    says(capsys.readouterr().err, "within epoch 1", "batch 3", "batches it began with",
+         "resume with train_limit=128")
     assert main([*resume, "train_limit=128"]) == 0  # the advice followed
     assert _position(run)["step"] == 5
 
@@ -123,6 +128,6 @@ def test_resuming_with_another_recipe_names_the_model_not_the_warmup(tmp_path, c
     # The digits recipe's warmup_epochs=2 is longer than epochs=1, but the model is the problem.
     assert main(["train", "digits", "epochs=1", "--resume", str(out / "last.pt")]) == 2
     err = capsys.readouterr().err
-    assert "another model config (depth: checkpoint 2 vs config 4" in err
+    says(err, "another model config", "depth", "checkpoint 2", "config 4")
     assert "warmup" not in err
     assert main(["train", "epochs=2", "--resume", str(out / "last.pt")]) == 0  # the advice

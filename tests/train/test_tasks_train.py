@@ -35,6 +35,12 @@ QUICK = ["progress=false", "batch_size=32", "lr=0.002", "warmup_epochs=0.5",
 TOL = 1e-5
 
 
+def says(text: str, *parts: str) -> None:
+    """Assert that a message names each of `parts` (case-insensitive), showing it if not."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"{missing} not in message: {text!r}"
+
+
 # -- generated data -------------------------------------------------------------------------
 def _regression_set(folder: Path, seed: int = 0) -> Path:
     """1-channel 16x16 fields in [0, 1]: noise plus a brightness b in the top-left 8x8
@@ -226,17 +232,16 @@ def _refused(capsys, data: Path, out: Path, *extra: str) -> str:
 def test_settings_that_do_not_fit_the_task_or_the_data_are_refused(small_set, tmp_path,
                                                                      capsys):
     err = _refused(capsys, small_set, tmp_path / "a", "augment.label_smoothing=0.1")
-    assert "augment.label_smoothing=0.1 is for classification" in err
+    says(err, "augment.label_smoothing=0.1", "classification")
     err = _refused(capsys, small_set, tmp_path / "b", "augment.trivial_augment=true")
     assert "augment.trivial_augment=True" in err and "float arrays" in err
     err = _refused(capsys, small_set, tmp_path / "c", "augment.random_erasing=0.25",
                    "augment.crop_padding=2")
     assert "augment.crop_padding=2, augment.random_erasing=0.25" in err
     err = _refused(capsys, small_set, tmp_path / "d", "task=classification")
-    assert "task=classification needs (N,) non-negative integer class indices" in err
-    assert "task=regression" in err
+    says(err, "task=classification", "(N,)", "class indices", "task=regression")
     err = _refused(capsys, small_set, tmp_path / "e", "task=multilabel")
-    assert "task=multilabel needs (N, K) targets of 0 and 1" in err
+    says(err, "task=multilabel", "(N, K)", "0 and 1")
 
 
 def test_a_head_of_another_size_is_refused_and_the_fix_trains(small_set, tmp_path, capsys):
@@ -257,12 +262,11 @@ def test_a_head_of_another_size_is_refused_and_the_fix_trains(small_set, tmp_pat
      "Huber loss with delta 1 on the standardised targets, the same as smooth L1 with beta 1")])
 def test_another_name_of_a_loss_suggests_vitkits_name_and_the_suggestion_trains(
         small_set, tmp_path, capsys, given, meant, meaning):
-    """String similarity took loss=mae for mse; the common names of a loss are suggested as
-    the loss they are (not accepted in its place), and the suggestion trains."""
+    """A common name of a loss is refused, suggesting the loss it names (by meaning, not by
+    spelling), and the suggestion trains."""
     err = _refused(capsys, small_set, tmp_path / "a", f"loss={given}")
-    assert f"loss={given!r} is not a loss here: use one of cross_entropy, mse, huber, l1, " \
-        f"bce (or leave it unset for the task's default). Did you mean {meant!r} " \
-        f"({meaning})?" in err
+    says(err, f"loss={given!r}", "not a loss", "cross_entropy, mse, huber, l1, bce",
+         f"Did you mean {meant!r}", meaning)
     _train(small_set, tmp_path / "b", f"loss={meant}", "total_steps=2")
     assert load_pretrained(tmp_path / "b").task.loss == meant
 
@@ -336,10 +340,13 @@ def test_resuming_with_another_task_is_refused(small_set, tmp_path):
     overrides = ["data=arrays", f"data_dir={small_set}", f"model={TINY}", *QUICK,
                  "total_steps=2", f"out_dir={tmp_path}"]
     run_loop(build_run(load_train_config(None, overrides)))
-    with pytest.raises(ConfigError, match="loss=l1 but the checkpoint was trained with "
-                                          "loss=mse: resume with loss=mse"):
+    with pytest.raises(ConfigError) as caught:
         build_run(load_train_config(None, [*overrides, "loss=l1"]),
                   resume=tmp_path / "last.pt")
+    says(str(caught.value), "loss=l1", "trained with loss=mse", "resume with loss=mse")
+    resumed = build_run(load_train_config(None, [*overrides, "loss=mse"]),  # the advice
+                        resume=tmp_path / "last.pt")
+    assert resumed.task.spec.loss == "mse"
     with pytest.raises(DataError):
         build_run(load_train_config(None, [*overrides, "task=classification"]))
 

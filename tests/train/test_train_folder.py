@@ -23,6 +23,14 @@ from vitkit.train.loop import run_loop
 from vitkit.train.setup import build_run
 
 CLASSES = 3
+
+
+def says(text: str, *parts: str) -> None:
+    """Assert that a message names each of `parts` (case-insensitive), showing it if not."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"{missing} not in message: {text!r}"
+
+
 QUICK = ["data=folder", "total_steps=4", "warmup_steps=1", "batch_size=16", "progress=false"]
 
 
@@ -57,7 +65,7 @@ def test_a_head_of_another_size_than_the_classes_found_is_refused(tmp_path, digi
     args = ["train", "digits", *QUICK, "--data-dir", str(digit_folder), "--out", str(tmp_path)]
     assert main(args) == 2  # the digits recipe's 10-way head, 3 class folders
     err = capsys.readouterr().err
-    assert f"model.num_classes=10 but the data {digit_folder} holds 3 classes" in err
+    says(err, "model.num_classes=10", str(digit_folder), "3 classes")
     assert main([*args, f"model.num_classes={CLASSES}"]) == 0  # the advice works
     assert load_checkpoint(tmp_path / "last.pt")["model"]["head.weight"].shape[0] == CLASSES
 

@@ -13,6 +13,13 @@ import numpy as np
 from vitkit import load_pretrained
 from vitkit.cli import main
 
+
+def says(text: str, *parts: str) -> None:
+    """Assert that a message names each of `parts` (case-insensitive), showing it if not."""
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"{missing} not in message: {text!r}"
+
+
 QUICK = ["total_steps=2", "warmup_epochs=0", "batch_size=32", "train_limit=64", "test_limit=64",
          "progress=false"]
 
@@ -21,9 +28,8 @@ def test_a_variant_on_the_digits_gets_every_fix_at_once_and_a_head_sized_to_the_
         tmp_path: Path, capsys) -> None:
     assert main(["train", "model=Ti/16", *QUICK, "--out", str(tmp_path / "r0")]) == 2
     err = capsys.readouterr().err
-    assert "the data is 8x8 with 1 channel(s) but the model takes 224x224 with 3: set " \
-        "model.in_chans=1 model.img_size=8 and a patch size that divides it (patch_size 2, 4 " \
-        "or 8 for 8x8: 16 does not)" in err
+    says(err, "8x8", "1 channel(s)", "224x224", "model.in_chans=1", "model.img_size=8",
+         "patch_size 2, 4 or 8", "16 does not")
     fixes = shlex.split(re.search(r": set (.*?) and a patch size", err).group(1))
     patch = re.search(r"\(patch_size (\d+)", err).group(1)
     out = tmp_path / "r1"
@@ -44,18 +50,16 @@ def test_an_image_size_fix_for_a_wide_image_is_one_shell_word_and_names_a_patch_
     base = ["train", "data=arrays", f"data_dir={tmp_path}", f"model={model}", *QUICK]
     assert main([*base, "--out", str(tmp_path / "r0")]) == 2
     err = capsys.readouterr().err
-    assert "the images are 12x20 but the model takes 16x16: set model.img_size=12x20 and a " \
-        "patch size that divides it (patch_size 2 or 4 for 12x20: 8 does not); or resize the " \
-        "data" in err
+    says(err, "12x20", "16x16", "model.img_size=12x20", "patch_size 2 or 4", "8 does not",
+         "resize the data")
     fix = re.search(r"set (model\.img_size=\S+)", err).group(1)
     assert main([*base, fix, "model.patch_size=4", "--out", str(tmp_path / "r1")]) == 0
     assert load_pretrained(tmp_path / "r1").config.img_size == (12, 20)
 
 
 def test_a_run_whose_head_the_data_did_not_size_still_resumes(tmp_path: Path) -> None:
-    """Runs of an older vitkit kept a variant's 1000-class head on the digits; the recipe they
-    record leaves num_classes unset, which now sizes a fresh head to 10. Resumed, such a run
-    keeps its checkpoint's head."""
+    """A run whose recorded recipe leaves num_classes unset (which sizes a fresh head to the
+    data's 10 classes) but whose checkpoint holds a 1000-class head resumes with that head."""
     import torch
 
     model = {"variant": "Ti/2", "img_size": 8, "in_chans": 1, "width": 16, "depth": 1,
