@@ -29,13 +29,15 @@ from vitkit.config import (
     list_model_names,
     unknown_model_error,
     variant_config,
+    variant_name,
 )
 from vitkit.errors import CheckpointError, ConfigError, VitkitError, WeightsNotFoundError
 from vitkit.fieldtypes import closest_path, did_you_mean
 from vitkit.files import cache_root
 from vitkit.model.vit import VisionTransformer
+from vitkit.preprocess import Preprocess
 from vitkit.report import Report
-from vitkit.weights import build_model, read_local
+from vitkit.weights import build_model, read_local, save_pretrained
 from vitkit.weights.formats import hf_hub, hub
 from vitkit.weights.formats.hub import NamedCheckpoint
 from vitkit.weights.formats.run_folder import is_run_folder
@@ -102,7 +104,9 @@ class Named:
 
 def lookup(source: str | Path) -> Named:
     """What `source` names. A path that exists is a file; then "hf-hub:" names, named
-    checkpoints (in any spelling: "ViT-B_16-i21k" is "B/16-i21k") and variant names."""
+    checkpoints (in any spelling: "ViT-B_16-i21k" is "B/16-i21k") and variant names; last, a
+    bare "ORG/NAME" is the Hub repository hf-hub:ORG/NAME when the Hugging Face cache holds it
+    (uncached, it is refused with that advice: a bare name never downloads)."""
     text, path = str(source), Path(source)
     if path.suffix.lower() == ".json":
         return Named(text, "config_file", text)
@@ -113,7 +117,11 @@ def lookup(source: str | Path) -> Named:
     key = hub.normalize_name(text)
     if key is not None:
         return Named(text, "checkpoint", key)
-    return Named(text, "variant" if is_variant_name(text) else "unknown", text)
+    if is_variant_name(text):
+        return Named(text, "variant", text)
+    if hf_hub.is_bare_repo_id(text) and hf_hub.cached(text):  # "ORG/NAME", as HF users write
+        return Named(text, "hub", hf_hub.PREFIX + text)
+    return Named(text, "unknown", text)
 
 
 def unknown_name_error(text: str, weights: bool) -> VitkitError:
@@ -129,6 +137,13 @@ def unknown_name_error(text: str, weights: bool) -> VitkitError:
         hint = f"; did you mean {guess}?" if guess else \
             f" ({missing} does not exist)" if missing != Path(text).expanduser() else ""
         return WeightsNotFoundError(f"no such file or folder: {text}{hint}")
+    known = hub.named_checkpoints() if weights else all_names()
+    if hf_hub.is_bare_repo_id(text) and not did_you_mean(text, known):  # "B/16-i21x": a typo
+        advice = (f"{text!r} is no local file or folder, and the Hugging Face cache at "
+                  f"{hf_hub.cache_dir()} does not hold a repository of that name: for the Hub "
+                  f"repository write hf-hub:{text}, which downloads it into that cache (offline: "
+                  "pass a local folder holding its config.json and weights)")
+        return WeightsNotFoundError(advice) if weights else ConfigError(advice)
     if not weights:
         return unknown_model_error(text, all_names(), _OTHER_KINDS)
     return WeightsNotFoundError(
@@ -198,6 +213,34 @@ def create_model(name_or_config: ConfigSource = "B/16", device: str | torch.devi
     return model
 
 
+def variant_of(config: ViTConfig) -> str:
+    """The variant or tutorial name of a config ("B/16", "R50+B/16", "cifar10-tutorial") when
+    its sizes are that model's (width, depth, heads, MLP, patch, stem), else "". A config
+    built from a variant with other sizes (the digits recipe's "Ti/2" at width 64, depth 4)
+    carries the variant's name in `config.name`, which then no longer says what it is."""
+    for name in (config.name, variant_name(config)):
+        try:
+            named = variant_config(name) if name else None
+        except ConfigError:  # a checkpoint's or a user's own name
+            named = None
+        if named is not None and _sizes(named) == _sizes(config):
+            return name
+    return ""
+
+
+def model_name(config: ViTConfig) -> str:
+    """What reports call a model: `variant_of`, else its numbers ("custom ViT (width 64,
+    depth 4, heads 4, MLP 128, patch 2)")."""
+    return variant_of(config) or (
+        f"custom ViT (width {config.width}, depth {config.depth}, heads {config.num_heads}, "
+        f"MLP {config.mlp_dim}, patch {config.patch_size})")
+
+
+def _sizes(config: ViTConfig) -> tuple[Any, ...]:
+    return (config.width, config.depth, config.num_heads, config.mlp_dim, config.patch_size,
+            config.stem, tuple(config.resnet_layers))
+
+
 def count_parameters(name_or_config: ConfigSource, **overrides: Any) -> int:
     """Exact parameter count, computed on the meta device (nothing allocated)."""
     with torch.device("meta"):
@@ -248,6 +291,34 @@ def load_weights(model: VisionTransformer, source: str | Path, **read_options: A
         load_state_dict_checked(model, weights.state_dict)
     except CheckpointError as exc:
         raise CheckpointError(f"{source} does not fit this model: {exc}") from exc
+
+
+# -- Hugging Face's habits: model.save_pretrained(dir), VisionTransformer.from_pretrained(src) ---
+# The model sits below the weights and the catalog (the layers only import downwards), so the
+# two methods are attached to it here, thin calls of `save_pretrained` and `load_pretrained`.
+def _save_pretrained_method(self: VisionTransformer, directory: str | Path,
+                            preprocess: Preprocess | None = None,
+                            class_names: list[str] | None = None) -> Path:
+    """Write the model as vitkit's folder (model.safetensors + config.json) and return it:
+    `vitkit.save_pretrained(model, directory, preprocess, class_names)`; the folder loads
+    with `VisionTransformer.from_pretrained(directory)`."""
+    return save_pretrained(self, directory, preprocess, class_names)
+
+
+def _from_pretrained_method(cls: type[VisionTransformer], source: str | Path,
+                            **options: Any) -> VisionTransformer:
+    """A ViT with weights from any source `load_pretrained` reads (a folder or file, a run
+    folder, a checkpoint name, hf-hub:ORG/NAME), in eval mode; keyword arguments
+    (`img_size=384`, `num_classes=10`, `weights_dir`, `download`, ...) are `load_pretrained`'s:
+    `load_pretrained(source, **options)`. The model is a `VisionTransformer`, whichever
+    subclass this is called on."""
+    return load_pretrained(source, **options)
+
+
+_save_pretrained_method.__name__ = _save_pretrained_method.__qualname__ = "save_pretrained"
+_from_pretrained_method.__name__ = _from_pretrained_method.__qualname__ = "from_pretrained"
+VisionTransformer.save_pretrained = _save_pretrained_method  # type: ignore[attr-defined]
+VisionTransformer.from_pretrained = classmethod(_from_pretrained_method)  # type: ignore[attr-defined]
 
 
 # -- the tables of `vitkit models` ---------------------------------------------------------------
@@ -326,5 +397,5 @@ def checkpoints_report() -> Report:
 
 __all__ = ["ModelRow", "Named", "all_names", "checkpoint_rows", "checkpoints_report",
            "config_of", "count_parameters", "create_model", "load_pretrained", "load_weights",
-           "looks_like_path", "lookup", "model_rows", "models_report", "read_weights",
-           "unknown_name_error"]
+           "looks_like_path", "lookup", "model_name", "model_rows", "models_report",
+           "read_weights", "unknown_name_error", "variant_of"]

@@ -85,10 +85,13 @@ class Predictions:
     def none_read_message(self) -> str:
         """The error when no input could be read (the rows say why for each)."""
         bad = [result for result in self.results if not result.ok]
-        # a picture refused by a model trained on arrays: say so, not "not an image"
+        # a picture refused by a model trained on arrays: say so, not "not an image"; the
+        # reason and its fix are on the first such row, printed once
         refused = [result for result in bad if PICTURE_REFUSED in (result.error or "")]
         if refused:
-            return f"none of the {len(bad)} input(s) could be read: {refused[0].error}"
+            return (f"none of the {len(bad)} input(s) could be read: image files (8-bit "
+                    f"pictures) for a model trained on arrays; the row of {refused[0].path} "
+                    "says why and what to give it instead")
         if not any(is_array_file(result.path.rpartition("[")[0] if result.path.endswith("]")
                                  else result.path) for result in bad):
             return (f"none of the {len(bad)} file(s) could be read as an image; check they are "
@@ -266,8 +269,10 @@ def predict_with(predictor: Predictor, inputs: Iterable[str | Path], topk: int =
     files = expand_inputs(inputs)
     results: list[Prediction] = []
     inverted: list[str] = []
+    refused: list[str] = []  # pictures for a model trained on arrays (`_once`)
     for chunk in _chunks(read_inputs(files, predictor.preprocess), batch_size):
-        rows = [Prediction(name, error=x if isinstance(x, str) else None) for name, x in chunk]
+        rows = [Prediction(name, error=_once(x, name, refused) if isinstance(x, str) else None)
+                for name, x in chunk]
         good = [i for i, (_, x) in enumerate(chunk) if isinstance(x, torch.Tensor)]
         if trained_on == "digits":
             inverted += [chunk[i][0] for i in good
@@ -283,6 +288,19 @@ def predict_with(predictor: Predictor, inputs: Iterable[str | Path], topk: int =
         log.warning("warning: %d image(s) look like dark strokes on a light background (%s): "
                     "%s", len(inverted), listed, INVERTED_WARNING)
     return results
+
+
+def _once(error: str, name: str, refused: list[str]) -> str:
+    """A row's error, the picture refusal (`image_file_refusal`) in full on its first row
+    only: it is the same for every picture, so later rows name the first (`refused` holds the
+    pictures met so far)."""
+    if PICTURE_REFUSED not in error:
+        return error
+    refused.append(name)
+    if len(refused) == 1:
+        return error
+    return (f"{name} {PICTURE_REFUSED}, refused as {refused[0]} is (the model was trained on "
+            "arrays; that row says what to give it)")
 
 
 def _trained_on_words(data: str | None) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitkit.catalog import config_of
+from vitkit.catalog import config_of, variant_of
 from vitkit.config import ViTConfig
 from vitkit.errors import ConfigError
 from vitkit.model.layers import DropPath
@@ -56,7 +56,8 @@ class Summary:
         rule = "-" * len(line(header))
         direct = " + ".join(f"{name} {count:,}" for name, count in self.direct.items())
         cfg = self.config
-        out = [f"{cfg.name or 'ViT'}: image {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, "
+        name = variant_of(cfg) or "custom ViT"  # the sizes follow on the same line
+        out = [f"{name}: image {cfg.img_size[0]}x{cfg.img_size[1]}x{cfg.in_chans}, "
                f"patch {cfg.patch_size}, {cfg.seq_len} tokens, width {cfg.width}, depth "
                f"{cfg.depth}, heads {cfg.num_heads}, MLP {cfg.mlp_dim}, {cfg.num_classes} classes",
                rule, line(header), rule, *(line(r) for r in body), rule,

@@ -1,14 +1,14 @@
 """The `vitkit` command: model listing (and the cache it reads), summaries with the exact
 counts, clean errors, and options that would mean nothing refused at the flag."""
 
-import re
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from vitkit.cli import main
+from vitkit.cli import build_parser, main
 
 
 def says(text, *parts):
@@ -101,7 +101,82 @@ def test_an_unknown_flag_is_reported_with_the_verbs_usage(verb, capsys):
         main([verb, "cifar10-tutorial", "x.png", "--bogus"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and f"usage: vitkit {verb} " in err
-    assert re.search(rf"vitkit {verb}: error: unrecognized arguments: .*--bogus", err)
+    says(err, f"vitkit {verb}: error: unrecognized arguments: --bogus is not an option of "
+         f"vitkit {verb}")
+    says(err, "its options are", f"vitkit {verb} --help")  # nothing is close: all are listed
+
+
+# -- did-you-mean for verbs and flags ---------------------------------------------------------
+def refused(capsys, *argv):
+    """The stderr of a command argparse refuses, checking it exits 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_a_mistyped_verb_and_flag_are_told_the_closest_and_those_run(tmp_path, capsys):
+    err = refused(capsys, "trian", "total_steps=2", "progress=false")
+    says(err, "usage: vitkit ", "'trian' is not a command", "Did you mean 'train'?")
+    err = refused(capsys, "train", "--ouput", str(tmp_path), "total_steps=2", "progress=false")
+    says(err, "usage: vitkit train ", "--ouput is not an option of vitkit train",
+         "Did you mean --out?")
+    assert not (tmp_path / "last.pt").exists()  # refused before anything ran
+    assert main(["train", "--out", str(tmp_path), "total_steps=2", "progress=false"]) == 0
+    assert (tmp_path / "last.pt").exists()
+
+    err = refused(capsys, "predict", str(tmp_path), "--sample", "--tpok", "3")
+    says(err, "usage: vitkit predict ", "--tpok is not an option of vitkit predict",
+         "Did you mean --topk?")
+    err = refused(capsys, "predict", str(tmp_path), "--sample", "--limt", "3")
+    says(err, "--limt is not an option of vitkit predict", "its options are", "--topk")
+    assert "Did you mean" not in err  # nothing is close to --limt among predict's flags
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path), "--sample", "--topk", "3", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out.splitlines()[-1])["topk"]) == 3
+
+
+def test_a_verb_close_to_none_is_told_every_verb(capsys):
+    err = refused(capsys, "fit")
+    says(err, "'fit' is not a command", "the commands are", "train", "finetune", "predict",
+         "eval", "vitkit --help")
+    assert "Did you mean" not in err
+
+
+def _long_options(verb_parser):
+    return [option for action in verb_parser._actions for option in action.option_strings
+            if option.startswith("--") and option != "--help"]
+
+
+def _required_options(verb_parser):
+    """The required --flags with a value each (argparse checks them before unknown flags)."""
+    return [item for action in verb_parser._actions if action.required and action.option_strings
+            for item in (action.option_strings[0], "x")]
+
+
+@pytest.mark.parametrize("verb", list(build_parser()._subparsers._group_actions[0].choices))
+def test_every_flag_of_every_verb_mistyped_is_told_the_flag(verb, capsys):
+    """Each --flag of `verb` with its last letter dropped, or written with underscores, is
+    refused naming the flag (the one closest; another only when nearly as close)."""
+    verb_parser = build_parser()._subparsers._group_actions[0].choices[verb]
+    options, required = _long_options(verb_parser), _required_options(verb_parser)
+    for option in options:
+        typos = {option[:-1], "--" + option[2:].replace("-", "_")} - set(options)
+        for typo in (typo for typo in typos if len(typo) > 3):  # two letters at least
+            err = refused(capsys, verb, "x", *required, typo)
+            assert f"{typo} is not an option of vitkit {verb}. Did you mean " in err, err
+            suggested = err.rsplit("Did you mean ", 1)[1].rstrip("?\n").split(" or ")
+            assert option in suggested and len(suggested) <= 3, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["train", "--ouput=runs/x"], ("--ouput is not an option", "Did you mean --out?")),
+    (["train", "--overwite"], ("Did you mean --overwrite?",)),
+    (["eval", "x", "--limt", "3"], ("Did you mean --limit?",)),
+    (["predict", "x", "--batch_size", "2"], ("Did you mean --batch-size?",)),
+    (["train", "--epochs", "3"], ("training settings are KEY=VALUE", "epochs=3"))])
+def test_mistyped_flags_name_the_nearest(argv, words, capsys):
+    says(refused(capsys, *argv), f"usage: vitkit {argv[0]} ", *words)
 
 
 # -- summary of checkpoints and named checkpoints --------------------------------------------

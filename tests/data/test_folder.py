@@ -313,3 +313,32 @@ def test_a_one_class_folder_is_refused_and_a_second_class_trains(tmp_path, capsy
     _folder(data, ["cat", "dog"])  # the advice followed
     assert main(["train", "data=folder", f"data_dir={data}", *TINY, "--out",
                  str(tmp_path / "run")]) == 0
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_split_folder_passed_for_the_data_folder_is_told_its_parent(tmp_path, capsys, split):
+    """data_dir=ROOT/train (a class level) is told to pass ROOT, and ROOT trains."""
+    data = _folder(tmp_path / "pets", ["cat", "dog"])
+    run = ["--out", str(tmp_path / "run"), *TINY]
+    assert main(["train", f"data_dir={data / split}", *run]) == 2
+    err = capsys.readouterr().err
+    says(err, f"{data / split} holds class folders (cat, dog)", f"pass data_dir={data} ",
+         f"--data-dir {data}")
+    assert "train/train" not in err and "Traceback" not in err
+    assert main(["train", f"data_dir={data}", *run]) == 0  # the advice followed
+    assert (tmp_path / "run" / "last.pt").exists()
+
+
+def test_class_folders_without_splits_are_told_to_make_train_and_val(tmp_path, capsys):
+    made = _folder(tmp_path / "made", ["cat", "dog"])
+    flat = made / "train"  # ROOT/<class>/ with no train/ and val/ around it
+    run = ["data=folder", f"data_dir={flat}", "--out", str(tmp_path / "run"), *TINY]
+    (made / "val").rename(tmp_path / "held_out")
+    assert main(["train", *run]) == 2
+    says(capsys.readouterr().err, f"{flat} holds class folders (cat, dog)", f"{flat}/train/",
+         f"{flat}/val/<class_name>/")
+    for name in ("cat", "dog"):  # the advice followed
+        (flat / "train").mkdir(exist_ok=True)
+        (flat / name).rename(flat / "train" / name)
+    (tmp_path / "held_out").rename(flat / "val")
+    assert main(["train", *run]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -153,14 +154,51 @@ def test_missing_split_names_the_splits_found_and_the_named_one_works(tmp_path: 
     assert (len(train), len(held_out)) == (6, 4)
 
 
-def test_only_a_train_split_asks_for_eval_split(tmp_path: Path) -> None:
+def _follow_hold_out_advice(message: str) -> str:
+    """Run the command a one-split message gives; the data=hf:FOLDER it says to pass then."""
+    command = re.search(r'python -c "(.+?)"', message)
+    folder = re.search(r"pass data=hf:(\S+)", message)
+    assert command and folder, message
+    exec(command.group(1), {})  # the advice's Python, as `python -c` runs it
+    return folder.group(1)
+
+
+@pytest.mark.parametrize("saved", ["dataset_dict", "dataset"])
+def test_only_a_train_split_is_told_to_hold_out_validation_and_that_trains(
+        tmp_path: Path, saved: str) -> None:
     images, labels = _digit_images()
-    _dataset(images, labels).save_to_disk(str(tmp_path / "one"))  # a lone Dataset
+    whole = _dataset(images, labels)
+    if saved == "dataset":  # a lone Dataset (state.json), read as the train split
+        whole.save_to_disk(str(tmp_path / "one"))
+    else:
+        DatasetDict(train=whole).save_to_disk(str(tmp_path / "one"))
     with pytest.raises(DataError) as caught:
         load_hf_splits(str(tmp_path / "one"))
-    says(str(caught.value), "splits are train", "split=NAME")
-    train, held_out = load_hf_splits(str(tmp_path / "one"), eval_split="train")
-    assert len(train) == len(held_out) == 40
+    message = str(caught.value)
+    says(message, "only a 'train' split", "no held-out split", "train_test_split(test_size=0.1",
+         "save_to_disk")
+    assert "split=NAME" not in message  # a set of one split has no other to name
+    folder = _follow_hold_out_advice(message)
+    train, held_out = load_hf_splits(folder)
+    assert (len(train), len(held_out), held_out.name) == (36, 4, f"hf:{folder} validation")
+    assert train.classes == held_out.classes == NAMES
+
+
+def test_the_hold_out_advice_is_followed_from_the_command_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from vitkit.cli import main
+
+    images, labels = _digit_images()
+    DatasetDict(train=_dataset(images, labels)).save_to_disk(str(tmp_path / "one"))
+    run = ["--out", str(tmp_path / "run"), 'model={"img_size": 24, "patch_size": 8, '
+           '"width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32}', "epochs=1",
+           "batch_size=10", "warmup_epochs=0", "progress=false"]
+    assert main(["train", f"data=hf:{tmp_path / 'one'}", *run]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    folder = _follow_hold_out_advice(err)
+    assert main(["train", f"data=hf:{folder}", *run]) == 0
+    assert (tmp_path / "run" / "last.pt").exists()
 
 
 def test_parquet_folder_and_glob_take_splits_from_file_names(tmp_path: Path) -> None:

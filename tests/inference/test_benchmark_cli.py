@@ -101,6 +101,20 @@ def test_benchmark_reads_saved_weights_and_resamples_to_img_size(capsys, tmp_pat
                                                        rel=1e-9)
 
 
+def test_benchmark_names_a_model_by_its_variant_only_when_it_has_its_sizes(capsys, tmp_path):
+    """The digits recipe's model is built from "Ti/2" at width 64 and depth 4: it is named by
+    its numbers, not as ViT-Ti (width 192, depth 12); a true Ti/4 keeps its name."""
+    from vitkit.weights import save_pretrained
+
+    digits = create_model("Ti/2", img_size=8, in_chans=1, num_classes=10, width=64, depth=4,
+                          num_heads=4, mlp_dim=128)
+    result = run_json(capsys, str(save_pretrained(digits, tmp_path / "digits")), *FAST)
+    assert "Ti" not in result["model"]
+    says(result["model"], "custom ViT", "width 64", "depth 4", "heads 4", "patch 2")
+    tiny = save_pretrained(create_model("Ti/4", img_size=16, num_classes=3), tmp_path / "ti")
+    assert run_json(capsys, str(tiny), *FAST)["model"] == "Ti/4"
+
+
 def test_benchmark_on_onnxruntime_reports_the_same_measurements(capsys):
     pytest.importorskip("onnxruntime")
     result = run_json(capsys, "cifar10-tutorial", "--engine", "onnxruntime", "--threads", "1",

@@ -72,8 +72,9 @@ def test_a_png_given_to_a_model_trained_on_arrays_is_refused_and_an_npy_as_advis
     Image.fromarray((field * 255).round().astype(np.uint8)).save(png)
     code, out, err = predict_cli(capsys, reg, png)
     assert code == 2
-    for text in (out, err):  # the row and the error line
-        says(text, str(png), "image file", "8-bit", "trained on arrays", "units", ".npy", ".npz")
+    says(out, str(png), "image file", "8-bit", "trained on arrays", "units", ".npy", ".npz")
+    says(err, str(png), "image file", "trained on arrays")  # the row, named
+    assert (out + err).count("trained on arrays in its data's own units") == 1  # said once
     assert "valid image files" not in err  # not "cannot read it as an image": it can
     # the advice: the values in the data's units, saved with numpy.save
     np.save(tmp_path / "field.npy", field)
@@ -92,6 +93,28 @@ def test_a_png_beside_arrays_is_refused_by_name_and_the_arrays_are_predicted(
     row = next(line for line in out.splitlines() if line.startswith(f"{png}: error: "))
     says(row, "image file", "arrays")
     says(err, "could not be read", str(png))
+
+
+def test_the_refusal_of_pictures_is_printed_once_for_many_and_the_advice_works(
+        tmp_path, capsys, reg):
+    """Several pictures for a model trained on arrays: the refusal and its fix once (on the
+    first picture's row), each other picture named as refused, the last line naming that row;
+    the arrays the advice asks for are then predicted."""
+    field = fields((16, 16))
+    pngs = [tmp_path / f"f{i}.png" for i in range(3)]
+    for png in pngs:
+        Image.fromarray((field * 255).round().astype(np.uint8)).save(png)
+    code, out, err = predict_cli(capsys, reg, *pngs)
+    assert code == 2
+    assert (out + err).count("trained on arrays in its data's own units") == 1
+    assert (out + err).count("numpy.save(PATH, array)") == 1
+    for png in pngs:
+        says(next(line for line in out.splitlines() if line.startswith(f"{png}: error: ")),
+             "image file", "arrays")
+    says(err, "none of the 3", str(pngs[0]))
+    np.save(tmp_path / "f.npy", field)  # the advice: the values in the data's units
+    code, out, err = predict_cli(capsys, reg, tmp_path / "f.npy")
+    assert code == 0 and f"{tmp_path / 'f.npy'}[0]: value=" in out
 
 
 def test_image_file_refusal_is_for_array_models_only_and_pictures_still_work(tmp_path, capsys):

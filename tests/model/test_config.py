@@ -55,6 +55,34 @@ def test_keyword_overrides():
     assert model.pos_embed.shape == (1, 577, 768)
 
 
+@pytest.mark.parametrize("name", ["Ti/16", "B/16", "R50+B/16", "cifar10-tutorial",
+                                  "t2t-tutorial"])
+def test_a_model_with_its_variants_sizes_is_called_by_its_name(name, capsys):
+    from vitkit.catalog import model_name, variant_of
+
+    config = variant_config(name, img_size=64 if name != "t2t-tutorial" else (400, 100),
+                            num_classes=7)
+    assert variant_of(config) == model_name(config) == name
+    if "tutorial" not in name:  # a paper variant is found from the sizes alone
+        assert variant_of(config.replace(name="")) == name
+    assert main(["summary", name]) in (0, None)
+    assert capsys.readouterr().out.startswith(f"{name}: image")
+
+
+def test_a_variant_with_other_sizes_is_described_by_its_numbers(capsys):
+    """The digits recipe: "Ti/2" with width 64, depth 4 is not ViT-Ti (192 wide, 12 deep)."""
+    from vitkit.catalog import model_name, variant_of
+
+    digits = variant_config("Ti/2", img_size=8, in_chans=1, num_classes=10, width=64, depth=4,
+                            num_heads=4, mlp_dim=128)
+    assert digits.name == "Ti/2" and variant_of(digits) == ""
+    assert model_name(digits) == "custom ViT (width 64, depth 4, heads 4, MLP 128, patch 2)"
+    assert main(["summary", "Ti/2", "--img-size", "8", "--set", "width=64", "--set", "depth=4",
+                 "--set", "num_heads=4", "--set", "mlp_dim=128"]) in (0, None)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("custom ViT: image 8x8x3") and "Ti" not in first
+
+
 def test_every_listed_name_builds():
     for name in list_model_names():
         assert variant_config(name).depth > 0

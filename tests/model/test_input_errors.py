@@ -46,6 +46,20 @@ def test_channels_last_input_is_explained(model):
         model(torch.randn(2, 224, 224, 3))
 
 
+@pytest.mark.parametrize("in_chans, size", [(3, 224), (1, 8)])
+def test_channels_last_input_is_told_to_permute_and_that_works(in_chans, size):
+    """An NHWC batch whose last dimension is the model's channel count is told the permute
+    that makes it NCHW (not to build the model with in_chans=its height)."""
+    model = create_model("Ti/16", depth=1, num_classes=10, in_chans=in_chans, img_size=size,
+                         patch_size=min(16, size)).eval()
+    x = torch.randn(2, size, size, in_chans)
+    with pytest.raises(InputError) as refused:
+        model(x)
+    says(refused.value, "channels-last", "x.permute(0, 3, 1, 2)")
+    assert f"in_chans={size}" not in str(refused.value)
+    assert model(x.permute(0, 3, 1, 2)).shape == (2, 10)
+
+
 def test_size_not_divisible_by_patch(model):
     with pytest.raises(InputError) as refused:
         model(torch.randn(1, 3, 230, 230))

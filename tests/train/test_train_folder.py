@@ -135,6 +135,28 @@ def test_data_dir_alone_trains_on_the_image_folder_and_says_so(tmp_path, monkeyp
                      "--out", "run"]) == 0
     assert "training on data=folder" in caplog.text
     assert _recipe(tmp_path / "run" / "last.pt")["data"] == "folder"
+    head = load_state(tmp_path / "run" / "last.pt")["model"]["head.weight"]
+    assert tuple(head.shape) == (2, 192)  # TrainConfig's Ti/16, not the digits recipe's model
+
+
+def test_a_refused_start_leaves_nothing_and_the_corrected_retry_runs(tmp_path, monkeypatch,
+                                                                     capsys):
+    """A folder of 8 training images with batch 128 is refused; the same --out then takes
+    the retry with a batch that fits, instead of refusing it as a run's folder."""
+    monkeypatch.chdir(tmp_path)
+    for split in ("train", "val"):
+        for name in ("cat", "dog"):
+            _images(tmp_path / "images" / split / name)
+    (tmp_path / "images" / "train" / "cat" / "broken.png").write_bytes(b"not a png")
+    small = ['model={"img_size": 8, "patch_size": 4, "in_chans": 1, "width": 16, "depth": 1, '
+             '"num_heads": 2, "mlp_dim": 32}', "total_steps=2", "warmup_steps=1",
+             "progress=false"]
+    args = ["train", "data=folder", "data_dir=images", *small, "--out", "runs/y1"]
+    assert main([*args, "batch_size=128"]) == 2
+    says(capsys.readouterr().err, "batch_size")
+    assert not (tmp_path / "runs" / "y1" / "skipped_files.txt").exists()
+    assert main([*args, "batch_size=4"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "runs" / "y1" / "last.pt").is_file()
 
 
 def test_data_dir_that_is_no_image_folder_is_refused_and_the_advice_works(tmp_path, monkeypatch,

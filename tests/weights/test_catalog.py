@@ -161,13 +161,14 @@ def test_create_model_builds_a_named_checkpoints_architecture():
 # -- unknown names -------------------------------------------------------------------------------
 def test_an_unknown_name_gets_did_you_mean_from_every_door(capsys):
     for door in (config_of, create_model, count_parameters):
-        with pytest.raises(ConfigError, match=r"unknown model 'B/16-i21x'.*Did you mean "
-                                              r".*'B/16-i21k'"):
+        with pytest.raises(ConfigError) as refused:
             door("B/16-i21x")
+        says(refused.value, "unknown model", "'B/16-i21x'", "Did you mean", "'B/16-i21k'")
     with pytest.raises(ConfigError, match=r"Did you mean .*'B/16'"):
         load_benchmark_model("B/16x")
     assert main(["summary", "B/16-i21x"]) == 2
-    assert "Did you mean 'B/16-i21k'" in capsys.readouterr().err
+    says(capsys.readouterr().err, "B/16-i21x", "'B/16-i21k'")
+    assert count_parameters("B/16-i21k") > 0  # the name it suggests is known
     with pytest.raises(WeightsNotFoundError, match=r"Did you mean .*'B/16-i21k'"):
         load_pretrained("B/16-i21x", download=False)
 
@@ -241,14 +242,15 @@ def test_timm_tagged_names_build_timms_parameter_count(name):
 
 
 def test_timm_tags_of_no_official_file_say_where_timms_file_is(capsys):
-    """timm's own fine-tunes ("augreg2_in21k_ft_in1k", its default for vit_base_patch16_224)
-    were "unknown model ... Did you mean 'Ti/16-augreg-i21k'" (another size); they now name
-    timm's Hub file and the architecture, and the architecture's name builds."""
+    """timm's tagged names of its own fine-tunes ("augreg2_in21k_ft_in1k") that have no
+    official file name timm's Hub file and the architecture (not a close name of another
+    size), and the architecture's name builds."""
     name = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
-    with pytest.raises(ConfigError, match=r"timm's name for its augreg2_in21k_ft_in1k weights"
-                                          r".*hf-hub:timm/vit_base_patch16_224\."
-                                          r"augreg2_in21k_ft_in1k.*or vit_base_patch16_224 "):
+    with pytest.raises(ConfigError) as refused:
         create_model(name, device="meta")
+    says(refused.value, "timm's name", "augreg2_in21k_ft_in1k",
+         "hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit_base_patch16_224 ")
+    assert "Did you mean" not in str(refused.value)
     with pytest.raises(WeightsNotFoundError, match=r"hf-hub:timm/vit_base_patch16_224\.augreg2"):
         load_pretrained(name, download=False)
     assert main(["summary", "vit_small_patch16_224.augreg_in1k"]) == 2
@@ -259,8 +261,7 @@ def test_timm_tags_of_no_official_file_say_where_timms_file_is(capsys):
 
 def test_a_missing_weights_file_named_like_timm_is_still_a_missing_file(tmp_path, capsys):
     """timm's tagged-name advice is for names, not files: a missing
-    "vit_base_patch16_224.safetensors" is "no such file" (the advice named a Hub repository
-    hf-hub:timm/vit_base_patch16_224.safetensors, which does not exist)."""
+    "vit_base_patch16_224.safetensors" is "no such file", with no Hub repository advised."""
     for name in ("vit_base_patch16_224.safetensors", "vit_small.pt", "vit_b16.npz"):
         with pytest.raises(WeightsNotFoundError, match="no such file or folder"):
             load_pretrained(str(tmp_path / name), download=False)
@@ -357,9 +358,19 @@ def test_a_variant_or_a_config_is_not_mistaken_for_a_path(tmp_path, monkeypatch)
     assert not looks_like_path("B/16-i21x") and not looks_like_path("R50+B/16")
     assert looks_like_path("runs/digit") and looks_like_path("model.pt")
     assert looks_like_path("./B/16") and looks_like_path("a/b/c")
-    with pytest.raises(WeightsNotFoundError, match=r"^no such file or folder: model\.pt$"):
+    with pytest.raises(WeightsNotFoundError) as refused:
         load_pretrained("model.pt")
+    says(refused.value, "no such file", "model.pt")
+    assert "\n" not in str(refused.value)
     (tmp_path / "tiny.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"config file tiyn\.json does not exist; did you "
-                                          r"mean tiny\.json\?"):
+    with pytest.raises(ConfigError) as refused:
         config_of("tiyn.json")
+    says(refused.value, "tiyn.json", "does not exist", "tiny.json")
+    assert config_of("tiny.json") is not None  # the file it suggests reads
+
+
+def says(text, *parts):
+    """Assert that the message names each part (case-insensitive), showing it otherwise."""
+    text = str(text)
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"message lacks {missing}: {text}"

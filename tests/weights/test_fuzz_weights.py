@@ -108,14 +108,15 @@ def test_npz_wrong_shape_names_expected_and_found(weights_fuzzer, tmp_path):
     arrays = _arrays(weights_fuzzer)
     arrays[ORIGINAL_QUERY] = arrays[ORIGINAL_QUERY].reshape(16, 16)  # (16, 2, 8) flattened
     np.savez(tmp_path / "w.npz", **arrays)
-    with pytest.raises(CheckpointError, match=r"query/kernel' has shape \(16, 16\), "
-                                              r"expected \(16, \*, \*\)"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "w.npz")
+    says(refused.value, "query/kernel", "(16, 16)", "(16, *, *)")
     arrays = _arrays(weights_fuzzer)
     arrays["Transformer/posembed_input/pos_embedding"] = np.zeros((1, 5, 12), np.float32)
     np.savez(tmp_path / "w.npz", **arrays)
-    with pytest.raises(CheckpointError, match=r"has shape \(1, 5, 12\), expected \(1, \*, 16\)"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "w.npz")
+    says(refused.value, "pos_embedding", "(1, 5, 12)", "(1, *, 16)")
 
 
 def test_npz_big_endian_arrays_load_and_equal_the_original(weights_fuzzer, tmp_path):
@@ -139,14 +140,15 @@ def test_nan_and_inf_are_refused_naming_the_tensors(weights_fuzzer, tmp_path):
     arrays["head/bias"] = arrays["head/bias"].copy()
     arrays["head/bias"][1] = -np.inf
     np.savez(tmp_path / "nan.npz", **arrays)
-    with pytest.raises(CheckpointError, match=r"2 tensors hold NaN or inf: cls_token, head.bias"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "nan.npz")
+    says(refused.value, "2 tensors", "NaN or inf", "cls_token, head.bias")
     state = _model(weights_fuzzer).state_dict()
     state["blocks.0.mlp.fc1.weight"][0, 0] = float("inf")
     save_file(state, tmp_path / "inf.safetensors")
-    with pytest.raises(CheckpointError,
-                       match=r"1 tensor holds NaN or inf: blocks.0.mlp.fc1.weight"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "inf.safetensors", num_heads=2)
+    says(refused.value, "1 tensor", "NaN or inf", "blocks.0.mlp.fc1.weight")
 
 
 @pytest.mark.parametrize("bad", [np.zeros((1, 1, 16), "datetime64[s]"), np.zeros((1, 1, 16), "U3"),
@@ -231,8 +233,9 @@ def test_npz_flipped_truncated_or_unknown_compression_is_damaged(weights_fuzzer,
     for name, data in cases.items():
         path = tmp_path / f"{name}.npz"
         path.write_bytes(data)
-        with pytest.raises(CheckpointError, match=r"is damaged .*: download or copy it again"):
+        with pytest.raises(CheckpointError) as refused:
             load_pretrained(path)
+        says(refused.value, str(path), "damaged", "download or copy it again")
     (tmp_path / "flipped.npz").write_bytes(good)  # the advice: a good copy loads
     assert _same_weights(load_pretrained(tmp_path / "flipped.npz"), _model(weights_fuzzer))
 
@@ -240,7 +243,7 @@ def test_npz_flipped_truncated_or_unknown_compression_is_damaged(weights_fuzzer,
 @pytest.mark.parametrize("layout", ["original", "big_vision"])
 def test_export_of_npz_without_embedding_bias_says_so(weights_fuzzer, tmp_path, capsys,
                                                       layout):
-    """The bug report: `vitkit export` of such a file ended in KeyError 'embedding/bias'."""
+    """`vitkit export` of an .npz without embedding/bias is a clean error naming the array."""
     prefix = "params/" if layout == "big_vision" else ""
     arrays = _arrays(weights_fuzzer, layout)
     del arrays[prefix + "embedding/bias"]
@@ -268,14 +271,14 @@ def test_timm_missing_key_and_wrong_shape_are_named(weights_fuzzer, tmp_path):
     state = _model(weights_fuzzer).state_dict()
     dropped = {k: v for k, v in state.items() if k != "blocks.0.attn.proj.bias"}
     torch.save(dropped, tmp_path / "w.pth")
-    with pytest.raises(CheckpointError,
-                       match=r"missing from the checkpoint: blocks.0.attn.proj.bias"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "w.pth", num_heads=2)
+    says(refused.value, "missing", "blocks.0.attn.proj.bias")
     state["blocks.0.mlp.fc2.weight"] = state["blocks.0.mlp.fc2.weight"][:, :-1]
     save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "w.safetensors")
-    with pytest.raises(CheckpointError, match=r"blocks.0.mlp.fc2.weight: checkpoint \(16, 31\) "
-                                              r"vs model \(16, 32\)"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "w.safetensors", num_heads=2)
+    says(refused.value, "blocks.0.mlp.fc2.weight", "(16, 31)", "(16, 32)")
 
 
 def test_pth_with_a_flipped_tensor_byte_is_damaged(weights_fuzzer, tmp_path):
@@ -314,8 +317,9 @@ def test_hf_config_with_a_wrong_type_names_key_and_type(weights_fuzzer, tmp_path
     pytest.importorskip("transformers")
     config = _hf_folder(weights_fuzzer, tmp_path / "hf")
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "hidden_size": "16"}))
-    with pytest.raises(CheckpointError, match=r"'hidden_size' is '16', expected an integer"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "hf")
+    says(refused.value, "'hidden_size'", "'16'", "an integer")
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))  # fixed as told
     assert load_pretrained(tmp_path / "hf").config.width == 16
 
@@ -325,8 +329,9 @@ def test_config_describing_a_far_larger_model_is_refused(weights_fuzzer, tmp_pat
     config = _hf_folder(weights_fuzzer, tmp_path / "hf")
     (tmp_path / "hf" / "config.json").write_text(
         json.dumps({**config, "num_hidden_layers": 1 << 40}))
-    with pytest.raises(CheckpointError, match="the config does not belong to these weights"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "hf")
+    says(refused.value, "config", "does not belong to these weights")
 
 
 # -- vitkit folders and training checkpoints: checksums -------------------------------------------
@@ -340,9 +345,9 @@ def test_vitkit_folder_checksum_catches_a_changed_tensor(weights_fuzzer, tmp_pat
     data = bytearray(good)
     data[-5] ^= 0x01  # the last tensor's bytes: safetensors itself cannot tell
     weights.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"is damaged \(the tensors do not match the "
-                                              r"sha256 checksum"):
+    with pytest.raises(CheckpointError) as refused:
         load_pretrained(tmp_path / "m")
+    says(refused.value, "damaged", "sha256 checksum")
     weights.write_bytes(good)
     assert _same_weights(load_pretrained(tmp_path / "m"), model)
     del meta["tensors_sha256"]  # folders written before checksums still read
@@ -380,8 +385,10 @@ def test_training_checkpoint_checksum_catches_a_changed_tensor(weights_fuzzer, t
     changed = {**state, "model": {**state["model"]}}
     changed["model"]["head.bias"] = changed["model"]["head.bias"] + 1e-3
     torch.save(changed, path)  # a valid file (CRCs fine) whose weights are not those saved
-    with pytest.raises(CheckpointError, match=r"last.pt is damaged \(the model and EMA tensors"):
+    with pytest.raises(CheckpointError) as refused:
         read_weights(path)
+    says(refused.value, "last.pt", "damaged", "model and EMA tensors")
+
     with pytest.raises(CheckpointError, match="is damaged"):
         read_checkpoint(path)  # what resuming reads
     torch.save(state, path)
@@ -408,3 +415,10 @@ def test_only_vitkit_errors_escape_read_weights_on_random_files(tmp_path):
             int(rng.integers(0, 300))))
         with pytest.raises(VitkitError):
             read_weights(path)
+
+
+def says(text, *parts):
+    """Assert that the message names each part (case-insensitive), showing it otherwise."""
+    text = str(text)
+    missing = [part for part in parts if part.lower() not in text.lower()]
+    assert not missing, f"message lacks {missing}: {text}"

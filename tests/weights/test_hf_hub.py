@@ -166,8 +166,8 @@ def test_offline_with_nothing_cached_says_where_and_how(hf_cache):
 
 
 def test_offline_advice_for_a_revision_downloads_that_revision(hf_cache):
-    """`hf download ORG/NAME` caches main: for `@v1.0` the advice names `--revision v1.0`
-    (main alone was cached, and following the old advice changed nothing)."""
+    """Offline, a repository cached at main but asked for at `@v1.0` gets advice naming
+    `--revision v1.0` (`hf download ORG/NAME` alone caches main), and that advice works."""
     write_hf_repo(hf_cache, hf_model())  # main is cached
     with pytest.raises(WeightsNotFoundError) as info:
         load_pretrained(f"hf-hub:{HF_REPO}@v1.0")
@@ -195,8 +195,9 @@ def test_offline_without_the_weights_file_names_both(hf_cache):
 
 
 def test_a_sharded_repository_loads_through_its_index_and_a_missing_shard_is_named(hf_cache):
-    """save_pretrained(max_shard_size=...) as pushed: model.safetensors.index.json and the
-    shards it names, no model.safetensors (before, refused as holding no weights)."""
+    """A repository pushed by save_pretrained(max_shard_size=...) (model.safetensors.index.json
+    and its shards, no model.safetensors) loads through its index; a missing shard is named."""
+
     reference = hf_model()
     folder = snapshot(hf_cache, HF_REPO)
     reference.save_pretrained(folder, max_shard_size="60KB")
@@ -267,6 +268,53 @@ def test_missing_private_or_gated_repositories(hf_cache, monkeypatch, error, adv
 def test_a_malformed_name_shows_the_form():
     with pytest.raises(WeightsNotFoundError, match="hf-hub:ORG/NAME"):
         load_pretrained("hf-hub:just-a-name")
+
+
+# -- a bare ORG/NAME, as Hugging Face users write it ----------------------------------------------
+def test_a_bare_repo_id_in_the_cache_loads_as_its_hf_hub_name(hf_cache):
+    write_hf_repo(hf_cache, hf_model())
+    bare, prefixed = load_pretrained(HF_REPO), load_pretrained(f"hf-hub:{HF_REPO}")
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(bare(images), prefixed(images))
+    assert bare.class_names == LABELS
+    assert config_of(HF_REPO).width == 64
+
+
+def test_a_bare_repo_id_not_cached_is_told_the_hf_hub_name_and_that_works(hf_cache):
+    with pytest.raises(WeightsNotFoundError) as info:
+        load_pretrained(HF_REPO)
+    message = str(info.value)
+    assert "downloads" in message and "local folder" in message
+    suggested = re.search(r"write (hf-hub:\S+),", message).group(1)
+    assert suggested == f"hf-hub:{HF_REPO}"
+    write_hf_repo(hf_cache, hf_model())  # what that download leaves in the cache
+    assert load_pretrained(suggested).config.width == 64
+
+
+def test_from_pretrained_takes_hub_names_bare_or_prefixed(hf_cache):
+    from vitkit import VisionTransformer
+
+    reference = hf_model()
+    write_hf_repo(hf_cache, reference)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = reference(pixel_values=images).logits
+        for source in (f"hf-hub:{HF_REPO}", HF_REPO):
+            model = VisionTransformer.from_pretrained(source)
+            assert (model(images) - expected).abs().max().item() <= TOL
+    assert VisionTransformer.from_pretrained(HF_REPO, num_classes=2).config.num_classes == 2
+
+
+def test_a_bare_repo_id_never_shadows_a_local_folder_or_a_variant(hf_cache, tmp_path,
+                                                                   monkeypatch):
+    write_hf_repo(hf_cache, hf_model())
+    monkeypatch.chdir(tmp_path)
+    local = hf_model()
+    local.config.num_labels = 3
+    ViTForImageClassification(local.config).save_pretrained(tmp_path / HF_REPO)
+    assert load_pretrained(HF_REPO).config.num_classes == 3  # the folder, not the cache
+    assert config_of("Ti/16").width == 192  # "Ti/16" is a variant, whatever the cache holds
 
 
 # -- the CLI -------------------------------------------------------------------------------------

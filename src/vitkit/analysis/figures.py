@@ -12,7 +12,7 @@ marked on its panel.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -35,6 +35,8 @@ FILTER_TILE = 0.9
 FILTER_LABEL = 0.15  # inches above each filter tile for its label
 FILTER_COLUMNS = 7
 TITLE = 0.5  # inches of room for a two-line figure title
+EDGE = 0.05  # inches a title keeps clear of the figure's edges (`fit_inside`)
+ELLIPSIS = "\u2026"  # what stands for the start of a path cut to its end
 MAP_SCALING = ("attention maps are drawn scaled per map: 0 = the map's weakest patch, 1 = its "
                "strongest (bilinear upsampling in the rollout overlays); explain.json holds the "
                "unscaled values")
@@ -108,9 +110,75 @@ def _colour_bar(fig: plt.Figure, image: matplotlib.image.AxesImage, left: float,
 
 
 def _title(fig: plt.Figure, title: str) -> None:
-    """The figure title (one or two lines) in the top TITLE inches."""
-    fig.text(0.5, 1 - 0.06 / fig.get_size_inches()[1], title, ha="center", va="top",
-             fontsize=8, linespacing=1.4)
+    """The figure title (one or two lines) in the top TITLE inches, fitted to the width."""
+    fit_inside(fig.text(0.5, 1 - 0.06 / fig.get_size_inches()[1], title, ha="center",
+                        va="top", fontsize=8, linespacing=1.4))
+
+
+def fit_inside(text: matplotlib.text.Text) -> matplotlib.text.Text:
+    """Fit a title into its figure's width, so that no letter falls off an edge: a line too
+    wide has its paths (words with "/") cut to their ends behind an ellipsis ("…/parent/
+    name.png": a path's end says which file it is), then is wrapped at spaces; a word still
+    too wide keeps its end. The room is what the text's anchor and alignment leave (a title
+    centred over its axes has twice the distance to the nearer edge); call it again once a
+    layout has moved the axes."""
+    fig = text.figure
+    renderer = fig.canvas.get_renderer()
+    font = text.get_fontproperties()
+    x = text.get_transform().transform(text.get_position())[0]
+    edge, width = EDGE * fig.dpi, fig.bbox.width
+    room = {"left": width - x, "right": x}.get(text.get_horizontalalignment(),
+                                               2 * min(x, width - x)) - 2 * edge
+
+    def fits(line: str) -> bool:
+        return renderer.get_text_width_height_descent(line, font, ismath=False)[0] <= room
+
+    lines = [fitted for line in text.get_text().split("\n")
+             for fitted in _fitted_line(line, fits)]
+    text.set_text("\n".join(lines))
+    return text
+
+
+def _fitted_line(line: str, fits: Callable[[str], bool]) -> list[str]:
+    """`line` as the lines that `fits` takes (see `fit_inside`)."""
+    words = line.split(" ")
+    for index in sorted((i for i, word in enumerate(words) if "/" in word.strip("/")),
+                        key=lambda i: -len(words[i])):  # the longest path first
+        if fits(" ".join(words)):
+            return [" ".join(words)]
+        tails = _path_tails(words[index])
+        words[index] = next((tail for tail in tails
+                             if fits(" ".join([*words[:index], tail, *words[index + 1:]]))),
+                            tails[-1])
+    lines: list[str] = []
+    for word in words:
+        joined = f"{lines[-1]} {word}" if lines else word
+        if lines and fits(joined):
+            lines[-1] = joined
+        else:
+            lines.append(word if fits(word) else _end_that_fits(word, fits))
+    return lines
+
+
+def _path_tails(word: str) -> list[str]:
+    """"a/b/c/d.png" -> ["…/b/c/d.png", "…/c/d.png", "…/d.png"]: the path's ends, longest
+    first."""
+    parts = word.split("/")
+    return [ELLIPSIS + "/" + "/".join(parts[k:]) for k in range(1, len(parts))] or [word]
+
+
+def _end_that_fits(word: str, fits: Callable[[str], bool]) -> str:
+    """The longest end of `word` behind an ellipsis that `fits` takes."""
+    keep = next((n for n in range(len(word) - 1, 0, -1) if fits(ELLIPSIS + word[-n:])), 1)
+    return ELLIPSIS + word[-keep:]
+
+
+def tight_layout(fig: plt.Figure) -> None:
+    """`fig.tight_layout()`, then each title fitted again (`fit_inside`) where the layout
+    moved its axes."""
+    fig.tight_layout()
+    for text in [*fig.texts, *(ax.title for ax in fig.axes if ax.get_title())]:  # suptitle too
+        fit_inside(text)
 
 
 Target = str | Path | IO[bytes]  # where a figure goes: a file path or a binary file object
@@ -143,8 +211,9 @@ def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: Target,
     for row in range(count):
         top = TITLE + HEADER + row * (ROW_LABEL + TILE)
         if row < len(titles):
-            fig.text(1.5 * TILE / fig_w, 1 - (top + ROW_LABEL / 2) / fig.get_figheight(),
-                     titles[row], ha="center", va="center", fontsize=7)
+            fit_inside(fig.text(1.5 * TILE / fig_w,
+                                1 - (top + ROW_LABEL / 2) / fig.get_figheight(), titles[row],
+                                ha="center", va="center", fontsize=7))
         panels = [_axes(fig, col * TILE + pad, top + ROW_LABEL + pad, side, side)
                   for col in range(3)]
         heat = _upsample(maps[row], size)
@@ -214,11 +283,11 @@ def plot_mean_distance(distances: torch.Tensor, path: Target, uniform: float | N
     title = title or "mean attention distance"
     if images is not None:
         title += f"\naveraged over {images} image{'s' if images != 1 else ''}"
-    ax.set_title(title, fontsize=9)
+    fit_inside(ax.set_title(title, fontsize=9))
     ax.grid(alpha=0.3)
     if heads <= 16:
         ax.legend(fontsize=6, ncol=2, loc="lower right")
-    fig.tight_layout()
+    tight_layout(fig)
     return _save(fig, path)
 
 
@@ -250,10 +319,10 @@ def plot_position_similarity(similarity: torch.Tensor, path: Target,
     ax.set_yticks([i * (grid_h + 1) + (grid_h - 1) / 2 for i in range(grid_h)],
                   [str(i + 1) for i in range(grid_h)], fontsize=6)
     ax.set(xlabel="input patch column", ylabel="input patch row")
-    ax.set_title(title or "position embedding similarity", fontsize=10)
+    fit_inside(ax.set_title(title or "position embedding similarity", fontsize=10))
     ax.tick_params(length=0)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03, label="cosine similarity")
-    fig.tight_layout()
+    tight_layout(fig)
     return _save(fig, path)
 
 

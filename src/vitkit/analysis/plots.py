@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
+from vitkit.analysis.figures import fit_inside, tight_layout
+
 
 def plot_learning_curve(history: Sequence[dict[str, float]], path: str | Path,
                         title: str = "", metric: str = "top1") -> Path:
@@ -38,8 +40,8 @@ def plot_learning_curve(history: Sequence[dict[str, float]], path: str | Path,
     ax_acc.grid(alpha=0.3)
     ax_acc.legend()
     if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+        fit_inside(fig.suptitle(title))
+    tight_layout(fig)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)
@@ -68,14 +70,15 @@ def plot_confusion(confusion: torch.Tensor, classes: Sequence[str], path: str | 
     if labelled:
         ax.set_xticks(ticks, classes, rotation=90)
         ax.set_yticks(ticks, classes)
-    ax.set(xlabel="predicted", ylabel="true", title=title or "confusion matrix")
+    ax.set(xlabel="predicted", ylabel="true")
+    fit_inside(ax.set_title(title or "confusion matrix"))
     if len(classes) <= 20:
         for i in ticks:
             for j in ticks:
                 value = rates[i, j].item()
                 ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
                         color="white" if value > 0.5 else "black")
-    fig.tight_layout()
+    tight_layout(fig)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)
@@ -92,12 +95,12 @@ def plot_fewshot(shots: Sequence[int], curves: Mapping[str, tuple[Sequence[float
     ax.set_xscale("log")
     ax.set_xticks(list(shots), [str(n) for n in shots])
     ax.minorticks_off()
-    ax.set(xlabel="images per class (shots)", ylabel="test accuracy (%)",
-           title=title or "few-shot linear evaluation")
+    ax.set(xlabel="images per class (shots)", ylabel="test accuracy (%)")
+    fit_inside(ax.set_title(title or "few-shot linear evaluation"))
     ax.grid(alpha=0.3)
     if len(curves) > 1:
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    tight_layout(fig)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return Path(path)

@@ -11,6 +11,7 @@ it runs inside `run`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -43,12 +44,74 @@ BUG_REPORT = ("vitkit {verb}: this is a bug in vitkit, not a problem with your i
               "report this bug with the command you ran and the traceback above.")
 
 
+# How close (difflib's ratio) a mistyped verb or flag must be to one to be suggested: "trian"
+# finds train and "--ouput" --out, while "--limt" is not taken for --int8; of several, those
+# nearly as close as the closest (`--limt`: --limit, not --split too).
+CLOSE_ENOUGH = 0.6
+NEARLY_AS_CLOSE = 0.1
+
+
 class Parser(argparse.ArgumentParser):
     """argparse without abbreviated options, so a misspelt flag is refused rather than read as
-    the one option it begins (`--data` as `--data-dir`)."""
+    the one option it begins (`--data` as `--data-dir`); a verb that is none is refused naming
+    the closest verbs (`unknown_verb_message`), not with the list of every choice."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse checks every choice here, the verb (a subparsers action's choice) included
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            self.error(unknown_verb_message(value, list(action.choices)))
+        super()._check_value(action, value)
+
+
+def closest(word: str, choices: list[str]) -> list[str]:
+    """The choices closest to `word`, closest first: none below CLOSE_ENOUGH, and only those
+    nearly as close as the closest."""
+    ratios = {choice: difflib.SequenceMatcher(None, word, choice).ratio()
+              for choice in difflib.get_close_matches(word, choices, n=3, cutoff=CLOSE_ENOUGH)}
+    best = max(ratios.values(), default=0.0)
+    return [choice for choice, ratio in ratios.items() if ratio >= best - NEARLY_AS_CLOSE]
+
+
+def unknown_verb_message(word: str, verbs: list[str]) -> str:
+    """"'trian' is not a command. Did you mean 'train'?", or the verbs when none is close."""
+    close = closest(word, verbs)
+    if close:
+        return f"{word!r} is not a command. Did you mean {' or '.join(map(repr, close))}?"
+    return (f"{word!r} is not a command; the commands are {', '.join(verbs)} (vitkit --help "
+            "says what each does)")
+
+
+def long_options(parser: argparse.ArgumentParser) -> list[str]:
+    """The --flags of `parser` but --help, in its order."""
+    return [option for action in parser._actions for option in action.option_strings
+            if option.startswith("--") and option != "--help"]
+
+
+def as_option(flag: str) -> str:
+    """How `flag` ("--time_budget=60", "-out") would be spelt as an option: "--time-budget"."""
+    return "--" + flag.partition("=")[0].lstrip("-").replace("_", "-")
+
+
+def unknown_flags_message(parser: argparse.ArgumentParser, flags: list[str]) -> str:
+    """"--ouput is not an option of vitkit train. Did you mean --out?" for each of `flags`
+    (`--name` or `--name=value`), or the verb's options when none is close to one."""
+    options = long_options(parser)
+    said = []
+    for flag in flags:
+        name = flag.partition("=")[0]
+        close = closest(as_option(flag)[2:], [option[2:] for option in options])
+        if close:
+            said.append(f"{name} is not an option of {parser.prog}. Did you mean "
+                        f"{' or '.join('--' + option for option in close)}?")
+        else:
+            listed = (f"its options are {', '.join(options)}" if options
+                      else "it takes no options")
+            said.append(f"{name} is not an option of {parser.prog}; {listed} ({parser.prog} "
+                        "--help says what each does)")
+    return " ".join(said)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,17 +146,21 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None
                     ) -> argparse.Namespace:
     """Parse, letting KEY=VALUE overrides come after --flags too (`train --out x epochs=3`).
     An unrecognised argument is refused by the verb's own parser (its usage, not the top
-    level's); `train --epochs 3` is told that settings are KEY=VALUE."""
+    level's); `train --epochs 3` is told that settings are KEY=VALUE, and another unknown flag
+    is told the verb's closest flags (`unknown_flags_message`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     overrides = [item for item in extra if "=" in item and not item.startswith("-")]
     if extra and (len(overrides) < len(extra) or not hasattr(args, "overrides")):
         verb_parser = getattr(args, "verb_parser", parser)
-        if hasattr(args, "overrides"):
+        flags = [item for item in extra if item.startswith("-")]
+        respelt = any(as_option(flag) in long_options(verb_parser) for flag in flags)
+        if hasattr(args, "overrides") and not respelt:  # --time_budget: told --time-budget
             hint = setting_flag_hint(extra, argv)
             if hint:
                 verb_parser.error(hint)
-        verb_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        said = unknown_flags_message(verb_parser, flags) if flags else " ".join(extra)
+        verb_parser.error(f"unrecognized arguments: {said}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
     return args

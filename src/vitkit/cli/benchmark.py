@@ -74,9 +74,11 @@ def add_parser(verbs: Any) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """One benchmark, or with --sweep the variants x resolutions table and figure."""
+    from vitkit.cores import choose_threads
     from vitkit.inference.benchmark import EngineOptions
     from vitkit.inference.benchmark.results import benchmark_report
 
+    choose_threads(args.threads, what="benchmarking")  # the report names the count used
     engine = int8_engine(args)
     options = EngineOptions(args.engine, args.compile, engine is not None, args.merge_tokens,
                             args.threads, args.int8_engine, args.precision)

@@ -51,7 +51,10 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from vitkit.cores import choose_threads
     from vitkit.evaluation.evaluate_weights import evaluate_checkpoint
+
+    choose_threads(what="evaluating")
 
     print_report(evaluate_checkpoint(args.weights, args.data, args.data_dir, args.split,
                                      args.out, args.limit, args.batch_size, args.weights_dir,

@@ -268,6 +268,11 @@ class VisionTransformer(TimmModelAPI, ModelInfoAttributes, nn.Module):
                              + hint)
         self._check_dtype(images)
         channels, height, width = images.shape[1:]
+        if channels != cfg.in_chans and width == cfg.in_chans:
+            raise InputError(
+                f"the images are channels-last (NHWC, shape {tuple(images.shape)}: "
+                f"{width} channel(s) last), but the model takes channels before height and "
+                "width (NCHW): pass x.permute(0, 3, 1, 2)")
         if channels != cfg.in_chans:
             raise InputError(
                 f"the model expects {cfg.in_chans} input channel(s) but got {channels} (shape "

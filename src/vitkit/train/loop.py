@@ -32,7 +32,7 @@ from vitkit.train.distributed import (
 )
 from vitkit.train.nonfinite import NonFiniteGuard
 from vitkit.train.recorder import MetricsRecorder
-from vitkit.train.rundir import prepare_run_dir
+from vitkit.train.rundir import prepare_run_dir, undone_unless_saved
 from vitkit.train.schedule import SCHEDULES
 from vitkit.train.setup import Run, build_run
 from vitkit.train.stopping import StopRequest
@@ -96,10 +96,13 @@ def train(cfg: TrainConfig, resume: str | Path | None = None,
           overwrite: bool = False) -> TrainResult:
     """Train with `cfg` (resuming from a checkpoint when given) into `cfg.out_dir`, which must
     not hold another run unless this one continues it or `overwrite` clears it
-    (`vitkit.train.rundir.prepare_run_dir`)."""
+    (`vitkit.train.rundir.prepare_run_dir`). A run refused, or failing, before its first
+    checkpoint leaves the folder as it was (`undone_unless_saved`), so the corrected command
+    can start there."""
     resume = resume_path(resume) if resume is not None else None  # a run folder: its last.pt
-    prepare_run_dir(cfg.out_dir, resume, overwrite)
-    return run_loop(build_run(cfg, resume))
+    with undone_unless_saved(cfg.out_dir):
+        prepare_run_dir(cfg.out_dir, resume, overwrite)
+        return run_loop(build_run(cfg, resume))
 
 
 def run_loop(run: Run) -> TrainResult:
@@ -150,6 +153,9 @@ def run_loop(run: Run) -> TrainResult:
                     bar.set_postfix(step=f"{pos.step}/{pos.total_steps}",
                                     loss=f"{outcome.loss:.3f}", lr=f"{lr:.2e}", refresh=False)
                 rate = clock.after_step(pos, step_tokens)
+                moved = run.threads.check() if run.threads is not None else None
+                if moved is not None and info.is_main:
+                    log.info("%s", moved)
                 if rate is not None and info.is_main and pos.step < pos.total_steps:
                     log.info("%s", run.plan.estimate(pos.step, pos.total_steps, rate,
                                                      cfg.time_budget))

@@ -49,7 +49,8 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
     Without a recipe the base is the digits recipe, unless the overrides choose other data
     (`data=folder ...`: TrainConfig's defaults; with `init_from=` not even its model). A
     `recipe` that holds "=" and is no file is the first override (`train epochs=3`). A
-    `data_dir` without `data=` that holds an image folder trains on it (`data=folder`). With
+    `data_dir` without `data=` that holds an image folder trains on it (`data=folder`; with no
+    recipe, from TrainConfig's defaults, as `data=folder` names it). With
     `resume` and a recipe, a checkpoint of another model or optimizer is refused before the
     recipe's own checks.
     """
@@ -70,6 +71,8 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
                             resume=resume)
     if resume and not _names_data_dir(overrides):
         overrides += _the_runs_data_folder(recipe or DEFAULT_RECIPE, overrides, resume)
+    if recipe is None and not resume:
+        overrides += _folder_of_images(overrides)
     if recipe is None and _names_other_data(overrides):  # `train data=folder ...`: defaults
         fine_tuning = any(item.startswith("init_from=") for item in overrides)
         base = {} if fine_tuning else {"model": TrainConfig.model}  # model.X=... changes it
@@ -226,6 +229,26 @@ def _without_other_datas_folder(recipe: dict[str, Any], overrides: list[str]
     log.info("data=%s is not the run's data=%s: its data_dir=%s is not read", data,
              recipe.get("data"), recipe["data_dir"])
     return {key: value for key, value in recipe.items() if key != "data_dir"}
+
+
+def _folder_of_images(overrides: list[str]) -> list[str]:
+    """`data=folder` (logged) for a `data_dir` that holds an image folder when no data is
+    named and no recipe given (`vitkit train --data-dir pets`): the run is then the one
+    `vitkit train data=folder data_dir=pets` starts, with TrainConfig's defaults (Ti/16 at
+    224 px, the head sized from the class folders), not the digits recipe's 8x8 model."""
+    folders = [item.partition("=")[2] for item in overrides if item.startswith("data_dir=")]
+    if _names_data(overrides) or not folders:
+        return []
+    try:
+        folder = json.loads(folders[-1])
+    except ValueError:
+        folder = folders[-1]
+    if not isinstance(folder, str) or not is_image_folder(folder):
+        return []  # left for TrainConfig to refuse, naming data=folder and data=cifar10
+    log.info("--data-dir %s holds an image folder: training on data=folder with TrainConfig's "
+             "defaults, as `vitkit train data=folder data_dir=%s` does (a recipe or data=... "
+             "chooses otherwise)", folder, folder)
+    return ["data=folder"]
 
 
 def _names_data_dir(overrides: list[str]) -> bool:

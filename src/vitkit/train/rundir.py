@@ -9,12 +9,18 @@ earlier run's weights).
 
 Checkpoints are written to `.{name}.XXXX.tmp` and renamed; a process killed mid-write
 (kill -9, power loss) leaves that file behind. Starting in the folder removes them.
+
+A start that fails before its first checkpoint (a refused setting, data that does not fill a
+batch, a first step out of memory) leaves the folder as it was (`undone_unless_saved`), so the
+corrected command starts in the same folder instead of being refused as a run's.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from vitkit.errors import ConfigError
@@ -64,6 +70,43 @@ def prepare_run_dir(out_dir: str | Path, resume: str | Path | None = None,
         else:
             path.unlink(missing_ok=True)  # another rank (torchrun) may have removed it
     remove_stale_temporary_files(out)
+
+
+@contextmanager
+def undone_unless_saved(out_dir: str | Path) -> Iterator[None]:
+    """Run a start in `out_dir`; when it raises before writing a checkpoint there, remove the
+    run files and folders it created (`RUN_FILES`, `RUN_FOLDERS`: skipped_files.txt, an empty
+    metrics.jsonl) and then the folders it created, where empty. What the folder held before
+    stays, whatever its name; a start that wrote a checkpoint (diverged.pt, last.pt) keeps
+    its files, since they are the run's."""
+    out = Path(out_dir)
+    created = [folder for folder in (out, *out.parents) if not folder.exists()]
+    before = set(out.iterdir()) if out.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        _remove_new_run_files(out, before)
+        for folder in created:  # deepest first; one that holds something stops it
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _remove_new_run_files(out: Path, before: set[Path]) -> None:
+    """Remove the run files in `out` that are not in `before`, unless one is a checkpoint."""
+    new = [path for path in run_files(out) if path not in before]
+    if any(path.name in CHECKPOINTS for path in new):
+        return
+    for path in new:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if new:
+        log.info("the run did not start: removed what it wrote in %s (%s)", out,
+                 ", ".join(path.name for path in new))
 
 
 def check_not_a_model_folder(out: Path) -> None:

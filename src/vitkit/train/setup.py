@@ -19,6 +19,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vitkit.config import ViTConfig
+from vitkit.cores import ThreadWatch, choose_threads
 from vitkit.data.augment import BatchAugment
 from vitkit.errors import ConfigError
 from vitkit.files import working_folder
@@ -26,7 +27,12 @@ from vitkit.inference.cpu_probes import slow_bf16
 from vitkit.inference.precision import Precision
 from vitkit.model.vit import VisionTransformer
 from vitkit.preprocess import Preprocess
-from vitkit.runtime import avoid_cudnn_attention, check_device, configure_cpu
+from vitkit.runtime import (
+    avoid_cudnn_attention,
+    check_device,
+    set_threads,
+    tune_cpu_allocator,
+)
 from vitkit.tasks import Task, make_task
 from vitkit.train.amp import training_precision
 from vitkit.train.budget import BudgetClock
@@ -87,6 +93,7 @@ class Run:
     stop: StopRequest = field(default_factory=StopRequest)
     scored_weights: str = "raw"  # "ema" while the EMA scored better at the last evaluation
     task: Task = field(default_factory=make_task)  # what the head learns (vitkit.tasks)
+    threads: ThreadWatch | None = None  # moves the CPU threads as other processes come and go
 
     @property
     def out_dir(self) -> Path:
@@ -127,7 +134,7 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
               train_data: Source | None = None, test_data: Source | None = None) -> Run:
     """Everything a run of `cfg` needs, from its checkpoint when `resume` names one
     (`train_data`/`test_data`: data to use instead of the config's source)."""
-    device, info = join_devices(cfg)
+    device, info, threads = join_devices(cfg)
     if cfg.batch_size < info.world_size:  # each step would be skipped: nothing trained
         raise ConfigError(f"batch_size={cfg.batch_size} is the global batch, shared by "
                           f"{info.world_size} processes, so some would get no image: set "
@@ -189,7 +196,7 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     clock = BudgetClock(cfg.time_budget, cfg.eval_every, plan, compile_clock, info)
     return Run(cfg, info, device, model, ema, optimizer, generator, preprocess, data, plan,
                position, step, amp, compile_clock, clock, scored_weights=scored_weights,
-               task=task)
+               task=task, threads=threads)
 
 
 def float_stats(train: Source, state: TrainCheckpoint | None
@@ -210,15 +217,21 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def join_devices(cfg: TrainConfig) -> tuple[torch.device, DistInfo]:
-    """This process's device and its place in the process group `torchrun` describes (one
-    GPU per rank); CPU threads set."""
+def join_devices(cfg: TrainConfig) -> tuple[torch.device, DistInfo, ThreadWatch | None]:
+    """This process's device, its place in the process group `torchrun` describes (one GPU
+    per rank) and, training on the CPU, what follows the cores other processes use (the
+    threads are set: `vitkit.cores.choose_threads`)."""
     device = pick_device(cfg.device)
     info = init_distributed(device)
     if device.type == "cuda" and info.enabled:
         device = torch.device("cuda", info.local_rank)
-    configure_cpu(cfg.threads)
-    return device, info
+    watch = None
+    if device.type == "cpu":
+        watch = choose_threads(cfg.threads, what="training").watch()
+    else:
+        set_threads(cfg.threads)  # the GPU does the work: the CPU's threads feed it
+    tune_cpu_allocator()
+    return device, info, watch
 
 
 def model_source(cfg: TrainConfig, state: TrainCheckpoint | None

@@ -216,12 +216,43 @@ def folder_splits(root: str | Path) -> tuple[Path, Path]:
     held_out = next((root / sub for sub in ("val", "validation", "test")
                      if (root / sub).is_dir()), None)
     if not train.is_dir() or held_out is None:
+        classes = _class_folders(root)
+        if classes:
+            raise DataError(_class_level_message(root, classes))
         found = sorted(p.name for p in root.iterdir() if p.is_dir())
         missing = "train/" if not train.is_dir() else "val/ (or test/)"
         raise DataError(f"{root} has no {missing} folder (it holds: "
                         f"{', '.join(found) or 'no folders'}); data=folder needs "
                         f"{SPLITS_LAYOUT.format(root=root)}")
     return train, held_out
+
+
+def _class_folders(root: Path) -> list[str]:
+    """The sub-folders of `root` with images directly in them (sorted): class folders."""
+    def holds_images(folder: str) -> bool:
+        with os.scandir(folder) as entries:
+            return any(entry.is_file() and os.path.splitext(entry.name)[1].lower()
+                       in IMAGE_EXTENSIONS for entry in entries)
+
+    return sorted(entry.name for entry in os.scandir(root) if entry.is_dir()
+                  and not entry.name.startswith(".") and holds_images(entry.path))
+
+
+def _class_level_message(root: Path, classes: list[str]) -> str:
+    """What to pass when `root` is itself one class-per-folder split, not the folder above the
+    splits: its parent when that holds train/ and val/ (the user passed ROOT/train), else how
+    to lay the classes out in train/ and val/."""
+    parent = root.resolve().parent
+    held_out = next((sub for sub in ("val", "validation", "test")
+                     if (parent / sub).is_dir()), None)
+    holds = f"{root} holds class folders ({first_few(classes)}) itself"
+    if (parent / "train").is_dir() and held_out is not None:
+        return (f"{holds}: it is one split of {parent}, which holds train/ and {held_out}/. "
+                f"data=folder takes the folder above the splits: pass data_dir={parent} "
+                f"(--data-dir {parent}), not {root.name}/")
+    return (f"{holds}, not train/ and val/ folders: data=folder needs "
+            f"{SPLITS_LAYOUT.format(root=root)}. Move the class folders into {root}/train/ and "
+            f"put held-out images of each class in {root}/val/<class_name>/")
 
 
 def is_image_folder(root: str | Path) -> bool:

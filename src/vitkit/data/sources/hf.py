@@ -9,7 +9,8 @@ named by the ClassLabel names (multi-label, task=multilabel); a float column (Va
 (streaming=false). Images are read undecoded (bytes or path) and decoded by vitkit's one
 decoder, `vitkit.data.image_decoder.decode_image`, so a damaged image in a dataset is refused
 like a damaged file. Splits: training "train"; evaluation the first of validation, valid, val,
-test; both can be named. Where SPEC is looked for: `vitkit.data.sources.hf_open`.
+test; both can be named; a set of one split is told how to hold part of it out as validation
+(`hf_open.hold_out_command`). Where SPEC is looked for: `vitkit.data.sources.hf_open`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ except ImportError:  # pragma: no cover
 from datasets.utils.file_utils import xopen
 
 from vitkit.data.image_decoder import DecodedImage, decode_image
-from vitkit.data.sources.hf_open import open_hf_splits
+from vitkit.data.sources.hf_open import hold_out_command, open_hf_splits
 from vitkit.data.sources.mapped import beyond_float32
 from vitkit.errors import DataError, MissingSplit, first_few
 
@@ -44,6 +45,7 @@ EVAL_SPLITS = ("validation", "valid", "val", "test")  # the first one present ev
 LABEL_NAMES = ("label", "labels", "fine_label", "target")  # integer label columns, by preference
 IMAGE_NAMES = ("image", "img")  # preferred when a set has several Image columns
 SHUFFLE_BUFFER = 1000  # records held by a streamed set's shuffle buffer
+HOLD_OUT_FRACTION = 0.1  # of a set's one split, advised as its validation split
 
 
 def _type_name(feature: object) -> str:
@@ -313,12 +315,23 @@ def _choose(spec: str, splits: Mapping[str, object], wanted: str | None, role: s
         return wanted
     defaults = (TRAIN_SPLIT,) if role == "train" else EVAL_SPLITS
     chosen = next((name for name in defaults if name in splits), None)
+    if chosen is None and role == "eval" and len(splits) == 1:
+        raise DataError(_only_one_split_message(spec, next(iter(splits))))
     if chosen is None:
         held_out = "" if role == "train" else " (a held-out split, not the training one)"
         raise DataError(f"hf:{spec} has no {'/'.join(defaults)} split for {role}; its splits "
                         f"are {found}: pass {_KEYS[role]}NAME{held_out}"
                         + (_EVAL_FLAG if role == "eval" else ""))
     return chosen
+
+
+def _only_one_split_message(spec: str, split: str) -> str:
+    """What to do with a set of one split: hold part of it out (`hold_out_command`)."""
+    command, folder = hold_out_command(spec, split, HOLD_OUT_FRACTION)
+    return (f"hf:{spec} has only a {split!r} split, and no held-out split "
+            f"({', '.join(EVAL_SPLITS)}) to evaluate on. Hold out part of {split} as a "
+            f"validation split ({HOLD_OUT_FRACTION:.0%} here) and save both: {command}; then "
+            f"pass data=hf:{folder} (--data hf:{folder})")
 
 
 def load_hf_splits(spec: str, train_split: str | None = None, eval_split: str | None = None,

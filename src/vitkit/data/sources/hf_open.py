@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ from datasets.exceptions import DatasetNotFoundError
 from vitkit.errors import DataError
 from vitkit.network import hub_unreachable
 
-__all__ = ["HFSplits", "datasets_cache_dir", "open_hf_splits"]
+__all__ = ["HFSplits", "datasets_cache_dir", "hold_out_command", "open_hf_splits"]
 
 # split name -> a map-style Dataset, or an IterableDataset when streaming (a save_to_disk folder
 # stays a Dataset: the caller streams it with `to_iterable_dataset`)
@@ -149,6 +150,42 @@ def _load_hub(spec: str, streaming: bool) -> HFSplits:
                         f"network (or HF_ENDPOINT), or pass {_LOCAL_CHOICES}") from err
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         raise DataError(f"hf:{spec}: `datasets` cannot load it: {err}") from err
+
+
+def _load_expression(spec: str, split: str) -> str:
+    """Python that loads the `split` of `spec` as one `datasets.Dataset`, as `open_hf_splits`
+    finds it."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "dataset_dict.json").is_file():
+        return f"datasets.load_from_disk({str(path)!r})[{split!r}]"
+    if path.is_dir() and (path / "state.json").is_file():
+        return f"datasets.load_from_disk({str(path)!r})"
+    if glob.has_magic(spec) or path.is_file():
+        builder = _FILE_BUILDERS.get(Path(spec).suffix.lower(), "parquet")
+        return (f"datasets.load_dataset({builder!r}, data_files={os.path.expanduser(spec)!r}, "
+                f"split={split!r})")
+    return f"datasets.load_dataset({spec!r}, split={split!r})"
+
+
+def hold_out_command(spec: str, split: str = "train", fraction: float = 0.1
+                     ) -> tuple[str, str]:
+    """A shell command that holds out `fraction` of `spec`'s `split` as a "validation" split
+    and saves both with `save_to_disk` (a set with a training split only has nothing to
+    evaluate on), and the folder it saves to, which data=hf:FOLDER then reads. The folder is
+    beside `spec`'s own (`save_to_disk` cannot replace the folder it reads from)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        base = path.absolute()
+    elif glob.has_magic(spec) or path.is_file():  # the folder of the files
+        base = Path(os.path.dirname(re.split(r"[*?[]", os.path.expanduser(spec))[0]))
+        base = base.absolute()
+    else:  # a Hub name: a folder in the current one
+        base = Path.cwd() / spec.split("/")[-1]
+    folder = f"{base}-{split}-validation"
+    code = (f"import datasets; parts = {_load_expression(spec, split)}.train_test_split("
+            f"test_size={fraction}, seed=0); datasets.DatasetDict({{{split!r}: parts['train'], "
+            f"'validation': parts['test']}}).save_to_disk({folder!r})")
+    return f'python -c "{code}"', folder
 
 
 def _looks_like_path(spec: str) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from vitkit.catalog import model_name
 from vitkit.errors import ConfigError
 from vitkit.inference.benchmark.engines import Engine, EngineOptions
 from vitkit.inference.benchmark.peak import MatmulPeak, mfu
@@ -126,7 +127,7 @@ def benchmark(source: str, img_size: Size | None = None, batch_size: int = 8,
     peak.sample(1)
     images_per_s = batch_size / timing.median
     return BenchmarkResult(
-        model=config.name or source, weights=origin, img_size=tuple(config.img_size),
+        model=model_name(config), weights=origin, img_size=tuple(config.img_size),
         batch_size=batch_size, engine=engine.describe(), threads=torch.get_num_threads(),
         warmup=warmup, iters=iters, images_per_s=images_per_s,
         batch_ms_median=1e3 * timing.median,

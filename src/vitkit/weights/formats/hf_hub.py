@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,27 @@ WHAT_VITKIT_READS = (
     "such as vit_base_patch16_224, e.g. hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k)")
 
 
+# A Hub repository id as Hugging Face users write it, without the prefix: "ORG/NAME".
+_BARE_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_]")
+
+
 def claims(name: str) -> bool:
     return name.startswith(PREFIX)
+
+
+def is_bare_repo_id(text: str) -> bool:
+    """Whether `text` has the shape of a Hub repository id without the prefix ("ORG/NAME",
+    as `from_pretrained` in transformers takes it); "--" and ".." no id has."""
+    return _BARE_REPO_ID.fullmatch(text) is not None and "--" not in text and ".." not in text
+
+
+def cached(repo: str) -> bool:
+    """Whether the Hugging Face cache holds the config.json of `repo` ("ORG/NAME") at main:
+    asked of the cache alone, never the network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, CONFIG, cache_dir=cache_dir())
+    return isinstance(found, str)
 
 
 def parse(name: str) -> tuple[str, str | None]:
