@@ -307,7 +307,7 @@ def test_a_folder_of_test_images_only_is_evaluated_following_the_advice(run, tmp
         assert abs(report["top1"] - expected) <= TOL
     assert main(["eval", str(run), "--data", "folder", "--data-dir", str(classes_only),
                  "--split", "train"]) == 2
-    says(capsys.readouterr().err, "classes_only", "no train/")
+    says(capsys.readouterr().err, "classes_only", "not train/ and val/", "move the class folders")
 
     assert main(["explain", str(run), "--data", "folder", "--data-dir", str(classes_only),
                  "--num-images", "2", "--out", str(tmp_path / "explained")]) == 0
