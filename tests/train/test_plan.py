@@ -18,8 +18,9 @@ from vitkit.train.checkpoint import Position
 from vitkit.train.compiling import CompileClock
 from vitkit.train.config import load_train_config
 from vitkit.train.loop import run_loop
-from vitkit.train.plan import RunPlan
+from vitkit.train.plan import RunPlan, count
 from vitkit.train.setup import build_run
+from vitkit.train.step import TrainStep
 
 
 def says(text: str, *parts: str) -> None:
@@ -168,12 +169,45 @@ def test_a_warmup_in_epochs_longer_than_a_run_in_steps_is_warned_of_with_its_pea
     assert "longer than the run" not in caplog.text
 
 
-def test_a_run_logs_its_plan_and_an_estimate_with_how_to_shorten_it(tmp_path, caplog):
+def test_a_run_logs_its_plan_and_an_estimate_with_how_to_shorten_it(tmp_path, caplog,
+                                                                     monkeypatch):
+    """The plan, then an estimate foreseen before the first step runs, then a measured one."""
+    logged_before_first_step = []
+    original_step = TrainStep.__call__
+
+    def step(self, *args, **kwargs):
+        if not logged_before_first_step:
+            logged_before_first_step.append(caplog.text)
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrainStep, "__call__", step)
     with caplog.at_level(logging.INFO, logger="vitkit.train"):
         assert main(["train", "digits", "total_steps=7", "warmup_steps=1", "batch_size=16",
                      "progress=false", "--out", str(tmp_path)]) == 0
     plan = next(line for line in caplog.text.splitlines() if "plan:" in line)
-    says(plan, "plan: 7 steps", "epochs of", "image size 8 px", "batch 16", "warmup 1 steps")
-    assert caplog.text.index("plan:") < caplog.text.index("estimate:")
-    estimate = next(line for line in caplog.text.splitlines() if "estimate:" in line)
-    says(estimate, "2 steps left", "total_steps=N", "epochs=N", "--time-budget SECONDS")
+    says(plan, "plan: 7 steps", "epochs of", "image size 8 px", "batch 16", "warmup 1 step")
+    assert "warmup 1 steps" not in plan
+    first, timed = [line for line in caplog.text.splitlines() if "estimate:" in line]
+    assert "plan:" in logged_before_first_step[0] and first in logged_before_first_step[0]
+    says(first, "7 steps left", "foreseen from one forward and backward pass of 16 of the 16 "
+         "images", "total_steps=N")
+    says(timed, "2 steps left", "measured", "total_steps=N", "epochs=N", "--time-budget SECONDS")
+
+
+@pytest.mark.parametrize(("amount", "unit", "words"), [
+    (1, "epoch", "1 epoch"), (1.0, "batch", "1 batch"), (3, "batch", "3 batches"),
+    (10_000 / 3, "epoch", "3,333 epochs"), (0.25, "epoch", "0.25 epochs"),
+    (12.34, "epoch", "12.3 epochs"), (0, "step", "0 steps"), (38_995, "step", "38,995 steps")])
+def test_amounts_read_as_english(amount, unit, words):
+    assert count(amount, unit) == words
+
+
+def test_a_long_run_on_few_batches_is_planned_in_words():
+    """A fine-tune of 10,000 steps on 3 batches an epoch: no "3.33e+03 epochs", no "1 epochs"."""
+    plan = RunPlan.create(MODEL, batches_per_epoch=3, epochs=1, total_steps=10_000,
+                          warmup_steps=0)
+    said = plan.describe(0, 10_000, 512, 1, 0)
+    says(said, "10,000 steps (3,333 epochs of 3 batches)", "no warmup")
+    assert "e+" not in said
+    one = RunPlan.create(MODEL, batches_per_epoch=1, epochs=1).describe(0, 1, 8, 1, 0)
+    says(one, "plan: 1 step (1 epoch of 1 batch)")

@@ -22,6 +22,7 @@ from vitkit.export.onnx import (
     quiet_onnxruntime,
 )
 from vitkit.model.vit import VisionTransformer
+from vitkit.runtime import cpu_model_and_flags
 from vitkit.tasks import task_of
 
 QUANTIZED_OPS = ("MatMul", "Gemm")  # the convolutions (patch embedding, stems) stay float
@@ -31,8 +32,8 @@ INT8_RTOL = 0.1  # int8 logits may differ from fp32 by up to this fraction of th
 def quantize_onnx_int8(source: str | Path, target: str | Path,
                        metadata: dict[str, Any] | None = None) -> Path:
     """Write `source` (an fp32 ONNX file) to `target` with ONNX Runtime's dynamic int8
-    quantisation (int8 weights of MatMul/Gemm, per-tensor; convolutions stay float),
-    metadata_props kept and `metadata` added (JSON values)."""
+    quantisation (int8 weights of MatMul/Gemm, per-tensor, over 7 bits on a CPU without VNNI;
+    convolutions stay float), metadata_props kept and `metadata` added (JSON values)."""
     try:
         quantization = importlib.import_module("onnxruntime.quantization")
         onnx = importlib.import_module("onnx")
@@ -40,13 +41,20 @@ def quantize_onnx_int8(source: str | Path, target: str | Path,
         raise ExportError("int8 ONNX export needs onnx and onnxruntime, which are not "
                           "installed: pip install 'vitkit[export]'") from exc
     target = Path(target)
+    # Without VNNI, ONNX Runtime's x86 int8 kernels add uint8 x int8 products in pairs in 16
+    # bits (`vpmaddubsw`), which saturates on 8-bit weights; ONNX Runtime's advice for such
+    # CPUs is 7-bit weights (`reduce_range`), which brings the logits several times closer
+    # to fp32 there (vitkit.inference.int8_ranges draws the same line for torch's int8).
+    flags = cpu_model_and_flags()[1]
+    seven_bit = "avx2" in flags and not {"avx512_vnni", "avx_vnni"} & flags
     with quiet_onnxruntime():  # a line per tensor, and "please run pre-processing" advice
         # MatMul/Gemm only: ONNX Runtime's default also makes each Conv a ConvInteger, which
         # on a conv stem moves the logits an order of magnitude further from fp32 than the
         # quantised linears alone do.
         quantization.quantize_dynamic(str(source), str(target),
                                       weight_type=quantization.QuantType.QInt8,
-                                      op_types_to_quantize=list(QUANTIZED_OPS))
+                                      op_types_to_quantize=list(QUANTIZED_OPS),
+                                      reduce_range=seven_bit)
     original = onnx.load(str(source), load_external_data=False)
     proto = onnx.load(str(target), load_external_data=False)
     present = {entry.key for entry in proto.metadata_props}
@@ -54,7 +62,7 @@ def quantize_onnx_int8(source: str | Path, target: str | Path,
         if entry.key not in present:
             proto.metadata_props.add(key=entry.key, value=entry.value)
     added = {"quantization": "dynamic int8 (onnxruntime.quantization.quantize_dynamic)",
-             **(metadata or {})}
+             "weight_bits": 7 if seven_bit else 8, **(metadata or {})}
     for key, value in added.items():
         proto.metadata_props.add(key=key, value=json.dumps(value))
     onnx.save(proto, str(target))

@@ -31,6 +31,7 @@ from vitkit.train.distributed import (
     sum_over_ranks,
 )
 from vitkit.train.nonfinite import NonFiniteGuard
+from vitkit.train.probe import first_estimate
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.rundir import prepare_run_dir, undone_unless_saved
 from vitkit.train.schedule import SCHEDULES
@@ -126,6 +127,7 @@ def run_loop(run: Run) -> TrainResult:
     elif info.is_main:
         log.info("%s", run.plan.describe(pos.step, pos.total_steps, cfg.batch_size,
                                          cfg.accum_steps, run.warmup_steps, cfg.time_budget))
+        log.info("%s", first_estimate(run))
     bar, failed = None, True
     try:
         while pos.step < pos.total_steps and not any_rank_stopping(stop, info):

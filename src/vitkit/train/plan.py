@@ -136,18 +136,19 @@ class RunPlan:
         start = f", from step {step:,}" if step else ""
         budget = f", time budget {_duration(time_budget)}" if time_budget else ""
         left = " left" if step else ""
-        return (f"plan: {total_steps:,} steps{start} ({epochs:.3g} epochs of "
-                f"{self.batches_per_epoch:,} batches{left}), image size {sizes}, {batch}, warmup "
-                f"{warmup:,} steps{budget}; a duration estimate follows the first timed steps")
+        warmup_text = f"warmup {count(warmup, 'step')}" if warmup else "no warmup"
+        return (f"plan: {count(total_steps, 'step')}{start} ({count(epochs, 'epoch')} of "
+                f"{count(self.batches_per_epoch, 'batch')}{left}), image size {sizes}, {batch}, "
+                f"{warmup_text}{budget}")
 
     def estimate(self, step: int, total_steps: int, seconds_per_token: float,
-                 time_budget: float = 0.0) -> str:
-        """The time the steps left (from `step`) will take at the measured rate (seconds per
-        token per image), and how to shorten the run."""
+                 time_budget: float = 0.0, source: str = "measured") -> str:
+        """The time the steps left (from `step`) will take at the rate (seconds per token per
+        image) `source` says how it was measured, and how to shorten the run."""
         seconds = self.tokens_between(step, total_steps) * seconds_per_token
         per_step = self.tokens(self.resolution_at(step, total_steps)) * seconds_per_token
-        text = (f"estimate: {_duration(seconds)} for the {total_steps - step:,} steps left "
-                f"({per_step:.3g} s/step measured, evaluations not included)")
+        text = (f"estimate: {_duration(seconds)} for the {count(total_steps - step, 'step')} "
+                f"left ({per_step:.3g} s/step {source}, evaluations not included)")
         if time_budget:
             return text + f"; the run is sized to its --time-budget of {_duration(time_budget)}"
         text += ("; to shorten it: total_steps=N, epochs=N or --time-budget SECONDS")
@@ -155,6 +156,21 @@ class RunPlan:
             fits = self.fit_to_budget(step, seconds_per_token, SHORT_RUN_SECONDS, 0.0)
             text += f" (an hour fits about total_steps={fits}, or --time-budget 3600)"
         return text
+
+
+def count(amount: float, unit: str) -> str:
+    """`amount` of `unit` as a sentence says it: "1 epoch", "3,333 epochs", "0.25 epochs",
+    "2 batches" (a whole number without decimals, a large one rounded, the unit plural
+    unless the amount is exactly one)."""
+    whole = round(amount)
+    if abs(amount - whole) < 0.005 * max(1.0, abs(amount)) or abs(amount) >= 100:
+        text = f"{whole:,}"
+        one = whole == 1
+    else:
+        text = f"{amount:.3g}" if abs(amount) >= 0.001 else f"{amount:.1g}"
+        one = False
+    plural = "batches" if unit == "batch" else unit + "s"
+    return f"{text} {unit if one else plural}"
 
 
 def _size_text(size: tuple[int, int]) -> str:
