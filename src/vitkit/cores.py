@@ -171,10 +171,12 @@ def _threads(count: int) -> str:
 
 
 def choose_threads(requested: int | None = None, *, measure: Callable[[], CoreUse | None]
-                   = core_use, what: str = "running") -> ThreadChoice:
+                   = core_use, what: str = "running", pin: str = "OMP_NUM_THREADS={n}"
+                   ) -> ThreadChoice:
     """Set torch's intra-op threads: `requested` when given (OMP_NUM_THREADS counts as asked
     for), else one per core that other processes leave free, at most torch's default,
-    measured now. Logs one line when it runs on fewer threads than that default."""
+    measured now. Logs one line when it runs on fewer threads than that default, with `pin`
+    (its "{n}" the default count) as the way to ask for them anyway."""
     default = torch.get_num_threads()
     if requested:
         set_threads(requested)
@@ -189,7 +191,7 @@ def choose_threads(requested: int | None = None, *, measure: Callable[[], CoreUs
     threads = use.free
     set_threads(threads)
     reason = (f"{_busy_words(use)}: {what} on {_threads(threads)}, faster than "
-              f"{default} on shared cores (threads={default} asks for them anyway)")
+              f"{default} on shared cores ({pin.format(n=default)} asks for them anyway)")
     log.info("%s", reason)
     return ThreadChoice(threads, default, reason=reason)
 

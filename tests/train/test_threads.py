@@ -72,12 +72,19 @@ def test_fewer_threads_when_others_hold_cores_and_one_line_says_why(restore_thre
         torch.set_num_threads(2)
     default = torch.get_num_threads()
     with caplog.at_level(logging.INFO, logger="vitkit"):
-        choice = choose_threads(None, measure=lambda: CoreUse(default, 1.0), what="training")
+        choice = choose_threads(None, measure=lambda: CoreUse(default, 1.0), what="training",
+                                pin="threads={n}")
     assert choice.threads == torch.get_num_threads() == default - 1
     assert choice.watch() is not None  # the run keeps following the other processes
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1
-    says(lines[0], "1 of the", "training on", f"threads={default}")
+    says(lines[0], "1 of the", "training on", f"threads={default} asks for them")
+    caplog.clear()
+    torch.set_num_threads(default)
+    with caplog.at_level(logging.INFO, logger="vitkit"):  # a verb without a threads flag
+        choose_threads(None, measure=lambda: CoreUse(default, 1.0), what="evaluating")
+    says(caplog.records[0].getMessage(), "evaluating on",
+         f"OMP_NUM_THREADS={default} asks for them")
 
 
 def test_asked_for_threads_win_and_are_never_moved(restore_threads, monkeypatch):

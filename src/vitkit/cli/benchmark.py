@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> None:
     from vitkit.inference.benchmark import EngineOptions
     from vitkit.inference.benchmark.results import benchmark_report
 
-    choose_threads(args.threads, what="benchmarking")  # the report names the count used
+    # the report names the count used
+    choose_threads(args.threads, what="benchmarking", pin="--threads {n}")
     engine = int8_engine(args)
     options = EngineOptions(args.engine, args.compile, engine is not None, args.merge_tokens,
                             args.threads, args.int8_engine, args.precision)

@@ -39,8 +39,10 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from vitkit.cores import choose_threads
     from vitkit.evaluation import fewshot_report
 
+    choose_threads(what="extracting features")
     weights = [args.weights, *args.compare]
     print_report(fewshot_report(weights, args.data, args.data_dir, args.shots, args.seeds,
                                 args.l2, args.json, args.out, args.weights_dir))

@@ -22,7 +22,9 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from vitkit.cores import choose_threads
     from vitkit.evaluation import probe_report
 
+    choose_threads(what="extracting features")
     print_report(probe_report(args.weights, args.data, args.data_dir, args.k,
                               args.temperature, args.json, args.weights_dir))

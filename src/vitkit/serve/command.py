@@ -164,7 +164,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"can reach this address can use the model. Set {TOKEN_ENV}=TOKEN (or pass "
               "--token TOKEN; clients send 'Authorization: Bearer TOKEN'), or bind 127.0.0.1.",
               file=sys.stderr)
-    choose_threads(args.threads, what="serving")
+    choose_threads(args.threads, what="serving", pin="--threads {n}")
     service = ModelService.load(args.weights, weights_dir=args.weights_dir,
                                 batch_size=args.max_batch, options=inference_options(args))
     app = create_app(service, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,

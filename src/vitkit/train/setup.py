@@ -227,7 +227,7 @@ def join_devices(cfg: TrainConfig) -> tuple[torch.device, DistInfo, ThreadWatch 
         device = torch.device("cuda", info.local_rank)
     watch = None
     if device.type == "cpu":
-        watch = choose_threads(cfg.threads, what="training").watch()
+        watch = choose_threads(cfg.threads, what="training", pin="threads={n}").watch()
     else:
         set_threads(cfg.threads)  # the GPU does the work: the CPU's threads feed it
     tune_cpu_allocator()
