@@ -31,7 +31,7 @@ from vitkit.train.distributed import (
     sum_over_ranks,
 )
 from vitkit.train.nonfinite import NonFiniteGuard
-from vitkit.train.probe import first_estimate
+from vitkit.train.step_probe import first_estimate
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.rundir import prepare_run_dir, undone_unless_saved
 from vitkit.train.schedule import SCHEDULES

@@ -9,7 +9,7 @@ import torch
 
 from vitkit.config import ViTConfig
 from vitkit.model.vit import VisionTransformer
-from vitkit.train.probe import PROBE_TOKENS, probe_images, probe_step_rate
+from vitkit.train.step_probe import PROBE_TOKENS, probe_images, probe_step_rate
 
 CONFIG = ViTConfig(img_size=32, patch_size=4, width=64, depth=2, num_heads=4, mlp_dim=128,
                    num_classes=10, dropout=0.1, drop_path=0.1)
