@@ -5,9 +5,10 @@ EMA, plan, resume) and runs `run_loop`: for each epoch, for each batch, the lear
 from the schedule and one optimisation step (`vitkit.train.step`); a diverging step stops
 the run (or is skipped); the time budget is timed and fitted (`vitkit.train.budget`); at the
 end of an epoch (or of the run, or when it stops early) an evaluation of the task's metrics
-(classification top-1/top-5; regression mae/rmse/r2; multi-label map/f1), a metrics row and
-best.pt on a new best of the task's primary metric, then last.pt. SIGINT/SIGTERM save last.pt
-and stop; the CLI exits 128 + the signal.
+(classification top-1/top-5; regression mae/rmse/r2; multi-label map/f1), best.pt on a new
+best of the task's primary metric, last.pt, then the metrics row (so a row on disk is one the
+checkpoint holds: a save that fails writes none). SIGINT/SIGTERM save last.pt and stop; the
+CLI exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from vitkit.train.distributed import (
     sum_over_ranks,
 )
 from vitkit.train.nonfinite import NonFiniteGuard
-from vitkit.train.step_probe import first_estimate
 from vitkit.train.recorder import MetricsRecorder
 from vitkit.train.rundir import prepare_run_dir, undone_unless_saved
 from vitkit.train.schedule import SCHEDULES
 from vitkit.train.setup import Run, build_run
+from vitkit.train.step_probe import first_estimate
 from vitkit.train.stopping import StopRequest
 from vitkit.weights.formats.run_folder import BEST, DIVERGED, LAST
 
@@ -185,20 +186,22 @@ def run_loop(run: Run) -> TrainResult:
             pos.epoch_loss, pos.epoch_images = (0.0, 0) if epoch_done else (loss_sum, images)
             if epoch_done and not stopping:  # before the evaluation: a budget spent here
                 clock.refit_after_epoch(pos)   # ends the run at this step, evaluated once
-            evaluated = False  # a signalled rank skips it, so every rank does (together)
+            evaluated, row = False, {}  # a signalled rank skips it, so every rank does too
             if not broadcast_flag(stop.signalled(), info) and (
                     scheduled or pos.step >= pos.total_steps or stopping):
                 with clock.timing_evaluation():
-                    final = evaluate_and_log(run, loss_sum / max(images, 1),
-                                             images_here / max(train_seconds, 1e-9),
-                                             recorder) or final
-                evaluated = True
+                    row = evaluate_and_log(run, loss_sum / max(images, 1),
+                                           images_here / max(train_seconds, 1e-9),
+                                           recorder)
+                final, evaluated = row or final, True
             # an evaluation that spent the budget ends the run here, evaluated (rather than
             # one more step and a second evaluation); every rank asks, so all stop together
             if cfg.time_budget and broadcast_flag(evaluated and clock.out_of_time(pos), info) \
                     and not stop.reason:
                 stop.reason = "time budget"
             run.save(LAST)
+            if recorder is not None and row:  # once last.pt holds it: a resume keeps it
+                recorder.write(row, pos.history)
             guard.checkpoint_saved(pos.step)
             run.data.write_skipped(run.out_dir, info)
         # Checked after the loop, not inside it: a signal can land during an evaluation or a
@@ -232,7 +235,8 @@ def any_rank_stopping(stop: StopRequest, info: DistInfo) -> bool:
 
 def evaluate_and_log(run: Run, train_loss: float, images_per_s: float,
                      recorder: MetricsRecorder | None) -> dict[str, float]:
-    """Evaluate the model (and the EMA), log a row, and save best.pt on a new best.
+    """Evaluate the model (and the EMA), log a row, and save best.pt on a new best; the row
+    reaches the metrics files later (`MetricsRecorder.write`), once last.pt holds it.
     `train_loss`: the epoch's mean over every rank's images (a resumed epoch's included);
     `images_per_s`: every rank's images over this process's time training the epoch.
 
@@ -276,7 +280,6 @@ def evaluate_and_log(run: Run, train_loss: float, images_per_s: float,
         pos.best_score = best
         run.save(BEST)
     if recorder is not None:
-        recorder.write(row, pos.history)
         log.info("epoch %.2f  loss %.4f  %s%s  %.0f img/s", row["epoch"], row["train_loss"],
                  task.epoch_words(row, run.model.config.num_classes), ema_words(row, task),
                  row["images_per_s"])
