@@ -32,6 +32,16 @@ def test_the_probe_leaves_random_state_weights_and_gradients_as_they_were():
             assert p.grad is None, name
 
 
+def test_the_probe_leaves_a_conv_stems_batchnorm_statistics_as_they_were():
+    config = CONFIG.replace(stem="conv", stem_channels=(8, 16))
+    model = VisionTransformer(config).train()
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    assert any(name.endswith("num_batches_tracked") for name in buffers)
+    probe_step_rate(model, 16, config.num_patches + 1, torch.device("cpu"), None)
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, buffers[name]), name
+
+
 def test_the_probe_runs_enough_images_to_keep_its_products_efficient_and_no_more_than_a_batch():
     assert probe_images(512, 577) == 8  # ViT-B/16 at 384 px: 8 of 512 images
     assert probe_images(128, 65) * 65 >= PROBE_TOKENS

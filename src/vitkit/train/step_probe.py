@@ -5,8 +5,9 @@ the budget clock only times steps after it, so the run would be silent about its
 then. `probe_step_rate` times one forward and backward pass of a few synthetic images (enough
 tokens to keep the matrix products as efficient as a full batch's, at most the batch) and
 scales it to the batch. The probe leaves the run as it found it: the random state is forked
-(dropout, drop-path), and the gradients go to `torch.autograd.grad`, not to `.grad`, so the
-optimizer, DDP's hooks and an exact resume never see it.
+(dropout, drop-path), the buffers are put back (a conv stem's BatchNorm statistics), and the
+gradients go to `torch.autograd.grad`, not to `.grad`, so the optimizer, DDP's hooks and an
+exact resume never see it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def probe_step_rate(model: VisionTransformer, batch_size: int, tokens_per_image:
     forked = [device] if device.type == "cuda" else []
     autocast = autocast_context(device, amp_dtype)
     seconds = 0.0
+    # a conv stem's BatchNorm moves its running statistics and step counter in training mode
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     with torch.random.fork_rng(devices=forked):
         for images in (1, count):
             x = torch.zeros(images, config.in_chans, *config.img_size, device=device)
@@ -51,6 +54,9 @@ def probe_step_rate(model: VisionTransformer, batch_size: int, tokens_per_image:
                 torch.autograd.grad(out.square().mean(), params, allow_unused=True)
             _synchronize(device)
             seconds = time.perf_counter() - start
+    with torch.no_grad():
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
     return seconds * batch_size / count / tokens_per_image
 
 
