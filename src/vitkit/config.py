@@ -22,6 +22,7 @@ from vitkit.fieldtypes import (
     closest_path,
     did_you_mean,
 )
+from vitkit.files import check_json_size, parse_json
 
 POOLS = ("class_token", "mean_patches", "mean_all_tokens")
 # timm's `global_pool` names and the pool each is (timm's "avg" leaves the prefix tokens
@@ -273,6 +274,8 @@ class ViTConfig:
                 guess = closest_path(path)
                 raise ConfigError(f"config file {path} does not exist"
                                   + (f"; did you mean {guess}?" if guess else ""))
+            check_json_size(path, ConfigError, "a model config is a JSON object of config "
+                            "keys, as ViTConfig.to_json() writes it")
             try:
                 text, source = path.read_text(), str(path)
             except UnicodeDecodeError:
@@ -280,12 +283,8 @@ class ViTConfig:
                     f"{path} is not a JSON config file (it is binary). A checkpoint's config "
                     "is read with vitkit.catalog.config_of(path); `vitkit summary` "
                     "takes checkpoints directly.") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{source} is not valid JSON ({exc}): a model config is a JSON "
-                              "object of config keys, as ViTConfig.to_json() writes it"
-                              ) from exc
+        data = parse_json(text, source, ConfigError, "a model config is a JSON object of "
+                          "config keys, as ViTConfig.to_json() writes it")
         if not isinstance(data, dict):
             raise ConfigError(f"{source} must hold a JSON object of config keys, not "
                               f"{type(data).__name__}")

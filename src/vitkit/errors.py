@@ -33,11 +33,30 @@ def unclear_names(names: Iterable[str]) -> str | None:
     empty or repeated name, in words; None when each names one. Reports key their figures
     by name, so a repeat would fold two outputs into one."""
     names, seen = [str(n).strip() for n in names], set()
+    too_long = long_name(names)
+    if too_long:
+        return too_long
     repeated = [n for n in names if n in seen or seen.add(n)]
     if "" in names:
         return f"name {names.index('') + 1} of {len(names)} is empty"
     if repeated:
         return f"{first_few(dict.fromkeys(repeated))} appear(s) more than once"
+    return None
+
+
+# The longest class or target name vitkit takes: a name is a label in reports, and a longer
+# one is a damaged file (or an attempt to fill memory and the screen), not a name.
+NAME_MAX_CHARS = 1000
+
+
+def long_name(names: Iterable[object], limit: int = NAME_MAX_CHARS) -> str | None:
+    """The first of `names` longer than `limit` characters, in words (its position and
+    length, never its text); None when none is."""
+    names = list(names)
+    for index, name in enumerate(names):
+        if len(str(name)) > limit:
+            return (f"name {index + 1} of {len(names)} (index {index}) is {len(str(name)):,} "
+                    f"characters long, over the limit of {limit:,}")
     return None
 
 

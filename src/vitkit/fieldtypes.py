@@ -270,12 +270,22 @@ def _float(value: Any, from_text: bool) -> Any:
     return value if isinstance(value, int) else float(value)
 
 
+def _loads(text: str) -> Any:
+    """`json.loads`, with nesting too deep for Python refused as a ConfigError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"the value {text[:40]}... nests too deeply to read: give a flat "
+                          "value (a number, a name, or a list or object a few levels "
+                          "deep)") from None
+
+
 def _str(value: Any, from_text: bool) -> Any:
     if from_text:
         text = value.strip()
         if text.startswith('"'):  # a JSON-quoted string ("runs/x")
             try:
-                decoded = json.loads(text)
+                decoded = _loads(text)
             except json.JSONDecodeError:
                 return value
             return decoded if isinstance(decoded, str) else value
@@ -292,7 +302,7 @@ def _size(value: Any, from_text: bool) -> Any:
         text = value.strip()
         if text.startswith("["):
             try:
-                return _size(json.loads(text), from_text=False)
+                return _size(_loads(text), from_text=False)
             except json.JSONDecodeError:
                 return _INVALID
         match = _SIZE_TEXT.match(text)
@@ -313,7 +323,7 @@ def _sequence(origin: type, args: tuple[Any, ...], value: Any, from_text: bool) 
         text = value.strip()
         if text.startswith("["):
             try:
-                value, from_text = json.loads(text), False
+                value, from_text = _loads(text), False
             except json.JSONDecodeError:
                 return _INVALID
         else:  # "0.5,0.5,0.5" or a single "0.5"
@@ -335,7 +345,7 @@ def _sequence(origin: type, args: tuple[Any, ...], value: Any, from_text: bool) 
 def _mapping(value: Any, from_text: bool) -> Any:
     if from_text:
         try:
-            value = json.loads(value)
+            value = _loads(value)
         except json.JSONDecodeError:
             return _INVALID
     return dict(value) if isinstance(value, dict) else _INVALID
@@ -345,7 +355,7 @@ def _json_or_text(text: str) -> Any:
     """For `Any` fields: a JSON object or list when the text is one, else the text."""
     if text.strip().startswith(("{", "[")):
         try:
-            return json.loads(text)
+            return _loads(text)
         except json.JSONDecodeError:
             pass
     return _str(text, from_text=True)

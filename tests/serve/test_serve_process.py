@@ -18,60 +18,15 @@ import httpx
 import pytest
 
 from serve_models import png_bytes, save_classifier
+from serve_process import SRC, rss_mb, server_output, start_server, stop_server
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 REQUESTS, CLIENTS = 1000, 32  # the issue's bounded load: 1,000 requests from 32 clients
 RSS_GROWTH_MB = 40  # bound on resident-memory growth over the load, after a warm-up
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start(weights: Path, tmp: Path, *flags: str, **env_vars: str
-           ) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(SRC), **env_vars}
-    # The log goes to a file: a pipe nobody reads fills up (64 KB: ~1,000 access-log lines)
-    # and then blocks the server on its next log line.
-    log = (tmp.parent / "server.log").open("w")
-    process = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(weights),
-                                "--port", str(port), "--threads", "1", *flags], env=env,
-                               stdout=log, stderr=subprocess.STDOUT, text=True)
-    process.log_path = Path(log.name)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited: {_output(process)}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise AssertionError("the server did not start in 60 s")
-
-
-def _output(process: subprocess.Popen) -> str:
-    """What the server printed (once it has exited)."""
-    return process.log_path.read_text()
-
-
-def _stop(process: subprocess.Popen) -> str:
-    """SIGTERM, wait for the exit, and what the server printed."""
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=60)
-    return _output(process)
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+def _start(weights: Path, tmp: Path, *flags: str, **env_vars: str):
+    """A server whose temporary files go to `tmp` (its log beside it)."""
+    return start_server(weights, tmp.parent / "server.log", *flags, TMPDIR=str(tmp), **env_vars)
 
 
 def test_load_gives_no_errors_and_flat_memory_then_sigterm_exits_0(tmp_path):
@@ -94,15 +49,15 @@ def test_load_gives_no_errors_and_flat_memory_then_sigterm_exits_0(tmp_path):
 
         with ThreadPoolExecutor(CLIENTS) as pool:
             warm = sum(pool.map(one, range(100)))
-            before = _rss_mb(process.pid)
+            before = rss_mb(process.pid)
             errors = sum(pool.map(one, range(REQUESTS)))
-        after = _rss_mb(process.pid)
+        after = rss_mb(process.pid)
         assert warm == 0 and errors == 0
         assert after - before < RSS_GROWTH_MB, f"RSS grew {before:.0f} -> {after:.0f} MB"
         batches = httpx.get(f"{url}/api/model").json()["batches"]
         assert batches["largest"] > 1 and batches["inputs"] >= REQUESTS + 100
     finally:
-        output = _stop(process)
+        output = stop_server(process)
     assert process.returncode == 0, output
     assert "Shutting down" in output or "Finished server process" in output
     assert list(tmp.iterdir()) == []
@@ -127,7 +82,7 @@ def test_sigterm_lets_an_in_flight_request_finish(tmp_path):
     process.send_signal(signal.SIGTERM)
     thread.join(30)
     process.wait(timeout=60)
-    output = _output(process)
+    output = server_output(process)
     assert result["status"] == 200, result
     assert result["json"]["predictions"][0]["path"] == "slow.png"
     assert process.returncode == 0, output
@@ -147,7 +102,7 @@ def test_the_token_from_the_environment_guards_the_api_and_stays_out_of_the_proc
         assert httpx.get(f"{url}/api/model", headers=headers).status_code == 200
         assert secret not in Path(f"/proc/{process.pid}/cmdline").read_text()
     finally:
-        output = _stop(process)
+        output = stop_server(process)
     assert process.returncode == 0, output
 
 
@@ -182,7 +137,7 @@ def test_a_port_in_use_is_refused_before_anything_loads_and_another_port_serves(
     (tmp_path / "tmp").mkdir()
     process, url = _start(weights, tmp_path / "tmp")  # the advice: another port
     assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
-    assert "Ctrl-C to stop" in _stop(process)
+    assert "Ctrl-C to stop" in stop_server(process)
 
 
 def test_a_port_out_of_range_is_refused_by_the_arguments(capsys):

@@ -19,6 +19,8 @@ everywhere. The rules:
 Refused, with the kind of problem and the fix: empty files, files that are not images (a text
 file named .png), truncated or corrupt data, images over Pillow's decompression-bomb limit
 (`PIL.Image.MAX_IMAGE_PIXELS`), and pixel formats with no 8-bit meaning (floating point).
+`image_size` reads the size a file declares without decoding it, for callers that cap what
+they decode below that limit (`vitkit serve --max-pixels`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ __all__ = [
     "DecodedImage",
     "ImageSource",
     "decode_image",
+    "image_size",
     "open_image",
+    "pixel_limit",
 ]
 
 BACKGROUND = (255, 255, 255)  # what transparent pixels are composited on: white
@@ -260,6 +264,30 @@ def decode_image(path: ImageSource, channels: int = 3) -> DecodedImage:
             return DecodedImage(image=_decode(path, mode, limit))
     except _Refused as refused:
         return DecodedImage(kind=refused.kind, detail=refused.detail)
+
+
+def pixel_limit() -> int | None:
+    """The decompression-bomb limit every reader keeps: `PIL.Image.MAX_IMAGE_PIXELS` as it is
+    now (None: no limit); images over it are refused by `decode_image`."""
+    return Image.MAX_IMAGE_PIXELS
+
+
+def image_size(path: ImageSource) -> tuple[int, int] | None:
+    """(width, height) that an image file declares in its header, read without decoding a
+    pixel (Pillow's `Image.open` reads the header only), so that a caller can refuse a file
+    that is small on disk but huge decoded before `decode_image` allocates it. For a
+    multi-frame file (GIF, TIFF, WebP, APNG) the first frame's, the one `decode_image` decodes
+    (the others are never decoded, so their count does not matter). None when the file does
+    not open as an image, or is over twice `pixel_limit()` (Pillow refuses to open it):
+    `decode_image` then says why."""
+    try:
+        opened, _, _ = _open_source(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(opened) as image:
+                return image.size
+    except Exception:  # _Refused, unidentified, damaged header, bomb: decode_image says which
+        return None
 
 
 def open_image(path: str | Path, channels: int = 3) -> Image.Image:

@@ -33,16 +33,28 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from vitkit.errors import ConfigError, VitkitError
-from vitkit.serve.batching import DynamicBatcher
+from vitkit.serve.batching import DynamicBatcher, QueueFull
 from vitkit.serve.panels import FIGURES, figure_png
 from vitkit.serve.service import ModelService
-from vitkit.serve.uploads import Form, UploadError, decode_files, read_form
+from vitkit.serve.uploads import (
+    DECODES_IN_FLIGHT,
+    TRIM_PIXELS,
+    DecodeBudget,
+    Form,
+    PixelLimits,
+    UploadError,
+    check_sizes,
+    decode_files,
+    read_form,
+    release_memory,
+)
 
 __all__ = ["STATIC", "create_app"]
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
+RETRY_AFTER_S = 1  # what a 503 (the server busy) asks the client to wait
 ROUTES = ("GET /healthz, GET /api/model, POST /api/predict, POST /api/explain, "
           "GET /api/figures/NAME.png, GET /")
 NO_PAGE = ("<!doctype html><title>vitkit serve</title><p>This build of vitkit has no page "
@@ -74,14 +86,37 @@ def _token_ok(request: Request, token: str) -> bool:
 
 
 def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float = 5.0,
-               token: str | None = None, max_upload_mb: float = 20.0) -> FastAPI:
+               token: str | None = None, max_upload_mb: float = 20.0,
+               max_pixels: int | None = None, max_queue: int | None = None) -> FastAPI:
     """The app serving `service`: requests batched up to `max_batch` inputs or `max_wait_ms`
-    (max_batch 1: no batching), bodies refused over `max_upload_mb`, `/api/` behind `token`
-    when one is given."""
+    (max_batch 1: no batching), bodies refused over `max_upload_mb`, images over `max_pixels`
+    (default: `default_max_pixels` of the model's input) and requests over `max_batch` times
+    that refused from their headers before decoding, at most `DECODES_IN_FLIGHT` images of
+    that size decoded at once, `/api/` behind `token` when one is given, at most `max_queue`
+    requests waiting for the model (503 past it; default: `default_max_queue`)."""
     if not (math.isfinite(max_upload_mb) and max_upload_mb > 0):
         raise ConfigError(f"max_upload_mb must be a finite number > 0, got {max_upload_mb}")
-    batcher: DynamicBatcher = DynamicBatcher(service.forward, max_batch, max_wait_ms)
+    if token is not None and not token.strip():
+        raise ConfigError("the token is empty, which would let anyone in: give a long random "
+                          "one, or token=None to serve without one")
+    limits = PixelLimits.checked(max_pixels, max_batch, service.preprocess.img_size)
+    budget = DecodeBudget(DECODES_IN_FLIGHT * limits.per_image)
+    batcher: DynamicBatcher = DynamicBatcher(service.forward, max_batch, max_wait_ms,
+                                                    max_queue)
     max_bytes = int(max_upload_mb * 2**20)
+
+    async def decode(form: Form, most: int | None = None) -> list[tuple[str, Any]]:
+        """The form's files decoded, after `check_sizes`, while holding the decode budget;
+        the memory handed back after a large decode."""
+        largest = await asyncio.to_thread(check_sizes, form, service.preprocess,
+                                          service.inputs, limits, most)
+        try:
+            async with budget.hold(largest):
+                return await asyncio.to_thread(decode_files, form, service.preprocess,
+                                               service.inputs, most, limits)
+        finally:
+            if largest >= TRIM_PIXELS:
+                await asyncio.to_thread(release_memory)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -90,9 +125,10 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
 
     app = FastAPI(title="vitkit serve", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)  # the interactive docs load their assets from a CDN
-    app.state.service, app.state.batcher = service, batcher
+    app.state.service, app.state.batcher, app.state.decode_budget = service, batcher, budget
     app.state.settings = {"max_batch": max_batch, "max_wait_ms": max_wait_ms,
-                          "max_upload_mb": max_upload_mb, "token": token is not None}
+                          "max_upload_mb": max_upload_mb, "max_pixels": limits.per_image,
+                          "max_request_pixels": limits.per_request, "token": token is not None}
     _add_errors(app)
 
     if token:
@@ -112,7 +148,9 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
     @app.get("/api/model")
     async def model() -> dict[str, Any]:
         return {**service.describe(), "max_batch": max_batch, "max_wait_ms": max_wait_ms,
-                "max_upload_mb": max_upload_mb, "figures": list(FIGURES),
+                "max_upload_mb": max_upload_mb, "max_pixels": limits.per_image,
+                "max_request_pixels": limits.per_request, "max_queue": batcher.max_queue,
+                "figures": list(FIGURES),
                 "batches": {"run": batcher.stats.batches, "inputs": batcher.stats.inputs,
                             "largest": batcher.stats.largest}}
 
@@ -122,7 +160,7 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
         topk = _field(form, "topk", 5, int, "a whole number (the classes per image)")
         if topk < 1:
             raise UploadError(400, f"topk must be >= 1, got {topk}")
-        items = await asyncio.to_thread(decode_files, form, service.preprocess, service.inputs)
+        items = await decode(form)
         outputs = await batcher.submit([image for _, image in items])
         return {"predictions": service.answers([name for name, _ in items], outputs, topk)}
 
@@ -134,8 +172,7 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
         ratio = _field(form, "discard_ratio", 0.0, float, "a number in [0, 1)")
         fusion = form.fields.get("fusion", "").strip() or "mean"
         layer, head = service.check_explain(layer, head, ratio, fusion)
-        items = await asyncio.to_thread(decode_files, form, service.preprocess,
-                                        service.inputs, 1)
+        items = await decode(form, 1)
         if len(items) > 1:
             raise UploadError(422, f"{form.files[0].name} holds {len(items)} images; explain "
                                    "takes one: send one image (an array of shape (C, H, W))")
@@ -172,6 +209,11 @@ def _add_errors(app: FastAPI) -> None:
     @app.exception_handler(UploadError)
     async def upload_error(_: Request, exc: UploadError) -> JSONResponse:
         return _error(exc.status, exc.message)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_: Request, exc: QueueFull) -> JSONResponse:
+        return _error(503, f"the server is busy: {exc}; retry after {RETRY_AFTER_S} s",
+                      {"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(VitkitError)
     async def vitkit_error(_: Request, exc: VitkitError) -> JSONResponse:

@@ -11,24 +11,44 @@ the same thread. While a batch runs, new requests queue for the next one.
 A request with more inputs than `max_batch` runs alone, in one call. A batch whose call fails
 is retried request by request, so a failure reaches only the requests that cause it.
 `max_batch` 1 turns batching off: each request runs alone, in arrival order.
+
+At most `max_queue` requests wait for the model at once (queued, in the running batch, or in
+`run_alone`); one more raises `QueueFull` at once, so a flood of requests is refused instead
+of held in memory for a wait nobody would sit through. A request whose caller went away
+before its batch ran is left out of the batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from vitkit.errors import ConfigError
 
-__all__ = ["BatchStats", "DynamicBatcher"]
+__all__ = ["BatchStats", "DynamicBatcher", "QueueFull", "default_max_queue"]
 
 In = TypeVar("In")
 Out = TypeVar("Out")
+
+
+def default_max_queue(max_batch: int) -> int:
+    """How many requests may wait for the model: eight batches' worth, at least 64."""
+    return max(64, 8 * max_batch)
+
+
+class QueueFull(Exception):
+    """`max_queue` requests already wait for the model (the server answers 503)."""
+
+    def __init__(self, max_queue: int) -> None:
+        super().__init__(f"{max_queue} requests already wait for the model, the limit "
+                         "(--max-queue)")
+        self.max_queue = max_queue
 
 
 @dataclass
@@ -56,12 +76,17 @@ class BatchStats:
 
 class DynamicBatcher(Generic[In, Out]):
     """Batches `submit` calls into calls of `work(inputs) -> outputs` (one output per input,
-    in order), run in one worker thread. Start on first use; `close` finishes the queue."""
+    in order), run in one worker thread, at most `max_queue` requests waiting (default:
+    `default_max_queue`). Start on first use; `close` finishes the queue."""
 
     def __init__(self, work: Callable[[list[In]], Sequence[Out]], max_batch: int = 8,
-                 max_wait_ms: float = 5.0) -> None:
+                 max_wait_ms: float = 5.0, max_queue: int | None = None) -> None:
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        max_queue = default_max_queue(max_batch) if max_queue is None else max_queue
+        if max_queue < 1:
+            raise ConfigError(f"max_queue must be >= 1, got {max_queue}")
+        self.max_queue, self.waiting = max_queue, 0  # requests waiting for the model now
         if not (math.isfinite(max_wait_ms) and max_wait_ms >= 0):
             raise ConfigError(f"max_wait_ms must be a finite number >= 0, got {max_wait_ms}")
         self.work, self.max_batch, self.max_wait = work, max_batch, max_wait_ms / 1000
@@ -85,12 +110,30 @@ class DynamicBatcher(Generic[In, Out]):
         """The outputs of `work` for `inputs`, computed in a batch with other requests."""
         if not inputs:
             return []
-        future = asyncio.get_running_loop().create_future()
-        self._start().put_nowait(_Job(list(inputs), future, time.monotonic()))
-        return await future
+        with self._admitted():
+            future = asyncio.get_running_loop().create_future()
+            self._start().put_nowait(_Job(list(inputs), future, time.monotonic()))
+            return await future
 
     async def run_alone(self, function: Callable[..., Any], *args: Any) -> Any:
-        """`function(*args)` in the model's worker thread (between batches)."""
+        """`function(*args)` in the model's worker thread (between batches), counted in
+        `max_queue` like a request."""
+        with self._admitted():
+            return await self._in_worker(function, *args)
+
+    @contextlib.contextmanager
+    def _admitted(self) -> Iterator[None]:
+        """Count a request as waiting for the model, or raise QueueFull when the limit is
+        reached."""
+        if self.waiting >= self.max_queue:
+            raise QueueFull(self.max_queue)
+        self.waiting += 1
+        try:
+            yield
+        finally:
+            self.waiting -= 1
+
+    async def _in_worker(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
 
     async def _next_batch(self, queue: asyncio.Queue) -> list[_Job[In]] | None:
@@ -128,9 +171,12 @@ class DynamicBatcher(Generic[In, Out]):
             await self._run(jobs)
 
     async def _run(self, jobs: list[_Job[In]]) -> None:
+        jobs = [job for job in jobs if not job.future.done()]  # callers still waiting
+        if not jobs:
+            return
         inputs = [item for job in jobs for item in job.inputs]
         try:
-            outputs = await self.run_alone(self.work, inputs)
+            outputs = await self._in_worker(self.work, inputs)
             if len(outputs) != len(inputs):
                 raise RuntimeError(f"the work function gave {len(outputs)} outputs for "
                                    f"{len(inputs)} inputs")

@@ -7,16 +7,13 @@ from here); FastAPI, uvicorn and the model load when the verb runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import importlib.util
 import ipaddress
 import logging
 import os
-import signal
 import socket
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from vitkit.arguments import (
@@ -33,7 +30,8 @@ from vitkit.arguments import (
 )
 from vitkit.errors import ConfigError
 
-__all__ = ["TOKEN_ENV", "add_serve_verb", "check_port_free", "cmd_serve", "is_loopback"]
+__all__ = ["TOKEN_ENV", "add_limit_arguments", "add_serve_verb", "check_port_free", "cmd_serve",
+           "is_loopback", "resolve_token"]
 
 TOKEN_ENV = "VITKIT_SERVE_TOKEN"  # the token, when --token is not given
 
@@ -50,8 +48,7 @@ def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
     add_tta_argument(serve)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1: this machine only; "
-                            "another address is open to anyone who can reach it unless "
-                            "--token is set, and a warning says so)")
+                            "another address needs --token, or --insecure-no-token)")
     serve.add_argument("--port", type=port_number, default=8000,
                        help="port, 0 to 65535 (default 8000; 0: any free port)")
     serve.add_argument("--max-batch", type=positive_int, default=8,
@@ -62,6 +59,11 @@ def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
                             "with (default 5 ms)")
     serve.add_argument("--max-upload-mb", type=positive_float, default=20.0,
                        help="largest request body, refused with 413 above (default 20 MB)")
+    serve.add_argument("--max-pixels", type=positive_int,
+                       help="most pixels one uploaded image may decode to, read from its "
+                            "header and refused with 413 above before decoding; a request "
+                            "holds at most --max-batch times that (default: 16 times the "
+                            "model's input pixels, at least 4096x4096 = 16,777,216)")
     serve.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on /api/ routes "
                                        "(set one when --host is not loopback; default: the "
                                        f"{TOKEN_ENV} environment variable, which, unlike "
@@ -69,6 +71,10 @@ def add_serve_verb(verbs: Any) -> argparse.ArgumentParser:
                                        "process list)")
     serve.add_argument("--threads", type=positive_int,
                        help="torch intra-op threads for the model (default: torch's)")
+    serve.add_argument("--insecure-no-token", action="store_true",
+                       help="serve a non-loopback --host without a token (refused otherwise): "
+                            "anyone who can reach the address can use the model")
+    add_limit_arguments(serve)
     serve.set_defaults(run=cmd_serve)
     return serve
 
@@ -83,18 +89,48 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _signals_end_quietly() -> Iterator[None]:
-    """uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown: in-flight requests finish)
-    and raises the signal again once done; this makes that second raise end the process with
-    status 0 instead of a KeyboardInterrupt or a death by signal."""
-    previous = {sig: signal.signal(sig, lambda *_: None)
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def add_limit_arguments(serve: argparse.ArgumentParser) -> None:
+    """The bounds on what clients can hold (`vitkit.serve.server` applies them)."""
+    serve.add_argument("--read-timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                       help="a request's headers must arrive within this, and its body pause "
+                            "no longer; a client that stalls gets 408 and is dropped "
+                            "(default 10)")
+    serve.add_argument("--keep-alive", type=positive_float, default=5.0, metavar="SECONDS",
+                       help="an idle connection between requests closes after this "
+                            "(default 5)")
+    serve.add_argument("--max-connections", type=positive_int, default=256,
+                       help="connections open at once; past it a request gets 503 with "
+                            "Retry-After (default 256)")
+    serve.add_argument("--max-queue", type=positive_int,
+                       help="requests waiting for the model at once; past it 503 with "
+                            "Retry-After (default 8 x --max-batch, at least 64)")
+    serve.add_argument("--shutdown-grace", type=non_negative_float, default=5.0,
+                       metavar="SECONDS",
+                       help="on SIGTERM/Ctrl-C, how long requests in flight may finish "
+                            "before their connections are dropped and the process ends; a "
+                            "second signal ends at once (default 5)")
+
+
+def resolve_token(args: argparse.Namespace) -> str | None:
+    """The token (--token, else the environment), refused when empty, or missing on a
+    non-loopback --host without --insecure-no-token."""
+    given = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    source = "--token" if args.token is not None else TOKEN_ENV
+    if given is not None and not given.strip():
+        raise ConfigError(f"{source} is empty: an empty token would let anyone in. Set a "
+                          f"long random one (e.g. {TOKEN_ENV}=\"$(openssl rand -hex 16)\"), "
+                          f"or unset {TOKEN_ENV} and leave out --token to serve without one "
+                          "on 127.0.0.1")
+    if given is None and not is_loopback(args.host):
+        if not args.insecure_no_token:
+            raise ConfigError(f"--host {args.host} is reachable from other machines and no "
+                              f"token is set: set one ({TOKEN_ENV}=TOKEN, or --token TOKEN; "
+                              "clients send 'Authorization: Bearer TOKEN'), bind --host "
+                              "127.0.0.1, or pass --insecure-no-token to serve it open")
+        print(f"vitkit serve: WARNING: listening on {args.host} without a token "
+              "(--insecure-no-token): anyone who can reach this address can use the model.",
+              file=sys.stderr)
+    return given.strip() if given is not None else None
 
 
 SERVE_PACKAGES = {"fastapi": "fastapi", "uvicorn": "uvicorn", "multipart": "python-multipart"}
@@ -151,30 +187,25 @@ def _listen_fix(exc: OSError, port: int) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the weights, build the app and serve it until SIGINT/SIGTERM (exit 0)."""
     require_serve_packages()
-    import uvicorn
-
     from vitkit.cores import choose_threads
     from vitkit.serve.app import create_app
+    from vitkit.serve.batching import default_max_queue
+    from vitkit.serve.server import Limits, serve
     from vitkit.serve.service import ModelService
 
+    token = resolve_token(args)
     check_port_free(args.host, args.port)  # before the model loads
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    if not is_loopback(args.host) and not token:
-        print(f"vitkit serve: WARNING: listening on {args.host} without a token: anyone who "
-              f"can reach this address can use the model. Set {TOKEN_ENV}=TOKEN (or pass "
-              "--token TOKEN; clients send 'Authorization: Bearer TOKEN'), or bind 127.0.0.1.",
-              file=sys.stderr)
     choose_threads(args.threads, what="serving", pin="--threads {n}")
     service = ModelService.load(args.weights, weights_dir=args.weights_dir,
                                 batch_size=args.max_batch, options=inference_options(args))
     app = create_app(service, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     token=token, max_upload_mb=args.max_upload_mb)
+                     token=token, max_upload_mb=args.max_upload_mb,
+                     max_pixels=args.max_pixels,
+                     max_queue=args.max_queue or default_max_queue(args.max_batch))
     shown = f"[{args.host}]" if ":" in args.host else args.host
     tta = ", flip TTA" if service.tta == "flip" else ""
     print(f"vitkit serve: {service.name} ({service.task.kind}, {service.precision_name}{tta}) at "
           f"http://{shown}:{args.port}/ (Ctrl-C to stop)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level="info"))
-    with _signals_end_quietly():
-        server.run()
-    return 0 if server.started else 1
+    limits = Limits(read_timeout=args.read_timeout, keep_alive=args.keep_alive,
+                    max_connections=args.max_connections, shutdown_grace=args.shutdown_grace)
+    return 0 if serve(app, args.host, args.port, limits) else 1

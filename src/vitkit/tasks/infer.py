@@ -60,7 +60,8 @@ def infer_task(targets: np.ndarray | torch.Tensor, requested: str | None = None,
         raise ConfigError(f"task={kind!r} is not one of {', '.join(TASKS)}")
     values = array.astype(np.float64).reshape(len(array), -1)
     mean, std = values.mean(0), values.std(0)
-    _warn_of_regression_targets(values, std, binary and requested is None, array.ndim, where)
+    _warn_of_regression_targets(values, std, binary and requested is None, array.ndim, where,
+                                names)
     if requested is None and integral and not binary and values.shape[1] == 1 and \
             values.min() >= 0:
         log.info("%s are whole numbers: they train as regression (counts, say); if they are "
@@ -88,7 +89,7 @@ def _class_index_advice(array: np.ndarray, integral: bool) -> str:
 
 
 def _warn_of_regression_targets(values: np.ndarray, std: np.ndarray, binary: bool, ndim: int,
-                                where: str) -> None:
+                                where: str, names: Sequence[str] | None = None) -> None:
     """Say when regression targets look like something else: all 0 and 1 (labels, trained
     as regression unless the task is named), or constant columns (nothing to learn; their
     R^2 is 1 for an exact fit, else 0, as scikit-learn's, and sways the mean)."""
@@ -99,10 +100,13 @@ def _warn_of_regression_targets(values: np.ndarray, std: np.ndarray, binary: boo
     constant = np.flatnonzero(std == 0)
     if len(values) < 2 or not len(constant):
         return  # one sample (a train_limit of 1) varies in nothing
+    named = names is not None and len(names) == values.shape[1]
     if len(constant) == values.shape[1] == 1:
-        log.warning("warning: %s are all %g: there is nothing to learn (R^2 reads 1 for an "
-                    "exact fit, else 0); check the targets file", where, values[0, 0])
+        log.warning("warning: %s%s are all %g: there is nothing to learn (R^2 reads 1 for an "
+                    "exact fit, else 0); check the targets file", where,
+                    f" (column {names[0]!r})" if named else "", values[0, 0])
         return
-    shown = ", ".join(f"{k} (always {values[0, k]:g})" for k in constant[:5])
+    shown = ", ".join(f"{k}{f' {names[k]!r}' if named else ''} (always {values[0, k]:g})"
+                      for k in constant[:5]) + (" ..." if len(constant) > 5 else "")
     log.warning("warning: %s: target column(s) %s never change: there is nothing to learn "
                 "there and their R^2 reads 1 for an exact fit, else 0; drop them", where, shown)

@@ -20,15 +20,17 @@ preprocess, classes, weights, model, ema, checksum), and what resuming needs:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from vitkit.errors import CheckpointError
-from vitkit.files import write_atomic
-from vitkit.weights.formats.run_folder import LAST
+from vitkit.errors import CheckpointError, TrainingError
+from vitkit.files import out_of_room_message, write_atomic
+from vitkit.weights.formats.run_folder import CHECKPOINTS, LAST, way_out
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.formats.train_checkpoint import TrainedWeights, damaged_unless_readable
 
@@ -125,8 +127,50 @@ def _best_score(position: dict[str, Any]) -> float | None:
 # -- files ----------------------------------------------------------------------------------------
 def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
     """Write `state` to `path` so that a crash leaves either the old file or the new one
-    (temporary file beside it, fsync, rename)."""
-    return write_atomic(path, lambda stream: torch.save(state, stream), fsync=True)
+    (temporary file beside it, fsync, rename); a full disk is `room_to_write`'s error."""
+    with room_to_write(path, needed=tensor_bytes(state)):
+        return write_atomic(path, lambda stream: torch.save(state, stream), fsync=True)
+
+
+@contextmanager
+def room_to_write(path: str | Path, needed: int | None = None) -> Iterator[None]:
+    """Write `path`, a file of a run folder (or the folder, for any file in it, named by the
+    error where it names one): a full disk or a spent quota (from the write,
+    the fsync or the rename) is a `TrainingError` of one line that names the file, the room
+    left and `needed` (bytes, when known), what is kept (the previous checkpoint: an atomic
+    write leaves it whole) and how to go on (free space, or another run folder)."""
+    path = Path(path)
+    try:
+        yield
+    except OSError as exc:
+        last = (path if path.is_dir() else path.parent) / LAST
+        kept = []
+        if path.name in CHECKPOINTS:
+            kept.append(f"the previous {path.name} is kept, whole" if path.exists() else
+                        f"no {path.name} was written")
+        if path.name != LAST and last.is_file():
+            kept.append(f"{last.name} keeps the run as last saved")
+        fix = (f"free space there and continue with --resume {last}, or continue in a run "
+               f"folder on a disk with room: --resume {last} --out OTHER_FOLDER"
+               if last.is_file() else "free space there, or point the run folder elsewhere "
+               "(--out OTHER_FOLDER), and train again")
+        named = Path(exc.filename) if path.is_dir() and exc.filename else path  # not a .tmp
+        message = out_of_room_message(exc, named, needed, "; ".join(kept), fix)
+        if message is None:
+            raise
+        raise TrainingError(message) from None
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of the tensors in `state` (nested dicts and lists): about what its file
+    needs on disk."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(value) for value in state)
+    return 0
 
 
 def write(checkpoint: TrainCheckpoint, path: str | Path) -> Path:
@@ -149,13 +193,16 @@ def load_state(path: str | Path) -> dict[str, Any]:
                               "train` wrote) or a checkpoint file (its last.pt or best.pt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    found = Found.at(path)
+    try:
+        found = Found.at(path)
+        state = found.contents() if found.kind == "torch" else None
+    except CheckpointError as exc:  # a damaged last.pt: resume from the run's best.pt
+        raise way_out(exc, path, resuming=True) from None
     if found.kind != "torch":
         what = {"folder": "a folder", "npz": "an .npz file", "safetensors": "a safetensors "
                 "file"}.get(found.kind, "not a PyTorch file")
         raise CheckpointError(f"{path} is not a vitkit training checkpoint ({what}): pass the "
                               "last.pt or best.pt that `vitkit train` wrote")
-    state = found.contents()
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a vitkit training checkpoint")
     return state

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -13,7 +12,7 @@ from vitkit.config import ViTConfig, variant_config
 from vitkit.data.augment import AugmentConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_fields, check_known_keys, check_value, did_you_mean, parse_text
-from vitkit.files import relative_data_dir_note
+from vitkit.files import check_json_size, parse_json, relative_data_dir_note
 from vitkit.inference.tta import TTA_MODES
 from vitkit.runtime import check_device
 from vitkit.tasks import LOSSES, TASKS, loss_suggestion
@@ -426,6 +425,7 @@ def read_recipe(path_or_name: str) -> dict[str, Any]:
     """A recipe's keys from a JSON file or a shipped recipe name (comments dropped)."""
     path = Path(path_or_name)
     if path.is_file():
+        check_json_size(path, ConfigError, "a recipe is a JSON object of training keys")
         return _recipe_keys(path.read_text(), path_or_name)
     if path_or_name in recipe_names():
         return shipped_recipe(path_or_name)
@@ -437,13 +437,10 @@ def read_recipe(path_or_name: str) -> dict[str, Any]:
 def _recipe_keys(text: str, path_or_name: str) -> dict[str, Any]:
     """A recipe's JSON text as keys (comments dropped); refused, naming the fix, when it is
     not a JSON object."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"recipe {path_or_name} is not valid JSON ({exc}): a recipe is a JSON "
-                          "object of training keys, as the shipped ones are (docs/training.md); "
-                          "write it as JSON, or give the keys as KEY=VALUE arguments instead "
-                          "(vitkit train epochs=5 lr=0.001)") from exc
+    data = parse_json(text, f"recipe {path_or_name}", ConfigError,
+                      "a recipe is a JSON object of training keys, as the shipped ones are "
+                      "(docs/training.md); write it as JSON, or give the keys as KEY=VALUE "
+                      "arguments instead (vitkit train epochs=5 lr=0.001)")
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path_or_name} must hold a JSON object of training keys")
     data.pop("_comment", None)

@@ -7,7 +7,8 @@ the run (or is skipped); the time budget is timed and fitted (`vitkit.train.budg
 end of an epoch (or of the run, or when it stops early) an evaluation of the task's metrics
 (classification top-1/top-5; regression mae/rmse/r2; multi-label map/f1), best.pt on a new
 best of the task's primary metric, last.pt, then the metrics row (so a row on disk is one the
-checkpoint holds: a save that fails writes none). SIGINT/SIGTERM save last.pt and stop; the
+checkpoint holds: a save that fails writes none; a full disk ends the run with one line,
+`vitkit.train.checkpoint.room_to_write`). SIGINT/SIGTERM save last.pt and stop; the
 CLI exits 128 + the signal.
 """
 
@@ -22,7 +23,7 @@ from vitkit.evaluation.loop import evaluate
 from vitkit.inference.bf16 import autocast_context
 from vitkit.inference.predictor import InferenceOptions, Predictor
 from vitkit.tasks import Task, make_task
-from vitkit.train.checkpoint import Position, resume_path
+from vitkit.train.checkpoint import Position, resume_path, room_to_write
 from vitkit.train.config import TrainConfig
 from vitkit.train.distributed import (
     DistInfo,
@@ -38,7 +39,7 @@ from vitkit.train.schedule import SCHEDULES
 from vitkit.train.setup import Run, build_run
 from vitkit.train.step_probe import first_estimate
 from vitkit.train.stopping import StopRequest
-from vitkit.weights.formats.run_folder import BEST, DIVERGED, LAST
+from vitkit.weights.formats.run_folder import BEST, DIVERGED, LAST, METRICS_JSONL
 
 log = logging.getLogger("vitkit.train")
 
@@ -102,7 +103,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None,
     checkpoint leaves the folder as it was (`undone_unless_saved`), so the corrected command
     can start there."""
     resume = resume_path(resume) if resume is not None else None  # a run folder: its last.pt
-    with undone_unless_saved(cfg.out_dir):
+    # a full disk under any write of the run: one line that names the file (`room_to_write`)
+    with room_to_write(cfg.out_dir), undone_unless_saved(cfg.out_dir):
         prepare_run_dir(cfg.out_dir, resume, overwrite)
         return run_loop(build_run(cfg, resume))
 
@@ -201,7 +203,8 @@ def run_loop(run: Run) -> TrainResult:
                 stop.reason = "time budget"
             run.save(LAST)
             if recorder is not None and row:  # once last.pt holds it: a resume keeps it
-                recorder.write(row, pos.history)
+                with room_to_write(run.out_dir / METRICS_JSONL):  # then metrics.csv, the curve
+                    recorder.write(row, pos.history)
             guard.checkpoint_saved(pos.step)
             run.data.write_skipped(run.out_dir, info)
         # Checked after the loop, not inside it: a signal can land during an evaluation or a

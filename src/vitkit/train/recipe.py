@@ -38,6 +38,14 @@ HF_DATA_KEYS = ("train_split", "split", "streaming")
 log = logging.getLogger("vitkit.train")
 
 
+def _is_a_file(text: str) -> bool:
+    """Whether `text` names an existing path (a name too long for the file system is none)."""
+    try:
+        return Path(text).exists()
+    except OSError:
+        return False
+
+
 def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
                resume: str | None = None, out: str | None = None,
                time_budget: float | None = None, data: str | None = None,
@@ -55,7 +63,7 @@ def run_config(recipe: str | None = None, overrides: Sequence[str] = (), *,
     recipe's own checks.
     """
     overrides = list(overrides)
-    if recipe and "=" in recipe and not Path(recipe).exists():  # `train epochs=3`: no recipe
+    if recipe and "=" in recipe and not _is_a_file(recipe):  # `train epochs=3`: no recipe
         recipe, overrides = None, [recipe, *overrides]
     resume = str(resume_path(resume)) if resume else None
     _refuse_settings_as_words(recipe, overrides)

@@ -139,6 +139,7 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
         raise ConfigError(f"batch_size={cfg.batch_size} is the global batch, shared by "
                           f"{info.world_size} processes, so some would get no image: set "
                           f"batch_size={info.world_size} or more")
+    warn_of_zero_lr(cfg)
     if avoid_cudnn_attention(device):
         log.info("cuDNN attention off for training: its bf16 backward can give NaN gradients "
                  "(flash and memory-efficient attention serve instead; docs/speed.md)")
@@ -168,7 +169,7 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
     streamed, float_images = train.streamed, holds_float_images(train)
     # the pretrained model's own preprocessing: its mean/std follow an adapted channel count
     preprocess = run_preprocess(cfg, config, model.preprocess if init is not None else saved_pre,
-                                streamed, float_stats(train, state) if float_images else None)
+                                streamed, float_stats(train, state, cfg) if float_images else None)
     optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.betas,
                                 cfg.momentum)
     ema = make_ema(model, cfg.ema_decay)
@@ -199,13 +200,25 @@ def build_run(cfg: TrainConfig, resume: str | Path | None = None,
                task=task, threads=threads)
 
 
-def float_stats(train: Source, state: TrainCheckpoint | None
+def warn_of_zero_lr(cfg: TrainConfig) -> None:
+    """Warn when the learning rate peaks at 0: the weights never move, and the model scores
+    what it scored at the start (chance, for a fresh one)."""
+    if cfg.lr == 0:
+        log.warning("warning: lr=0: the %s schedule's learning rate is 0 at every step, so the "
+                    "weights never change and the model stays where it starts (at chance, "
+                    "for a fresh model); set lr= above 0 (e.g. lr=0.001)", cfg.schedule)
+
+
+def float_stats(train: Source, state: TrainCheckpoint | None, cfg: TrainConfig | None = None
                 ) -> tuple[list[float], list[float]]:
     """The per-channel mean and std float arrays are normalised with: the training images'
-    (`channel_stats`), or on resume the ones the run trained with, exactly."""
+    (`channel_stats`), or on resume the ones the run trained with, exactly; the config's
+    mean= and std= when it sets both (the images' are then not computed)."""
     if state is not None and state.trained.preprocess.scale == 1:
         saved = state.trained.preprocess
         return list(saved.mean), list(saved.std)
+    if cfg is not None and cfg.mean is not None and cfg.std is not None:
+        return list(cfg.mean), list(cfg.std)
     return channel_stats(train)
 
 

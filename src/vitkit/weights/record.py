@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from vitkit.config import ViTConfig
-from vitkit.errors import CheckpointError, ConfigError
+from vitkit.errors import CheckpointError, ConfigError, long_name
 from vitkit.preprocess import Preprocess, check_tta
 from vitkit.tasks import TaskSpec
 
@@ -62,6 +62,12 @@ class WeightsRecord:
             raise ConfigError(f"weights={self.weights!r} is not one of "
                               f"{', '.join(WEIGHT_KINDS)}")
         check_tensors(self.state_dict, self.path or self.origin)
+        for what, names in (("class names", self.class_names),
+                            ("task's output names", self.task.names if self.task else None)):
+            problem = long_name(names or ())
+            if problem:
+                raise CheckpointError(f"{self.path or self.origin}: among its {what}, {problem}: "
+                                      "the file is damaged; restore it or download it again")
 
     @property
     def train_config(self) -> dict[str, Any] | None:

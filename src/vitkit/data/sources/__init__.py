@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from vitkit.data.sources.records import ImageRecords, Records
-from vitkit.errors import ConfigError, DataError
+from vitkit.errors import ConfigError, DataError, long_name
 
 __all__ = ["DATA_MODES", "MEMORY_LIMIT_BYTES", "SOURCES", "Records", "is_known_source",
            "open_held_out_only", "open_source"]
@@ -90,6 +90,11 @@ def open_source(name: str, data_dir: str | None = None,
         from vitkit.data.sources.hf import load_hf_splits
 
         train, test = load_hf_splits(name[3:], train_split, eval_split, streaming, channels)
+        for split in (train, test):  # a dataset's label names are its authors' strings
+            problem = long_name(getattr(split, "classes", None) or ())
+            if problem:
+                raise DataError(f"{split.name}: among its label names, {problem}: give the "
+                                "classes shorter names (Dataset.cast_column with a ClassLabel)")
         if streaming:
             return train, test
     else:

@@ -11,6 +11,7 @@ the training code treats both alike; `vitkit.data.feeds` gives their batches.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,6 +20,8 @@ import torch
 from vitkit.data.dataset import STATS_CHUNK_BYTES, ImageDataset, channel_stats_of
 from vitkit.data.sources.npy_rows import ArrayFile
 from vitkit.errors import DataError
+
+log = logging.getLogger("vitkit.data")
 
 __all__ = ["MappedArrays", "as_nchw", "beyond_float32", "first_unfit", "geometry"]
 
@@ -95,6 +98,7 @@ class MappedArrays:
         self.skipped_files: list[tuple[str, str]] = []
         self.notes: list[str] = []
         self._stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+        self._stats_notes: list[str] = []  # said when the statistics are asked for
 
     def __len__(self) -> int:
         return self.count
@@ -134,7 +138,8 @@ class MappedArrays:
         (one pass over the file, which also gives `channel_stats`)."""
         if not np.issubdtype(self.source.dtype, np.floating):
             return
-        self._stats = channel_stats_of(self._checked_chunks())
+        self._stats_notes = []
+        self._stats = channel_stats_of(self._checked_chunks(), self.name, self._stats_notes)
 
     def _checked_chunks(self) -> Iterator[np.ndarray]:
         """Every chunk as float32 (B, C, H, W), each refused first if float32 cannot carry it
@@ -149,8 +154,11 @@ class MappedArrays:
         """Per-channel (mean, std) of the images in their own units, accumulated in float64
         over chunks read from the file (`vitkit.data.dataset.channel_stats_of`)."""
         if self._stats is None:
-            self._stats = channel_stats_of(as_nchw(chunk, self.channels_last)
-                                           for _, chunk in self._chunks())
+            self._stats = channel_stats_of((as_nchw(chunk, self.channels_last)
+                                            for _, chunk in self._chunks()), self.name)
+        for note in self._stats_notes:  # found by `check_finite`'s pass
+            log.warning("%s", note)
+        self._stats_notes = []
         return self._stats
 
     def subset(self, count: int) -> MappedArrays:

@@ -29,10 +29,13 @@ def read_record(path: str | Path, options: ReadOptions | None = None) -> Weights
     """Read a local file or folder of any format vitkit knows into a `WeightsRecord`."""
     if not Path(path).exists():
         raise WeightsNotFoundError(f"{path} does not exist")
-    found = Found.at(Path(path))
-    for adapter in ADAPTERS:
-        if adapter.detect(found):
-            return adapter.read(found, options or ReadOptions())
+    try:
+        found = Found.at(Path(path))
+        for adapter in ADAPTERS:
+            if adapter.detect(found):
+                return adapter.read(found, options or ReadOptions())
+    except CheckpointError as exc:  # a run's damaged last.pt: its best.pt is the way out
+        raise run_folder.way_out(exc, path) from None
     raise _not_recognised(found)
 
 

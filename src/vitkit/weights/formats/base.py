@@ -1,5 +1,5 @@
-"""What every adapter shares: the read options, and the training resolution of a file whose
-position table does not say it (a non-square grid)."""
+"""What every adapter shares: the read options, the training resolution of a file whose
+position table does not say it (a non-square grid), and the wording for a damaged file."""
 
 from __future__ import annotations
 
@@ -67,6 +67,16 @@ def training_image_size(num_patches: int, patch: int, source_img_size: Size | No
         "the model is to keep that resolution.")
 
 
+AGAIN = "download or copy it again"  # `damaged`'s fix, for a file that came from elsewhere
+
+
 def damaged(path: str | Path, why: str) -> CheckpointError:
     """The one wording for a file whose bytes fail a check."""
-    return CheckpointError(f"{path} is damaged ({why}): download or copy it again")
+    return CheckpointError(f"{path} is damaged ({why}): {AGAIN}")
+
+
+def with_fix(error: CheckpointError, fix: str) -> CheckpointError:
+    """`damaged`'s error with `fix` in place of its "download or copy it again" (a file with
+    a better way out, such as a run's other checkpoint); another error as it is."""
+    text = str(error)
+    return CheckpointError(text[:-len(AGAIN)] + fix) if text.endswith(f": {AGAIN}") else error

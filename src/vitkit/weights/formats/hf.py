@@ -8,7 +8,6 @@ token) is the paper's pre-logits layer.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from vitkit.config import HEADS_BY_WIDTH, ViTConfig
 from vitkit.errors import CheckpointError, ConfigError
 from vitkit.fieldtypes import check_value
+from vitkit.files import read_json
 from vitkit.preprocess import Preprocess, crop_fraction, official_preprocess
 from vitkit.tasks import TaskSpec, distinct_output_names
 from vitkit.weights.formats.base import ReadOptions, training_image_size
@@ -286,11 +286,7 @@ def _folder_preprocess(found: Found, config: ViTConfig) -> Preprocess:
     path = found.path / "preprocessor_config.json"
     if not path.is_file():
         return official_preprocess(config.img_size, config.in_chans)
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}): restore or re-download "
-                              "it") from None
+    data = read_json(path, CheckpointError, "restore or re-download it")
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} holds a {type(data).__name__}, expected a JSON object")
     settings = {"mean": data.get("image_mean", (0.5,) * config.in_chans),

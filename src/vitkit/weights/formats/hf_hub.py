@@ -11,13 +11,13 @@ shards it names).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from vitkit.errors import CheckpointError, WeightsNotFoundError
+from vitkit.files import read_json
 from vitkit.network import hub_unreachable
 from vitkit.weights.formats.sniff import INDEX_SUFFIX, WEIGHT_FILES, shard_map
 from vitkit.weights.formats.vitkit import FORMAT_NAME  # a pushed vitkit save_pretrained folder
@@ -121,11 +121,8 @@ def resolve(name: str, weights_dir: str | Path | None = None,
 
 def _repo_kind(repo: str, config_path: Path) -> str:
     """"hf", "timm" or "vitkit", from config.json; the no-ViT error otherwise."""
-    try:
-        meta: Any = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON ({exc}): delete it from the "
-                              "cache and run again to download it afresh") from None
+    meta: Any = read_json(config_path, CheckpointError, "delete it from the cache and run "
+                          "again to download it afresh")
     meta = meta if isinstance(meta, dict) else {}
     if meta.get("format") == FORMAT_NAME:
         return "vitkit"

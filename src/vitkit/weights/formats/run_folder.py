@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vitkit.errors import CheckpointError
 from vitkit.weights.formats import train_checkpoint
-from vitkit.weights.formats.base import ReadOptions
+from vitkit.weights.formats.base import AGAIN, ReadOptions, with_fix
 from vitkit.weights.formats.sniff import Found
 from vitkit.weights.record import WeightsRecord
 
@@ -50,6 +50,36 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
             raise
         raise CheckpointError(f"{exc} (the run's {present[1].name} may be whole: pass it "
                               f"instead, {present[1]})") from None
+
+
+def other_checkpoint(path: str | Path) -> Path | None:
+    """The run's other checkpoint beside `path`: best.pt beside last.pt, last.pt beside
+    best.pt; None when `path` is neither, or the other is not a file there."""
+    path = Path(path)
+    other = {LAST: BEST, BEST: LAST}.get(path.name)
+    return path.with_name(other) if other and path.with_name(other).is_file() else None
+
+
+def way_out(error: CheckpointError, path: str | Path, resuming: bool = False) -> CheckpointError:
+    """`error`, a damaged run checkpoint `path` (`base.damaged`'s), with the way out that
+    its run folder holds in place of "download or copy it again": the run's other checkpoint
+    when it reads as one (`resuming`: how to resume from it), else training again. Another
+    error, or a file that is no run's checkpoint, as it is."""
+    other = other_checkpoint(path)
+    if other is None or not str(error).endswith(AGAIN):
+        return error
+    try:
+        whole = train_checkpoint.detect(Found.at(other))
+    except CheckpointError:
+        whole = False
+    if not whole:
+        return with_fix(error, f"the run's {other.name} is damaged too: train again "
+                               f"(--overwrite, or another --out)")
+    if not resuming:
+        return with_fix(error, f"the run's {other.name} is whole: pass it instead, {other}")
+    since = " (it goes back to the run's best evaluation)" if other.name == BEST else ""
+    return with_fix(error, f"resume from the run's {other.name}, which is whole: "
+                           f"--resume {other}{since}")
 
 
 def _read_checkpoint(path: Path, options: ReadOptions) -> WeightsRecord:

@@ -8,7 +8,7 @@ The adapters in `vitkit.weights.formats` decide from a `Found` whether a source 
 
 from __future__ import annotations
 
-import json
+import logging
 import pickle
 import re
 import struct
@@ -25,9 +25,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vitkit.errors import CheckpointError
+from vitkit.files import read_json
 from vitkit.weights.formats.base import damaged
 from vitkit.weights.formats.npz_archive import read_npz_arrays
 
+log = logging.getLogger("vitkit.weights")
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # a folder's, in order of preference
 INDEX_SUFFIX = ".index.json"  # beside the shards of a split one: model.safetensors.index.json
@@ -89,14 +91,21 @@ def load_torch(path: Path) -> Any:
     """A PyTorch file read with `torch.load(weights_only=True)`: tensors and containers only.
 
     torch does not check the CRCs of its zip archive, so they are checked here first: a
-    flipped byte in a tensor is reported as damage, not loaded as a wrong weight.
+    flipped byte in a tensor is reported as damage, not loaded as a wrong weight. torch.load
+    is handed the open file, not its name, as it takes a name ending in .safetensors for a
+    safetensors file: a PyTorch file so named is read by its bytes, with a warning.
     """
     check_zip_crcs(path)
+    if path.suffix == ".safetensors":
+        log.warning("%s is a PyTorch file (torch.save), not safetensors, though it is named "
+                    ".safetensors: read by its content with torch.load(weights_only=True). "
+                    "Rename it to .pt or .bin (or convert it: safetensors.torch.save_file) "
+                    "so that other tools read it too", path)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), path.open("rb") as stream:
             # e.g. "pickle protocol 252" on damaged bytes: the error below says it better
             warnings.simplefilter("ignore", UserWarning)
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(stream, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch's own text advises weights_only=False, which would run the file's code: keep
         # only the line that names what the file holds
@@ -131,6 +140,14 @@ def check_zip_crcs(path: Path) -> None:
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a PyTorch file named as one (a vitkit folder's
+    model.safetensors written with torch.save) is read as what it is (`load_torch`)."""
+    if file_kind(path) == "torch":
+        tensors = state_dict_of(load_torch(path))
+        if tensors is None:
+            raise CheckpointError(f"{path} is a PyTorch file named .safetensors that holds no "
+                                  "state dict of tensors: save the weights again")
+        return tensors
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError, RuntimeError, OverflowError, MemoryError,
@@ -214,11 +231,7 @@ class Found:
         path = folder / CONFIG_FILE
         if not path.is_file():
             return None
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{path} is not valid JSON ({exc}): restore or re-download "
-                                  "it") from None
+        data = read_json(path, CheckpointError, "restore or re-download it")
         return data if isinstance(data, dict) else None
 
     def weights_file(self) -> Path | None:
@@ -236,10 +249,8 @@ def missing_weights(folder: Path) -> CheckpointError:
 
 def shard_map(index: Path) -> dict[str, str]:
     """A sharded folder's index's `weight_map`: tensor name -> shard file in the same folder."""
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise damaged(index, f"not a JSON object with a weight_map: {exc}") from None
+    data = read_json(index, CheckpointError, "restore or re-download it")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map or \
             not all(isinstance(v, str) for v in weight_map.values()):
         raise damaged(index, "its weight_map is not an object of tensor name: shard file")

@@ -11,6 +11,7 @@ and the sha256 of the tensors, `tensors_sha256`, checked on reading when present
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ import torch
 from safetensors.torch import save_file
 
 from vitkit.config import ViTConfig
-from vitkit.errors import CheckpointError, ConfigError
-from vitkit.fieldtypes import check_known_keys, check_value
+from vitkit.errors import CheckpointError, ConfigError, first_few
+from vitkit.fieldtypes import check_known_keys, check_value, did_you_mean
 from vitkit.preprocess import Preprocess, check_tta, official_preprocess
 from vitkit.tasks import TaskSpec
 from vitkit.weights.checksum import tensors_checksum, verify_checksum
@@ -32,6 +33,11 @@ FORMAT_NAME = "vitkit"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 CHECKSUM_KEY = "tensors_sha256"  # config.json: sha256 of the tensors (vitkit.weights.checksum)
+# Every key `write` puts in config.json; others are warned of when the folder is read.
+CONFIG_KEYS = ("format", "version", "model", "preprocess", "class_names", "weights", "task",
+               "eval_tta", "pos_interpolation", CHECKSUM_KEY)
+
+log = logging.getLogger(__name__)
 
 
 def _is_vitkit_config(meta: dict | None) -> bool:
@@ -51,6 +57,7 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
                               "copy the weights file beside it")
     config_path = folder / CONFIG_FILE
     meta = found.config() or {}
+    _warn_of_unknown_keys(meta, config_path)
     tensors = load_safetensors(weights)
     if CHECKSUM_KEY in meta:
         verify_checksum(tensors, meta[CHECKSUM_KEY], weights)
@@ -66,6 +73,20 @@ def read(found: Found, options: ReadOptions) -> WeightsRecord:
                          extra={"eval_tta": eval_tta, "pos_interpolation": pos_interpolation},
                          weights=meta.get("weights", "raw"),
                          path=weights, task=task)
+
+
+def _warn_of_unknown_keys(meta: dict[str, Any], path: Path) -> None:
+    """Warn, once for the file, of config.json keys that vitkit neither writes nor reads (a
+    typo, or another tool's addition): named (long ones cut short), the closest known key
+    suggested for each near miss."""
+    unknown = [key for key in meta if key not in CONFIG_KEYS]
+    if not unknown:
+        return
+    shown = [repr(key) if len(key) <= 40 else f"{key[:40]!r}... ({len(key):,} characters)"
+             for key in unknown]
+    hints = "".join(did_you_mean(key, CONFIG_KEYS) for key in unknown[:5] if len(key) <= 40)
+    log.warning("warning: %s: unknown key(s) %s are ignored.%s Known keys: %s", path,
+                first_few(shown), hints, ", ".join(CONFIG_KEYS))
 
 
 def _pos_interpolation(saved: Any) -> str | None:
