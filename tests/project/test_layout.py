@@ -16,8 +16,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "vitkit"
 # Each unit may import only the units before it (README.md, "Layout").
 LAYERS = ("errors", "fieldtypes", "files", "network", "report", "version", "config",
-          "preprocess", "tasks", "runtime", "cores", "model", "weights", "catalog", "summary",
-          "data", "export", "inference", "predict", "analysis", "evaluation", "train",
+          "preprocess", "tasks", "runtime", "cores", "model", "objectives", "weights", "catalog",
+          "summary", "data", "export", "inference", "predict", "analysis", "evaluation", "train",
           "recipes", "arguments", "serve", "cli")
 ENTRY_POINTS = ("__init__.py", "__main__.py")  # they may import anything, nothing imports them
 
