@@ -21,24 +21,12 @@ from serve_models import (
     fields,
     npy_bytes,
     png_bytes,
-    save_classifier,
-    save_regressor,
 )
 from vitkit.predict import predict_files
 from vitkit.serve.app import create_app
 from vitkit.serve.service import ModelService
 
 TOKEN = "s3cret"
-
-
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    return save_classifier(tmp_path_factory.mktemp("serve") / "classifier")
-
-
-@pytest.fixture(scope="module")
-def regressor(tmp_path_factory):
-    return save_regressor(tmp_path_factory.mktemp("serve") / "regressor")
 
 
 @pytest.fixture(scope="module")

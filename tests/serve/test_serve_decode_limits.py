@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from messages import says
-from serve_models import npy_bytes, png_bytes, save_classifier, save_regressor
+from serve_models import npy_bytes, png_bytes, save_classifier
 from serve_process import rss_mb, start_server
 from vitkit.data import array_inputs, image_decoder
 from vitkit.errors import ConfigError
@@ -42,16 +42,6 @@ def _bilevel_png(width: int, height: int) -> bytes:
 
 
 BOMB = _bilevel_png(9400, 9400)  # just under Pillow's limit, so Pillow alone lets it through
-
-
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    return save_classifier(tmp_path_factory.mktemp("serve") / "classifier")
-
-
-@pytest.fixture(scope="module")
-def regressor(tmp_path_factory):
-    return save_regressor(tmp_path_factory.mktemp("serve") / "regressor")
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from vitkit.config import ViTConfig
 from vitkit.data.sources import open_source
 from vitkit.errors import CheckpointError, ConfigError, DataError
 from vitkit.files import JSON_MAX_BYTES, JSON_MAX_DEPTH, read_json
+from vitkit.train.recipe import run_config
 
 TINY = ViTConfig(img_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32,
                  num_classes=3)
@@ -66,10 +67,12 @@ def test_a_deeply_nested_model_config_is_a_config_error(tmp_path: Path, capsys) 
 
 def test_a_deeply_nested_override_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
     nested = "[" * 50_000 + "]" * 50_000
-    assert main(["train", f"model={nested}", "epochs=1", f"out_dir={tmp_path}"]) == 2
+    assert main(["train", f"mean={nested}", "epochs=1", f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     says(err, "nests too deeply", "flat value")
     assert "Traceback" not in err and "bug in vitkit" not in err
+    # the advice: a flat value (a list one level deep) is read
+    assert tuple(run_config(None, ["mean=[0.5]", "std=[0.5]"]).mean) == (0.5,)
 
 
 def test_a_config_over_16_mib_is_refused_before_it_is_read(folder, capsys) -> None:

@@ -101,9 +101,11 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
                           "one, or token=None to serve without one")
     limits = PixelLimits.checked(max_pixels, max_batch, service.preprocess.img_size)
     budget = DecodeBudget(DECODES_IN_FLIGHT * limits.per_image)
-    batcher: DynamicBatcher = DynamicBatcher(service.forward, max_batch, max_wait_ms,
-                                                    max_queue)
+    batcher: DynamicBatcher = DynamicBatcher(service.forward, max_batch, max_wait_ms, max_queue)
     max_bytes = int(max_upload_mb * 2**20)
+    settings = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_upload_mb": max_upload_mb,
+                "max_pixels": limits.per_image, "max_request_pixels": limits.per_request,
+                "max_queue": batcher.max_queue}
 
     async def decode(form: Form, most: int | None = None) -> list[tuple[str, Any]]:
         """The form's files decoded, after `check_sizes`, while holding the decode budget;
@@ -126,9 +128,7 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
     app = FastAPI(title="vitkit serve", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)  # the interactive docs load their assets from a CDN
     app.state.service, app.state.batcher, app.state.decode_budget = service, batcher, budget
-    app.state.settings = {"max_batch": max_batch, "max_wait_ms": max_wait_ms,
-                          "max_upload_mb": max_upload_mb, "max_pixels": limits.per_image,
-                          "max_request_pixels": limits.per_request, "token": token is not None}
+    app.state.settings = {**settings, "token": token is not None}
     _add_errors(app)
 
     if token:
@@ -147,10 +147,7 @@ def create_app(service: ModelService, *, max_batch: int = 8, max_wait_ms: float 
 
     @app.get("/api/model")
     async def model() -> dict[str, Any]:
-        return {**service.describe(), "max_batch": max_batch, "max_wait_ms": max_wait_ms,
-                "max_upload_mb": max_upload_mb, "max_pixels": limits.per_image,
-                "max_request_pixels": limits.per_request, "max_queue": batcher.max_queue,
-                "figures": list(FIGURES),
+        return {**service.describe(), **settings, "figures": list(FIGURES),
                 "batches": {"run": batcher.stats.batches, "inputs": batcher.stats.inputs,
                             "largest": batcher.stats.largest}}
 

@@ -143,16 +143,11 @@ class _FewWarnings(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if _cancelled(record):
-            record.msg, record.args = ("work still running at the end of the shutdown was "
-                                       "cancelled (--shutdown-grace, or a second signal)"), ()
-            record.exc_info = record.exc_text = None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            _as_warning(record, "work still running at the end of the shutdown was cancelled "
+                                "(--shutdown-grace, or a second signal)")
         elif str(record.msg).startswith("socket.accept() out of system resource"):
-            record.msg, record.args = ("vitkit serve: the open-file limit is reached: new "
-                                       "connections wait "
-                                       "(raise it with ulimit -n, or lower --max-connections)"), ()
-            record.exc_info = record.exc_text = None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            _as_warning(record, "vitkit serve: the open-file limit is reached: new connections "
+                                "wait (raise it with ulimit -n, or lower --max-connections)")
         if record.levelno != logging.WARNING:
             return True
         key, now = str(record.msg), time.monotonic()
@@ -164,6 +159,13 @@ class _FewWarnings(logging.Filter):
         if count:
             record.msg = f"{key} (and {count} more like it in the {LOG_WINDOW_S:g} s before)"
         return True
+
+
+def _as_warning(record: logging.LogRecord, message: str) -> None:
+    """Make `record` the one-line warning `message`, its traceback dropped."""
+    record.msg, record.args = message, ()
+    record.exc_info = record.exc_text = None
+    record.levelno, record.levelname = logging.WARNING, "WARNING"
 
 
 def _cancelled(record: logging.LogRecord) -> bool:
